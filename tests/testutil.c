@@ -1,0 +1,58 @@
+/*
+ * testutil.c - see testutil.h.
+ */
+#include "testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *tu_data_path(const char *rel)
+{
+    static char bufs[8][4096];
+    static int slot;
+    const char *root = getenv("LMS_TESTDATA");
+    char *b = bufs[slot++ & 7];
+    snprintf(b, sizeof bufs[0], "%s/%s", root ? root : "../shared/testdata", rel);
+    return b;
+}
+
+char *tu_read_file(const char *path, size_t *n_out)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    if (fseek(f, 0, SEEK_END) != 0) {
+        fclose(f);
+        return NULL;
+    }
+    long n = ftell(f);
+    rewind(f);
+    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        fclose(f);
+        return NULL;
+    }
+    fclose(f);
+    buf[n] = 0;
+    if (n_out)
+        *n_out = (size_t)n;
+    return buf;
+}
+
+uint64_t tu_rand_u64(uint64_t *s)
+{
+    uint64_t x = *s ? *s : 0x9E3779B97F4A7C15ull;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *s = x;
+    return x;
+}
+
+float tu_rand_f32(uint64_t *s, float lo, float hi)
+{
+    double u = (double)(tu_rand_u64(s) >> 11) * (1.0 / 9007199254740992.0);
+    return (float)(lo + (hi - lo) * u);
+}
