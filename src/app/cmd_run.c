@@ -1,0 +1,163 @@
+/*
+ * cmd_run.c - `lmserv run`: generate a continuation of a prompt, streamed
+ * to stdout, with one stats line on stderr.
+ *
+ * With --chat the prompt is one user turn rendered through the model's
+ * chat template.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "app/args.h"
+#include "app/cli.h"
+#include "app/common.h"
+#include "app/prompt.h"
+#include "base/err.h"
+#include "engine/generate.h"
+#include "model/tokenizer.h"
+
+typedef struct run_opts {
+    const char *model, *prompt, *system;
+    const char *stop[LMS_MAX_STOP];
+    int n_stop;
+    int64_t n_predict, n_ctx, threads;
+    bool chat, no_bos, ignore_eos;
+    lms_sampler_params sp;
+} run_opts;
+
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig)
+{
+    (void)sig;
+    interrupted = 1;
+}
+
+static bool parse_sampling(int argc, char **argv, int *i, lms_sampler_params *sp, bool *ok)
+{
+    const char *a = argv[*i];
+    double d;
+    int64_t v;
+    *ok = true;
+    if (*i + 1 >= argc)
+        return false;
+    if (!strcmp(a, "--temp") && (*ok = args_float(a, argv[++*i], 0, 100, &d)))
+        sp->temperature = (float)d;
+    else if (!strcmp(a, "--top-k") && (*ok = args_int(a, argv[++*i], 0, 1 << 24, &v)))
+        sp->top_k = (int32_t)v;
+    else if (!strcmp(a, "--top-p") && (*ok = args_float(a, argv[++*i], 0, 1, &d)))
+        sp->top_p = (float)d;
+    else if (!strcmp(a, "--min-p") && (*ok = args_float(a, argv[++*i], 0, 1, &d)))
+        sp->min_p = (float)d;
+    else if (!strcmp(a, "--repeat-penalty") && (*ok = args_float(a, argv[++*i], 0.01, 10, &d)))
+        sp->repeat_penalty = (float)d;
+    else if (!strcmp(a, "--repeat-last-n") && (*ok = args_int(a, argv[++*i], 0, 1 << 20, &v)))
+        sp->penalty_last_n = (int32_t)v;
+    else if (!strcmp(a, "--frequency-penalty") && (*ok = args_float(a, argv[++*i], -2, 2, &d)))
+        sp->frequency_penalty = (float)d;
+    else if (!strcmp(a, "--presence-penalty") && (*ok = args_float(a, argv[++*i], -2, 2, &d)))
+        sp->presence_penalty = (float)d;
+    else if (!strcmp(a, "--seed") && (*ok = args_int(a, argv[++*i], 0, INT64_MAX, &v)))
+        sp->seed = (uint64_t)v;
+    else
+        return *ok == false;
+    return true;
+}
+
+static int parse(int argc, char **argv, run_opts *o)
+{
+    o->sp = lms_sampler_defaults();
+    o->n_predict = 128;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        bool ok;
+        if (parse_sampling(argc, argv, &i, &o->sp, &ok)) {
+            if (!ok)
+                return -1;
+        } else if (!strcmp(a, "-m")) {
+            if (!(o->model = args_value(argc, argv, &i)))
+                return -1;
+        } else if (!strcmp(a, "-p")) {
+            if (!(o->prompt = args_value(argc, argv, &i)))
+                return -1;
+        } else if (!strcmp(a, "--system")) {
+            if (!(o->system = args_value(argc, argv, &i)))
+                return -1;
+        } else if (!strcmp(a, "--stop") && o->n_stop < LMS_MAX_STOP) {
+            if (!(o->stop[o->n_stop++] = args_value(argc, argv, &i)))
+                return -1;
+        } else if (!strcmp(a, "-n") && i + 1 < argc) {
+            if (!args_int(a, argv[++i], -1, 1 << 24, &o->n_predict))
+                return -1;
+        } else if (!strcmp(a, "-c") && i + 1 < argc) {
+            if (!args_int(a, argv[++i], 1, 1 << 22, &o->n_ctx))
+                return -1;
+        } else if (!strcmp(a, "-t") && i + 1 < argc) {
+            if (!args_int(a, argv[++i], 0, 1024, &o->threads))
+                return -1;
+        } else if (!strcmp(a, "--chat")) {
+            o->chat = true;
+        } else if (!strcmp(a, "--no-bos")) {
+            o->no_bos = true;
+        } else if (!strcmp(a, "--ignore-eos")) {
+            o->ignore_eos = true;
+        } else {
+            fprintf(stderr, "lmserv run: bad option '%s'\n", a);
+            return -1;
+        }
+    }
+    if (!o->model || !o->prompt) {
+        fprintf(stderr, "usage: lmserv run -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] "
+                        "[--top-p P] [--min-p P] [--seed S] [--repeat-penalty R] [--chat]\n");
+        return -1;
+    }
+    return 0;
+}
+
+static bool print_piece(void *ud, const char *text, size_t n, int32_t token, float prob)
+{
+    (void)ud, (void)token, (void)prob;
+    fwrite(text, 1, n, stdout);
+    fflush(stdout);
+    return true;
+}
+
+int cmd_run(int argc, char **argv)
+{
+    run_opts o = {0};
+    if (parse(argc, argv, &o) < 0)
+        return 2;
+    lms_model *m;
+    lms_ctx *c;
+    if (app_load(o.model, (int32_t)o.n_ctx, 512, (int32_t)o.threads, &m, &c) < 0)
+        return 1;
+    int32_t *toks = NULL, n = 0;
+    char err[512];
+    int rc = app_prompt_tokens(m, o.prompt, o.system, o.chat, !o.no_bos, &toks, &n, err, sizeof err);
+    if (rc >= 0) {
+        lms_session s;
+        lms_session_init(&s, c);
+        lms_gen_params gp = {.sp = o.sp, .n_predict = (int32_t)o.n_predict, .stop = o.stop,
+                             .n_stop = o.n_stop, .ignore_eos = o.ignore_eos, .cancel = &interrupted};
+        lms_gen_stats st;
+        signal(SIGINT, on_sigint);
+        rc = lms_session_generate(&s, toks, n, &gp, print_piece, NULL, &st, err, sizeof err);
+        signal(SIGINT, SIG_DFL);
+        if (rc >= 0)
+            fprintf(stderr,
+                    "\n[prompt %d tokens, %.1f ms (%.1f t/s) | generated %d tokens | ttft %.1f ms | "
+                    "%.2f t/s | finish %s]\n",
+                    st.n_prompt, st.prompt_ms,
+                    st.prompt_ms > 0 ? st.n_prompt * 1000.0 / st.prompt_ms : 0.0, st.n_gen,
+                    st.ttft_ms, st.gen_tps, st.finish);
+        lms_session_deinit(&s);
+    }
+    if (rc < 0)
+        fprintf(stderr, "lmserv run: %s\n", err);
+    free(toks);
+    lms_ctx_destroy(c);
+    lms_model_free(m);
+    return rc < 0 ? 1 : 0;
+}

@@ -1,0 +1,70 @@
+/*
+ * common.c - see common.h.
+ */
+#include "app/common.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "base/err.h"
+
+int app_load(const char *path, int32_t n_ctx, int32_t n_batch, int32_t n_threads, lms_model **m,
+             lms_ctx **c)
+{
+    char err[512];
+    int rc = lms_model_load(path, m, err, sizeof err);
+    if (rc < 0) {
+        fprintf(stderr, "lmserv: %s\n", err);
+        return rc;
+    }
+    if (n_ctx <= 0)
+        n_ctx = (*m)->hp.n_ctx_train < 4096 ? (*m)->hp.n_ctx_train : 4096;
+    lms_ctx_params p = {.n_ctx = n_ctx, .n_batch = n_batch > 0 ? n_batch : 512, .n_seq = 1,
+                        .n_threads = n_threads};
+    if (p.n_batch > n_ctx)
+        p.n_batch = n_ctx;
+    rc = lms_ctx_create(*m, &p, c, err, sizeof err);
+    if (rc < 0) {
+        fprintf(stderr, "lmserv: %s\n", err);
+        lms_model_free(*m);
+        *m = NULL;
+    }
+    return rc;
+}
+
+int app_parse_tokens(const char *s, int32_t **out, int32_t *n_out)
+{
+    int32_t n = 0, cap = 64;
+    int32_t *v = malloc((size_t)cap * sizeof *v);
+    if (!v)
+        return LMS_ERR_NOMEM;
+    const char *p = s;
+    for (;;) {
+        while (*p == ' ' || *p == ',' || *p == '\n' || *p == '\t' || *p == '\r')
+            p++;
+        if (!*p)
+            break;
+        char *end;
+        errno = 0;
+        long long t = strtoll(p, &end, 10);
+        if (end == p || errno || t < 0 || t > INT32_MAX) {
+            fprintf(stderr, "lmserv: bad token id near '%.20s'\n", p);
+            free(v);
+            return LMS_ERR_INVAL;
+        }
+        if (n == cap) {
+            int32_t *nv = realloc(v, (size_t)(cap *= 2) * sizeof *v);
+            if (!nv) {
+                free(v);
+                return LMS_ERR_NOMEM;
+            }
+            v = nv;
+        }
+        v[n++] = (int32_t)t;
+        p = end;
+    }
+    *out = v;
+    *n_out = n;
+    return 0;
+}

@@ -1,0 +1,34 @@
+/*
+ * prompt.h - from user text to prompt tokens: plain text, or one chat turn
+ * rendered through the model's template.
+ */
+#ifndef LMS_APP_PROMPT_H
+#define LMS_APP_PROMPT_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/model.h"
+
+/* Template source for the model: its own, or the documented default.
+ * `override` (a built-in name or a file path) wins when not NULL. Returns
+ * a malloc'd string or NULL with a message in err. */
+char *app_chat_template(const lms_model *m, const char *override, char *err, size_t errsz);
+
+/* Renders messages (a JSON array) with the model's template and tokenizes
+ * the result with special tokens parsed. */
+int app_chat_tokens(const lms_model *m, const char *tpl, const json_t *messages, int32_t **out,
+                    int32_t *n_out, char *err, size_t errsz);
+
+/* chat: [system?, user: text] through the template; else the plain text
+ * (with BOS when add_bos and the vocab wants one). */
+int app_prompt_tokens(const lms_model *m, const char *text, const char *system, bool chat,
+                      bool add_bos, int32_t **out, int32_t *n_out, char *err, size_t errsz);
+
+/* Tokenizes into a malloc'd array. */
+int app_tokenize(const lms_model *m, const char *text, size_t len, bool add_special,
+                 bool parse_special, int32_t **out, int32_t *n_out, char *err, size_t errsz);
+
+#endif

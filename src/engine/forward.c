@@ -1,0 +1,352 @@
+/*
+ * forward.c - one forward step of a decoder-only transformer (llama, qwen2,
+ * qwen3) over a batch of tokens, in the order the data flows.
+ *
+ * Shapes (n = tokens in the batch, e = n_embd, hd = head_dim,
+ * q = n_head*hd, kv = n_head_kv*hd, f = n_ff):
+ *
+ *   x   [n][e]   residual stream          xn  [n][max(e,q,f)] normed input
+ *   qb  [n][q]   queries                  kb, vb [n][kv] keys, values
+ *   att [n][q]   attention output         ga, up [n][f] FFN halves
+ *
+ * Numerics follow llama.cpp's CPU path so logits agree with it: K and V are
+ * cached as f16, Q is rounded to f16 before Q·K, softmax weights are rounded
+ * to f16 before they weight V, matrix products convert activations to the
+ * weight's companion type (see kernels.h), and everything else (RMSNorm,
+ * RoPE, SiLU, residual adds) is float32 with the same formulas.
+ */
+#include "engine/forward.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "base/err.h"
+#include "base/fp16.h"
+#include "kernels/kernels.h"
+#include "kernels/matmul.h"
+
+struct lms_ctx {
+    const lms_model *m;
+    lms_ctx_params p;
+    lms_kv_cache kv;
+    int n_threads;
+    float *x, *xn, *qb, *kb, *vb, *att, *ga, *up; /* see the shapes above */
+    float *hidden;      /* [n_batch][e] normed rows that want logits */
+    float *scores;      /* [n_threads][n_ctx] attention weights */
+    uint16_t *qh;       /* [n_threads][hd] f16 query of one head */
+    void *qbuf;         /* activation conversion scratch */
+    int32_t n_hidden;
+};
+
+static float *alloc_f32(size_t n)
+{
+    return aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+}
+
+static size_t max_scratch(const lms_model *m, int64_t n)
+{
+    const lms_hparams *hp = &m->hp;
+    const lms_weight *ws[] = {&m->output};
+    size_t best = lms_matmul_scratch(ws[0]->type, ws[0]->ne[0], n);
+    for (int il = 0; il < hp->n_layer; il++) {
+        const lms_layer *l = &m->layers[il];
+        const lms_weight *lw[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
+        for (size_t i = 0; i < sizeof lw / sizeof lw[0]; i++) {
+            size_t s = lms_matmul_scratch(lw[i]->type, lw[i]->ne[0], n);
+            best = s > best ? s : best;
+        }
+    }
+    return best;
+}
+
+int lms_ctx_create(const lms_model *m, const lms_ctx_params *p, lms_ctx **out, char *err,
+                   size_t errsz)
+{
+    const lms_hparams *hp = &m->hp;
+    if (p->n_ctx <= 0 || p->n_batch <= 0 || p->n_seq <= 0 || p->n_ctx > (1 << 22) ||
+        p->n_batch > (1 << 16))
+        return lms_errf(err, errsz, LMS_ERR_INVAL, "context: n_ctx %d, n_batch %d, n_seq %d invalid",
+                        p->n_ctx, p->n_batch, p->n_seq);
+    lms_ctx *c = calloc(1, sizeof *c);
+    if (!c)
+        return lms_errf(err, errsz, LMS_ERR_NOMEM, "context: out of memory");
+    c->m = m;
+    c->p = *p;
+#ifdef _OPENMP
+    c->n_threads = p->n_threads > 0 ? p->n_threads : omp_get_num_procs();
+    omp_set_num_threads(c->n_threads);
+#else
+    c->n_threads = 1;
+#endif
+    size_t n = (size_t)p->n_batch, e = (size_t)hp->n_embd, hd = (size_t)hp->head_dim;
+    size_t q = (size_t)hp->n_head * hd, kv = (size_t)hp->n_head_kv * hd, f = (size_t)hp->n_ff;
+    size_t wide = e > q ? e : q;
+    wide = wide > f ? wide : f;
+    c->x = alloc_f32(n * e);
+    c->xn = alloc_f32(n * wide);
+    c->qb = alloc_f32(n * q);
+    c->kb = alloc_f32(n * kv);
+    c->vb = alloc_f32(n * kv);
+    c->att = alloc_f32(n * q);
+    c->ga = alloc_f32(n * f);
+    c->up = alloc_f32(n * f);
+    c->hidden = alloc_f32(n * e);
+    c->scores = alloc_f32((size_t)c->n_threads * (size_t)p->n_ctx);
+    c->qh = malloc((size_t)c->n_threads * hd * sizeof(uint16_t));
+    size_t qs = max_scratch(m, p->n_batch);
+    c->qbuf = aligned_alloc(64, (qs + 63) / 64 * 64);
+    int32_t blocks = (p->n_ctx + LMS_KV_BLOCK - 1) / LMS_KV_BLOCK * p->n_seq;
+    int rc = LMS_ERR_NOMEM;
+    if (c->x && c->xn && c->qb && c->kb && c->vb && c->att && c->ga && c->up && c->hidden &&
+        c->scores && c->qh && c->qbuf)
+        rc = lms_kv_cache_init(&c->kv, hp->n_layer, (int32_t)kv, blocks);
+    if (rc < 0) {
+        lms_ctx_destroy(c);
+        return lms_errf(err, errsz, rc, "context: cannot allocate %zu MiB of KV cache and buffers",
+                        lms_model_kv_bytes(hp, (int64_t)p->n_ctx * p->n_seq) >> 20);
+    }
+    *out = c;
+    return 0;
+}
+
+void lms_ctx_destroy(lms_ctx *c)
+{
+    if (!c)
+        return;
+    lms_kv_cache_deinit(&c->kv);
+    void *bufs[] = {c->x, c->xn, c->qb, c->kb, c->vb, c->att, c->ga, c->up, c->hidden,
+                    c->scores, c->qh, c->qbuf};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        free(bufs[i]);
+    free(c);
+}
+
+lms_kv_cache *lms_ctx_kv(lms_ctx *c) { return &c->kv; }
+const lms_ctx_params *lms_ctx_params_of(const lms_ctx *c) { return &c->p; }
+const lms_model *lms_ctx_model(const lms_ctx *c) { return c->m; }
+const float *lms_ctx_hidden(const lms_ctx *c) { return c->hidden; }
+
+/* ---- element-wise pieces ----------------------------------------------- */
+
+/* out = x / rms(x) * w over n values (sum of squares in double, as ggml). */
+static void rms_norm(const float *x, const float *w, float *out, int64_t n, float eps)
+{
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        sum += (double)(x[i] * x[i]);
+    const float scale = 1.0f / sqrtf((float)(sum / (double)n) + eps);
+    for (int64_t i = 0; i < n; i++)
+        out[i] = (x[i] * scale) * (w ? w[i] : 1.0f);
+}
+
+static void add_bias(float *y, const lms_weight *b, int64_t n_tok, int64_t n)
+{
+    if (!b->data)
+        return;
+    const float *bias = b->data;
+    for (int64_t t = 0; t < n_tok; t++)
+        for (int64_t i = 0; i < n; i++)
+            y[t * n + i] += bias[i];
+}
+
+/* Rotates the first n_rot dims of each of n_heads heads of one token. */
+static void rope(const lms_hparams *hp, const float *freq_factors, float *x, int n_heads, int32_t pos)
+{
+    const int nd = hp->n_rot, hd = hp->head_dim;
+    const float theta_scale = powf(hp->rope_base, -2.0f / (float)nd);
+    float cs[2 * 512];
+    float theta = (float)pos;
+    for (int i0 = 0; i0 < nd && i0 < 1024; i0 += 2) {
+        float ff = freq_factors ? freq_factors[i0 / 2] : 1.0f;
+        float t = hp->rope_freq_scale * (theta / ff);
+        cs[i0] = cosf(t);
+        cs[i0 + 1] = sinf(t);
+        theta *= theta_scale;
+    }
+    for (int h = 0; h < n_heads; h++) {
+        float *v = x + (size_t)h * hd;
+        for (int i0 = 0; i0 < nd; i0 += 2) {
+            int a = hp->rope_type == LMS_ROPE_NEOX ? i0 / 2 : i0;
+            int b = hp->rope_type == LMS_ROPE_NEOX ? i0 / 2 + nd / 2 : i0 + 1;
+            float x0 = v[a], x1 = v[b], c = cs[i0], s = cs[i0 + 1];
+            v[a] = x0 * c - x1 * s;
+            v[b] = x0 * s + x1 * c;
+        }
+    }
+}
+
+static inline float silu(float x)
+{
+    return x / (1.0f + expf(-x));
+}
+
+static lms_mat as_mat(const lms_weight *w)
+{
+    lms_mat m = {w->data, w->type, w->ne[0], w->ne[1], w->row_bytes};
+    return m;
+}
+
+static void matmul(lms_ctx *c, const lms_weight *w, const float *x, int64_t n, float *y)
+{
+    lms_mat m = as_mat(w);
+    lms_matmul(&m, x, n, y, c->qbuf);
+}
+
+/* ---- attention ------------------------------------------------------------ */
+
+/* Attention of one query head over positions [0, pos] of its sequence. */
+static void attend_head(lms_ctx *c, int il, const lms_kv_seq *s, int32_t pos, const float *q,
+                        int kvh, float *out, int tid)
+{
+    const int hd = c->m->hp.head_dim;
+    const float scale = 1.0f / sqrtf((float)hd);
+    uint16_t *qh = c->qh + (size_t)tid * hd;
+    float *w = c->scores + (size_t)tid * c->p.n_ctx;
+    const lms_vec_dot_fn dot16 = lms_kernels_get()->vec_dot[LMS_TYPE_F16];
+    for (int d = 0; d < hd; d++)
+        qh[d] = lms_f32_to_f16(q[d]);
+    float mx = -INFINITY;
+    for (int32_t j = 0; j <= pos; j++) {
+        float sj;
+        dot16(hd, &sj, lms_kv_k(&c->kv, s, il, j) + (size_t)kvh * hd, qh);
+        w[j] = sj * scale;
+        mx = w[j] > mx ? w[j] : mx;
+    }
+    double sum = 0.0;
+    for (int32_t j = 0; j <= pos; j++) {
+        w[j] = expf(w[j] - mx);
+        sum += (double)w[j];
+    }
+    const float inv = (float)(1.0 / sum);
+    memset(out, 0, (size_t)hd * sizeof *out);
+    for (int32_t j = 0; j <= pos; j++) {
+        const float wj = lms_f16_to_f32(lms_f32_to_f16(w[j] * inv));
+        const uint16_t *vr = lms_kv_v(&c->kv, s, il, j) + (size_t)kvh * hd;
+        for (int d = 0; d < hd; d++)
+            out[d] += wj * lms_f16_to_f32(vr[d]);
+    }
+}
+
+static void attention(lms_ctx *c, int il, const lms_batch *b)
+{
+    const lms_hparams *hp = &c->m->hp;
+    const int nh = hp->n_head, hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
+    const int64_t q = (int64_t)nh * hd;
+    const int64_t n_work = (int64_t)b->n_tokens * nh;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t wi = 0; wi < n_work; wi++) {
+        int64_t t = wi / nh;
+        int h = (int)(wi % nh);
+#ifdef _OPENMP
+        int tid = omp_get_thread_num();
+#else
+        int tid = 0;
+#endif
+        attend_head(c, il, b->seq[t], b->pos[t], c->qb + t * q + (int64_t)h * hd, h / group,
+                    c->att + t * q + (int64_t)h * hd, tid);
+    }
+}
+
+/* ---- one layer ------------------------------------------------------------ */
+
+/* Q/K/V projections, optional biases and per-head norms, RoPE, and K/V
+ * written to the cache. */
+static void qkv(lms_ctx *c, const lms_layer *l, int il, const lms_batch *b)
+{
+    const lms_hparams *hp = &c->m->hp;
+    const int64_t n = b->n_tokens, hd = hp->head_dim;
+    const int64_t q = hp->n_head * hd, kv = hp->n_head_kv * hd;
+    matmul(c, &l->wq, c->xn, n, c->qb);
+    matmul(c, &l->wk, c->xn, n, c->kb);
+    matmul(c, &l->wv, c->xn, n, c->vb);
+    add_bias(c->qb, &l->bq, n, q);
+    add_bias(c->kb, &l->bk, n, kv);
+    add_bias(c->vb, &l->bv, n, kv);
+    const float *ff = c->m->rope_freqs.data;
+    for (int64_t t = 0; t < n; t++) {
+        float *qt = c->qb + t * q, *kt = c->kb + t * kv;
+        if (l->q_norm.data)
+            for (int h = 0; h < hp->n_head; h++)
+                rms_norm(qt + h * hd, l->q_norm.data, qt + h * hd, hd, hp->rms_eps);
+        if (l->k_norm.data)
+            for (int h = 0; h < hp->n_head_kv; h++)
+                rms_norm(kt + h * hd, l->k_norm.data, kt + h * hd, hd, hp->rms_eps);
+        rope(hp, ff, qt, hp->n_head, b->pos[t]);
+        rope(hp, ff, kt, hp->n_head_kv, b->pos[t]);
+        uint16_t *kc = lms_kv_k(&c->kv, b->seq[t], il, b->pos[t]);
+        uint16_t *vc = lms_kv_v(&c->kv, b->seq[t], il, b->pos[t]);
+        for (int64_t i = 0; i < kv; i++) {
+            kc[i] = lms_f32_to_f16(kt[i]);
+            vc[i] = lms_f32_to_f16(c->vb[t * kv + i]);
+        }
+    }
+}
+
+static void layer(lms_ctx *c, int il, const lms_batch *b)
+{
+    const lms_hparams *hp = &c->m->hp;
+    const lms_layer *l = &c->m->layers[il];
+    const int64_t n = b->n_tokens, e = hp->n_embd, f = hp->n_ff;
+    for (int64_t t = 0; t < n; t++)
+        rms_norm(c->x + t * e, l->attn_norm.data, c->xn + t * e, e, hp->rms_eps);
+    qkv(c, l, il, b);
+    attention(c, il, b);
+    matmul(c, &l->wo, c->att, n, c->xn);
+    for (int64_t i = 0; i < n * e; i++)
+        c->x[i] += c->xn[i];
+    for (int64_t t = 0; t < n; t++)
+        rms_norm(c->x + t * e, l->ffn_norm.data, c->xn + t * e, e, hp->rms_eps);
+    matmul(c, &l->w_gate, c->xn, n, c->ga);
+    matmul(c, &l->w_up, c->xn, n, c->up);
+    for (int64_t i = 0; i < n * f; i++)
+        c->ga[i] = silu(c->ga[i]) * c->up[i];
+    matmul(c, &l->w_down, c->ga, n, c->xn);
+    for (int64_t i = 0; i < n * e; i++)
+        c->x[i] += c->xn[i];
+}
+
+/* ---- the step --------------------------------------------------------------- */
+
+static int check_batch(const lms_ctx *c, const lms_batch *b)
+{
+    if (b->n_tokens <= 0 || b->n_tokens > c->p.n_batch)
+        return LMS_ERR_INVAL;
+    for (int32_t t = 0; t < b->n_tokens; t++) {
+        const lms_kv_seq *s = b->seq[t];
+        if (b->tokens[t] < 0 || b->tokens[t] >= c->m->hp.n_vocab)
+            return LMS_ERR_RANGE;
+        if (b->pos[t] < 0 || b->pos[t] >= c->p.n_ctx || b->pos[t] >= s->n_blocks * LMS_KV_BLOCK ||
+            b->pos[t] > s->n_pos + t)
+            return LMS_ERR_RANGE;
+    }
+    return 0;
+}
+
+int lms_forward(lms_ctx *c, const lms_batch *b, float *logits)
+{
+    int rc = check_batch(c, b);
+    if (rc < 0)
+        return rc;
+    const lms_model *m = c->m;
+    const int64_t e = m->hp.n_embd, n = b->n_tokens;
+    lms_mat emb = as_mat(&m->tok_embd);
+    for (int64_t t = 0; t < n; t++)
+        lms_mat_get_row(&emb, b->tokens[t], c->x + t * e);
+    for (int il = 0; il < m->hp.n_layer; il++)
+        layer(c, il, b);
+    for (int64_t t = 0; t < n; t++)
+        if (b->seq[t]->n_pos < b->pos[t] + 1)
+            b->seq[t]->n_pos = b->pos[t] + 1;
+    int32_t n_out = 0;
+    for (int64_t t = 0; t < n; t++)
+        if (b->logits ? b->logits[t] : t == n - 1)
+            rms_norm(c->x + t * e, m->output_norm.data, c->hidden + (n_out++) * e, e, m->hp.rms_eps);
+    c->n_hidden = n_out;
+    if (logits && n_out > 0)
+        matmul(c, &m->output, c->hidden, n_out, logits);
+    return 0;
+}

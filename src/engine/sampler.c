@@ -1,0 +1,296 @@
+/*
+ * sampler.c - the sampling chain (see sampler.h).
+ *
+ * Candidates are (id, logit) pairs. Top-k keeps a min-heap of k entries
+ * (O(n log k) over the vocabulary); without top-k the whole vocabulary is
+ * sorted once. The random source is splitmix64 seeded per sequence, so a
+ * seed reproduces a generation exactly.
+ */
+#include "engine/sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+
+typedef struct cand {
+    int32_t id;
+    float logit;
+} cand;
+
+struct lms_sampler {
+    lms_sampler_params p;
+    int32_t n_vocab;
+    uint64_t rng;
+    float *logits;     /* [n_vocab] penalised copy of the last logits */
+    cand *cands;       /* [n_vocab] */
+    int32_t *hist;     /* ring of the last penalty_last_n tokens */
+    int32_t n_hist, hist_head;
+    float lse;         /* log-sum-exp of `logits` (for probabilities) */
+};
+
+lms_sampler_params lms_sampler_defaults(void)
+{
+    lms_sampler_params p = {
+        .temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f,
+        .repeat_penalty = 1.0f, .frequency_penalty = 0.0f, .presence_penalty = 0.0f,
+        .penalty_last_n = 64, .seed = 0x5eed,
+    };
+    return p;
+}
+
+int lms_sampler_params_check(const lms_sampler_params *p, char *err, size_t errsz)
+{
+    if (!isfinite(p->temperature) || p->temperature < 0 || p->temperature > 100)
+        return lms_errf(err, errsz, LMS_ERR_INVAL, "temperature %g is not in [0, 100]", p->temperature);
+    if (!(p->top_p >= 0 && p->top_p <= 1))
+        return lms_errf(err, errsz, LMS_ERR_INVAL, "top_p %g is not in [0, 1]", p->top_p);
+    if (!(p->min_p >= 0 && p->min_p <= 1))
+        return lms_errf(err, errsz, LMS_ERR_INVAL, "min_p %g is not in [0, 1]", p->min_p);
+    if (p->top_k < 0)
+        return lms_errf(err, errsz, LMS_ERR_INVAL, "top_k %d is negative", p->top_k);
+    if (!(p->repeat_penalty > 0 && p->repeat_penalty <= 10))
+        return lms_errf(err, errsz, LMS_ERR_INVAL, "repeat_penalty %g is not in (0, 10]",
+                        p->repeat_penalty);
+    if (!(fabsf(p->frequency_penalty) <= 2) || !(fabsf(p->presence_penalty) <= 2))
+        return lms_errf(err, errsz, LMS_ERR_INVAL,
+                        "frequency_penalty %g / presence_penalty %g not in [-2, 2]",
+                        p->frequency_penalty, p->presence_penalty);
+    if (p->penalty_last_n < 0 || p->penalty_last_n > (1 << 20))
+        return lms_errf(err, errsz, LMS_ERR_INVAL, "penalty_last_n %d out of range", p->penalty_last_n);
+    return 0;
+}
+
+lms_sampler *lms_sampler_create(const lms_sampler_params *p, int32_t n_vocab)
+{
+    lms_sampler *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    s->p = *p;
+    s->n_vocab = n_vocab;
+    s->rng = p->seed;
+    s->logits = malloc((size_t)n_vocab * sizeof *s->logits);
+    s->cands = malloc((size_t)n_vocab * sizeof *s->cands);
+    s->hist = malloc((size_t)(p->penalty_last_n > 0 ? p->penalty_last_n : 1) * sizeof *s->hist);
+    if (!s->logits || !s->cands || !s->hist) {
+        lms_sampler_destroy(s);
+        return NULL;
+    }
+    return s;
+}
+
+void lms_sampler_destroy(lms_sampler *s)
+{
+    if (!s)
+        return;
+    free(s->logits);
+    free(s->cands);
+    free(s->hist);
+    free(s);
+}
+
+void lms_sampler_accept(lms_sampler *s, int32_t token)
+{
+    int32_t n = s->p.penalty_last_n;
+    if (n <= 0)
+        return;
+    s->hist[s->hist_head] = token;
+    s->hist_head = (s->hist_head + 1) % n;
+    if (s->n_hist < n)
+        s->n_hist++;
+}
+
+static uint64_t next_u64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Applies the penalties to s->logits for each distinct recent token. */
+static void apply_penalties(lms_sampler *s)
+{
+    const lms_sampler_params *p = &s->p;
+    if (s->n_hist == 0 ||
+        (p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f && p->presence_penalty == 0.0f))
+        return;
+    for (int32_t i = 0; i < s->n_hist; i++) {
+        int32_t tok = s->hist[i], count = 0, first = 1;
+        if (tok < 0 || tok >= s->n_vocab)
+            continue;
+        for (int32_t j = 0; j < s->n_hist; j++) {
+            if (s->hist[j] == tok) {
+                count++;
+                if (j < i)
+                    first = 0; /* handled at its first occurrence */
+            }
+        }
+        if (!first)
+            continue;
+        float *l = &s->logits[tok];
+        *l = *l > 0 ? *l / p->repeat_penalty : *l * p->repeat_penalty;
+        *l -= (float)count * p->frequency_penalty + p->presence_penalty;
+    }
+}
+
+static void compute_lse(lms_sampler *s)
+{
+    float mx = -INFINITY;
+    for (int32_t i = 0; i < s->n_vocab; i++)
+        mx = s->logits[i] > mx ? s->logits[i] : mx;
+    double sum = 0;
+    for (int32_t i = 0; i < s->n_vocab; i++)
+        sum += exp((double)(s->logits[i] - mx));
+    s->lse = mx + (float)log(sum);
+}
+
+static int cand_desc(const void *a, const void *b)
+{
+    const cand *x = a, *y = b;
+    if (x->logit != y->logit)
+        return x->logit < y->logit ? 1 : -1;
+    return x->id - y->id;
+}
+
+/* Sift-down for a min-heap ordered by logit (ties: larger id is "smaller"). */
+static int cand_less(const cand *a, const cand *b)
+{
+    return a->logit < b->logit || (a->logit == b->logit && a->id > b->id);
+}
+
+static void heap_down(cand *h, int32_t n, int32_t i)
+{
+    for (;;) {
+        int32_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && cand_less(&h[l], &h[m]))
+            m = l;
+        if (r < n && cand_less(&h[r], &h[m]))
+            m = r;
+        if (m == i)
+            return;
+        cand t = h[i];
+        h[i] = h[m];
+        h[m] = t;
+        i = m;
+    }
+}
+
+/* Fills s->cands with the top k (all when k <= 0) sorted descending. */
+static int32_t select_top(lms_sampler *s, int32_t k)
+{
+    int32_t n = s->n_vocab;
+    if (k <= 0 || k >= n) {
+        for (int32_t i = 0; i < n; i++)
+            s->cands[i] = (cand){i, s->logits[i]};
+        qsort(s->cands, (size_t)n, sizeof(cand), cand_desc);
+        return n;
+    }
+    for (int32_t i = 0; i < k; i++)
+        s->cands[i] = (cand){i, s->logits[i]};
+    for (int32_t i = k / 2 - 1; i >= 0; i--)
+        heap_down(s->cands, k, i);
+    for (int32_t i = k; i < n; i++) {
+        cand c = {i, s->logits[i]};
+        if (cand_less(&s->cands[0], &c)) {
+            s->cands[0] = c;
+            heap_down(s->cands, k, 0);
+        }
+    }
+    qsort(s->cands, (size_t)k, sizeof(cand), cand_desc);
+    return k;
+}
+
+static int32_t argmax(const float *l, int32_t n)
+{
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (l[i] > l[best])
+            best = i;
+    return best;
+}
+
+/* Top-p then min-p on the (sorted) candidates; returns the kept count. */
+static int32_t nucleus(const lms_sampler *s, int32_t n, double *probs)
+{
+    double sum = 0;
+    for (int32_t i = 0; i < n; i++)
+        sum += probs[i] = exp((double)(s->cands[i].logit - s->cands[0].logit));
+    int32_t keep = n;
+    if (s->p.top_p < 1.0f) {
+        double acc = 0;
+        for (int32_t i = 0; i < n; i++) {
+            acc += probs[i] / sum;
+            if (acc >= s->p.top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+    }
+    if (s->p.min_p > 0.0f)
+        for (int32_t i = 1; i < keep; i++)
+            if (probs[i] < s->p.min_p) { /* probs[0] == 1: relative to the max */
+                keep = i;
+                break;
+            }
+    return keep;
+}
+
+int32_t lms_sampler_sample(lms_sampler *s, const float *logits, float *prob)
+{
+    memcpy(s->logits, logits, (size_t)s->n_vocab * sizeof *logits);
+    apply_penalties(s);
+    compute_lse(s);
+    int32_t tok;
+    if (s->p.temperature <= 0.0f) {
+        tok = argmax(s->logits, s->n_vocab);
+    } else {
+        int32_t n = select_top(s, s->p.top_k);
+        double *probs = malloc((size_t)n * sizeof *probs);
+        if (!probs) {
+            tok = s->cands[0].id; /* out of memory: fall back to the best */
+        } else {
+            int32_t keep = nucleus(s, n, probs);
+            double sum = 0;
+            for (int32_t i = 0; i < keep; i++)
+                sum += probs[i] =
+                    exp((double)(s->cands[i].logit - s->cands[0].logit) / s->p.temperature);
+            double u = (double)(next_u64(&s->rng) >> 11) * (1.0 / 9007199254740992.0) * sum;
+            tok = s->cands[keep - 1].id;
+            for (int32_t i = 0; i < keep; i++) {
+                if (u < probs[i]) {
+                    tok = s->cands[i].id;
+                    break;
+                }
+                u -= probs[i];
+            }
+            free(probs);
+        }
+    }
+    if (prob)
+        *prob = expf(s->logits[tok] - s->lse);
+    return tok;
+}
+
+int lms_sampler_top(const lms_sampler *s, lms_token_prob *out, int n)
+{
+    if (n <= 0)
+        return 0;
+    if (n > s->n_vocab)
+        n = s->n_vocab;
+    /* simple partial selection: n is small (<= 20) */
+    int k = 0;
+    for (int32_t i = 0; i < s->n_vocab; i++) {
+        float lp = s->logits[i] - s->lse;
+        if (k < n || lp > out[k - 1].logprob) {
+            int j = k < n ? k++ : n - 1;
+            while (j > 0 && out[j - 1].logprob < lp) {
+                out[j] = out[j - 1];
+                j--;
+            }
+            out[j] = (lms_token_prob){i, lp};
+        }
+    }
+    return k;
+}

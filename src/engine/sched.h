@@ -1,0 +1,156 @@
+/*
+ * sched.h - the serving engine of one model: a request queue, continuous
+ * batching over the paged KV cache with prefix reuse, and events back to
+ * whoever submitted the work.
+ *
+ * Threads: lms_sched_create starts one scheduler thread that owns the
+ * model's context (KV cache, scratch) and runs the step loop; it sleeps on
+ * a condition variable when there is no work. submit / abort / stats may
+ * be called from any thread. Events are delivered by calling the request's
+ * callback *on the scheduler thread*; the callback must not block (the
+ * server pushes the event to its own queue and wakes its event loop).
+ *
+ * Request lifecycle:
+ *
+ *   submit -> QUEUED -> PREFILLING -> DECODING -> END (stop | length)
+ *                 \          \            \-----> END (abort)  on abort()
+ *                  \          \-----------------> ERROR        on failure
+ *                   \---------------------------> END (abort) / ERROR
+ *
+ * Every accepted request receives exactly one terminal event (LMS_EV_END
+ * or LMS_EV_ERROR), after which the scheduler never touches its callback
+ * or user pointer again. A request refused by submit gets no event.
+ */
+#ifndef LMS_SCHED_H
+#define LMS_SCHED_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/sampler.h"
+#include "engine/stopstr.h"
+#include "model/model.h"
+
+#define LMS_MAX_LOGPROBS 20
+
+typedef struct lms_sched_params {
+    int32_t n_ctx;            /* max positions of one sequence (prompt + output) */
+    int32_t n_parallel;       /* max sequences decoding at once */
+    int32_t n_batch;          /* token budget of one step (prompt chunks + decodes) */
+    int32_t max_queue;        /* queued requests before submit refuses (LMS_ERR_BUSY) */
+    int64_t kv_budget_bytes;  /* KV pool size; 0 = n_ctx * n_parallel cells */
+    int32_t n_threads;        /* compute threads; 0 = all cores */
+    bool no_prefix_cache;     /* disable prefix reuse */
+} lms_sched_params;
+
+enum lms_event_type {
+    LMS_EV_TOKEN = 1, /* a piece of generated text */
+    LMS_EV_END = 2,   /* terminal: finished, with stats */
+    LMS_EV_ERROR = 3, /* terminal: failed, with a message */
+    LMS_EV_EMBD = 4,  /* embedding vector (then LMS_EV_END) */
+};
+
+enum lms_pooling {
+    LMS_POOL_MEAN = 0,
+    LMS_POOL_LAST = 1,
+};
+
+typedef struct lms_req_stats {
+    int32_t n_prompt;      /* prompt tokens */
+    int32_t n_cached;      /* prompt tokens reused from the prefix cache */
+    int32_t n_gen;         /* generated tokens */
+    double queue_ms;       /* submit to first scheduled step */
+    double ttft_ms;        /* submit to first token */
+    double total_ms;       /* submit to end */
+    double tps;            /* generated tokens per second after the first */
+    const char *finish;    /* "stop", "length", "abort", "deadline" (static) */
+} lms_req_stats;
+
+typedef struct lms_event {
+    int type;                  /* enum lms_event_type */
+    uint64_t id;               /* request id from submit */
+    void *user;                /* the request's user pointer */
+    /* LMS_EV_TOKEN: text is valid UTF-8 (may be empty when a character is
+     * incomplete or a stop string may be starting) */
+    char *text;
+    size_t text_len;
+    int32_t token;             /* -1 for text released at the end */
+    float prob;                /* probability of token */
+    float logprob;
+    int n_top;                 /* top alternatives when logprobs were asked */
+    lms_token_prob top[LMS_MAX_LOGPROBS];
+    /* LMS_EV_EMBD */
+    float *embd;
+    int32_t n_embd;
+    /* LMS_EV_END */
+    lms_req_stats stats;
+    /* LMS_EV_ERROR */
+    int err;                   /* negative lms_err */
+    char message[256];
+} lms_event;
+
+/* Receives an event on the scheduler thread and owns it from then on
+ * (release with lms_event_free). */
+typedef void (*lms_event_fn)(void *user, lms_event *ev);
+
+void lms_event_free(lms_event *ev);
+
+typedef struct lms_request {
+    const int32_t *tokens;     /* prompt, copied by submit */
+    int32_t n_tokens;
+    lms_sampler_params sp;
+    int32_t max_tokens;        /* < 0: until the context is full */
+    const char *const *stop;   /* stop strings, copied */
+    int n_stop;
+    bool ignore_eos;
+    int n_logprobs;            /* 0..LMS_MAX_LOGPROBS alternatives per token */
+    double timeout_ms;         /* deadline from submit; 0 = none */
+    bool embedding;            /* compute a pooled embedding instead */
+    int pooling;               /* enum lms_pooling */
+    lms_event_fn cb;
+    void *user;
+} lms_request;
+
+typedef struct lms_sched_stats {
+    int32_t n_running;         /* sequences prefilling or decoding */
+    int32_t n_queued;
+    int32_t kv_blocks_total;
+    int32_t kv_blocks_used;    /* referenced by a sequence */
+    int32_t kv_blocks_cached;  /* free but holding a reusable prefix */
+    uint64_t prefix_queries;   /* prompt tokens looked up in the prefix cache */
+    uint64_t prefix_hits;      /* of which found */
+    uint64_t prompt_tokens;    /* evaluated + cached, since start */
+    uint64_t gen_tokens;
+    uint64_t n_requests;       /* finished requests by outcome */
+    uint64_t n_aborted, n_failed;
+    uint64_t n_steps;
+    double last_tps;           /* decode tokens/s of the last finished request */
+    double last_ttft_ms;
+    bool busy;                 /* a step is running */
+} lms_sched_stats;
+
+typedef struct lms_sched lms_sched;
+
+/* Creates the context (KV pool) and starts the scheduler thread. The model
+ * is borrowed and must outlive the scheduler. */
+int lms_sched_create(lms_model *m, const lms_sched_params *p, lms_sched **out, char *err,
+                     size_t errsz);
+/* Stops the thread; queued and running requests end with LMS_EV_END
+ * (finish "abort") first. NULL is a no-op. */
+void lms_sched_destroy(lms_sched *s);
+
+/* Queues a request. Returns 0 and the id, or < 0 without queuing:
+ * LMS_ERR_BUSY (queue full), LMS_ERR_LIMIT (prompt + max_tokens do not
+ * fit the context), LMS_ERR_RANGE (bad token id), LMS_ERR_INVAL (bad
+ * parameters), with a message in err. */
+int lms_sched_submit(lms_sched *s, const lms_request *r, uint64_t *id, char *err, size_t errsz);
+/* Asks for a request to stop before the next step; its blocks are freed
+ * then and it ends with finish "abort". Unknown or finished ids are
+ * ignored. */
+void lms_sched_abort(lms_sched *s, uint64_t id);
+void lms_sched_get_stats(lms_sched *s, lms_sched_stats *out);
+const lms_model *lms_sched_model(const lms_sched *s);
+const lms_sched_params *lms_sched_params_of(const lms_sched *s);
+
+#endif

@@ -1,0 +1,34 @@
+/*
+ * matmul.h - y = W·x for a batch of activation rows, any weight type.
+ *
+ * W is row-major [n_rows][n_cols] in its own type (a GGUF tensor with
+ * ne[0] = n_cols, ne[1] = n_rows). x is [n_tok][n_cols] f32, y is
+ * [n_tok][n_rows] f32. Each x row is converted once to W's vec_dot type,
+ * then rows of W are streamed in tiles, each tile used for every token
+ * while it is in cache. Work is split over the OpenMP team by row tiles.
+ */
+#ifndef LMS_MATMUL_H
+#define LMS_MATMUL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct lms_mat {
+    const void *data;
+    int type;
+    int64_t n_cols;   /* elements per row (ne[0]) */
+    int64_t n_rows;   /* ne[1] */
+    size_t row_bytes;
+} lms_mat;
+
+/* Bytes of scratch lms_matmul needs for n_tok rows of n_cols. */
+size_t lms_matmul_scratch(int type, int64_t n_cols, int64_t n_tok);
+
+/* y[t][r] = sum_c W[r][c] * x[t][c]. `scratch` holds at least
+ * lms_matmul_scratch() bytes, 64-byte aligned. */
+void lms_matmul(const lms_mat *w, const float *x, int64_t n_tok, float *y, void *scratch);
+
+/* Converts one row of W to floats (embedding lookup). */
+void lms_mat_get_row(const lms_mat *w, int64_t row, float *out);
+
+#endif

@@ -1,0 +1,311 @@
+/*
+ * model.c - loads a transformer from GGUF: the architecture table, the
+ * hyper-parameters and every weight, each checked for presence, type and
+ * shape before the forward pass may use it.
+ *
+ * Adding a family that fits the decoder template (RMSNorm, RoPE attention
+ * with GQA, SwiGLU FFN) is one row of arch_table.
+ */
+#include "model/model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "kernels/kernels.h"
+#include "model/tokenizer.h"
+
+/* ---- the architecture table ---------------------------------------------- */
+
+enum {
+    ARCH_QKV_BIAS = 1 << 0, /* attn_{q,k,v}.bias expected */
+    ARCH_QK_NORM = 1 << 1,  /* attn_{q,k}_norm.weight expected */
+};
+
+typedef struct arch_desc {
+    const char *name;  /* general.architecture, also the key prefix */
+    int rope_type;
+    unsigned flags;
+    float rope_base;   /* default when the file has no freq_base key */
+} arch_desc;
+
+static const arch_desc arch_table[] = {
+    /* llama covers Llama 1/2/3, Mistral 7B, TinyLlama, llama2.c conversions */
+    {"llama", LMS_ROPE_NORM, 0, 10000.0f},
+    {"mistral", LMS_ROPE_NORM, 0, 1000000.0f},
+    {"qwen2", LMS_ROPE_NEOX, ARCH_QKV_BIAS, 1000000.0f},
+    {"qwen3", LMS_ROPE_NEOX, ARCH_QK_NORM, 1000000.0f},
+};
+
+const char *lms_model_supported_archs(void)
+{
+    return "llama, mistral, qwen2, qwen3";
+}
+
+static const arch_desc *arch_find(const char *name)
+{
+    for (size_t i = 0; i < sizeof arch_table / sizeof arch_table[0]; i++)
+        if (strcmp(arch_table[i].name, name) == 0)
+            return &arch_table[i];
+    return NULL;
+}
+
+/* ---- hyper-parameters ----------------------------------------------------- */
+
+typedef struct loader {
+    lms_model *m;
+    const arch_desc *arch;
+    char *err;
+    size_t errsz;
+} loader;
+
+/* Reads "<arch>.<suffix>" as a positive int32; absent is an error unless
+ * a default >= 0 is given. */
+static int hp_int(loader *L, const char *suffix, int32_t def, int32_t *out)
+{
+    char key[128];
+    int64_t v;
+    snprintf(key, sizeof key, "%s.%s", L->arch->name, suffix);
+    int rc = gguf_get_i64(L->m->gguf, key, &v);
+    if (rc == LMS_ERR_NOTFOUND && def >= 0) {
+        *out = def;
+        return 0;
+    }
+    if (rc == LMS_ERR_NOTFOUND)
+        return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT, "model: required key '%s' is missing", key);
+    if (rc < 0 || v <= 0 || v > (1 << 24))
+        return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT,
+                        "model: key '%s' must be a positive integer below 2^24", key);
+    *out = (int32_t)v;
+    return 0;
+}
+
+static float hp_float(loader *L, const char *suffix, float def)
+{
+    char key[128];
+    float v;
+    snprintf(key, sizeof key, "%s.%s", L->arch->name, suffix);
+    return gguf_get_f32(L->m->gguf, key, &v) == 0 ? v : def;
+}
+
+static int read_rope_scaling(loader *L, lms_hparams *hp)
+{
+    char key[128];
+    const char *type = NULL;
+    hp->rope_freq_scale = 1.0f;
+    snprintf(key, sizeof key, "%s.rope.scaling.type", L->arch->name);
+    gguf_get_str(L->m->gguf, key, &type);
+    float factor = hp_float(L, "rope.scaling.factor", 0.0f);
+    if (!type || strcmp(type, "none") == 0 || factor == 0.0f || factor == 1.0f)
+        return 0;
+    if (strcmp(type, "linear") != 0)
+        return lms_errf(L->err, L->errsz, LMS_ERR_UNSUPPORTED,
+                        "model: rope scaling type '%s' is not supported (none, linear)", type);
+    if (!(factor > 0.0f))
+        return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT, "model: rope scaling factor %g", factor);
+    hp->rope_freq_scale = 1.0f / factor;
+    return 0;
+}
+
+static int read_hparams(loader *L)
+{
+    lms_hparams *hp = &L->m->hp;
+    int rc;
+    snprintf(hp->arch, sizeof hp->arch, "%s", L->arch->name);
+    if ((rc = hp_int(L, "embedding_length", -1, &hp->n_embd)) < 0 ||
+        (rc = hp_int(L, "block_count", -1, &hp->n_layer)) < 0 ||
+        (rc = hp_int(L, "feed_forward_length", -1, &hp->n_ff)) < 0 ||
+        (rc = hp_int(L, "attention.head_count", -1, &hp->n_head)) < 0 ||
+        (rc = hp_int(L, "attention.head_count_kv", hp->n_head, &hp->n_head_kv)) < 0 ||
+        (rc = hp_int(L, "context_length", 2048, &hp->n_ctx_train)) < 0)
+        return rc;
+    if (hp->n_embd % hp->n_head != 0 || hp->n_head % hp->n_head_kv != 0)
+        return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT,
+                        "model: n_embd %d, n_head %d, n_head_kv %d do not divide evenly",
+                        hp->n_embd, hp->n_head, hp->n_head_kv);
+    if ((rc = hp_int(L, "attention.key_length", hp->n_embd / hp->n_head, &hp->head_dim)) < 0 ||
+        (rc = hp_int(L, "rope.dimension_count", hp->head_dim, &hp->n_rot)) < 0)
+        return rc;
+    int32_t vlen;
+    if ((rc = hp_int(L, "attention.value_length", hp->head_dim, &vlen)) < 0)
+        return rc;
+    if (vlen != hp->head_dim || hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0 || hp->head_dim % 2 ||
+        hp->head_dim > 512)
+        return lms_errf(L->err, L->errsz, LMS_ERR_UNSUPPORTED,
+                        "model: head sizes key %d, value %d, rope %d are not supported",
+                        hp->head_dim, vlen, hp->n_rot);
+    hp->rms_eps = hp_float(L, "attention.layer_norm_rms_epsilon", 1e-5f);
+    hp->rope_base = hp_float(L, "rope.freq_base", L->arch->rope_base);
+    hp->rope_type = L->arch->rope_type;
+    if (!(hp->rms_eps > 0.0f) || !(hp->rope_base > 0.0f))
+        return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT,
+                        "model: rms epsilon %g and rope base %g must be positive", hp->rms_eps,
+                        hp->rope_base);
+    return read_rope_scaling(L, hp);
+}
+
+/* ---- weights ---------------------------------------------------------------- */
+
+/* Binds tensor `name` to *w after checking its shape [ne0, ne1] (ne1 = 0:
+ * a vector) and, for matrices, that the kernels can multiply its type. */
+static int bind(loader *L, lms_weight *w, const char *name, int64_t ne0, int64_t ne1, bool required)
+{
+    const gguf_tensor *t = gguf_find_tensor(L->m->gguf, name);
+    if (!t) {
+        if (!required)
+            return 0;
+        return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT, "model: tensor '%s' is missing", name);
+    }
+    int64_t want1 = ne1 ? ne1 : 1;
+    if (t->ne[0] != ne0 || t->ne[1] != want1 || t->ne[2] != 1 || t->ne[3] != 1)
+        return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT,
+                        "model: tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]",
+                        name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                        (long long)t->ne[3], (long long)ne0, (long long)want1);
+    const lms_type_traits *tt = lms_type_get(t->type);
+    if (ne1 == 0 && t->type != LMS_TYPE_F32)
+        return lms_errf(L->err, L->errsz, LMS_ERR_UNSUPPORTED,
+                        "model: vector '%s' has type %s; only f32 is supported", name, tt->name);
+    if (ne1 != 0 && !lms_kernels_get()->vec_dot[t->type])
+        return lms_errf(L->err, L->errsz, LMS_ERR_UNSUPPORTED,
+                        "model: tensor '%s' has type %s, which has no matrix kernel", name, tt->name);
+    w->data = t->data;
+    w->type = t->type;
+    w->ne[0] = t->ne[0];
+    w->ne[1] = t->ne[1];
+    w->row_bytes = lms_row_size(t->type, t->ne[0]);
+    L->m->weight_bytes += t->n_bytes;
+    return 0;
+}
+
+static int bind_layer(loader *L, int il)
+{
+    const lms_hparams *hp = &L->m->hp;
+    lms_layer *l = &L->m->layers[il];
+    int64_t e = hp->n_embd, q = (int64_t)hp->n_head * hp->head_dim;
+    int64_t kv = (int64_t)hp->n_head_kv * hp->head_dim, f = hp->n_ff;
+    bool bias = L->arch->flags & ARCH_QKV_BIAS, qkn = L->arch->flags & ARCH_QK_NORM;
+    struct {
+        lms_weight *w;
+        const char *suffix;
+        int64_t ne0, ne1;
+        bool required;
+    } spec[] = {
+        {&l->attn_norm, "attn_norm.weight", e, 0, true},
+        {&l->wq, "attn_q.weight", e, q, true},
+        {&l->wk, "attn_k.weight", e, kv, true},
+        {&l->wv, "attn_v.weight", e, kv, true},
+        {&l->wo, "attn_output.weight", q, e, true},
+        {&l->bq, "attn_q.bias", q, 0, bias},
+        {&l->bk, "attn_k.bias", kv, 0, bias},
+        {&l->bv, "attn_v.bias", kv, 0, bias},
+        {&l->q_norm, "attn_q_norm.weight", hp->head_dim, 0, qkn},
+        {&l->k_norm, "attn_k_norm.weight", hp->head_dim, 0, qkn},
+        {&l->ffn_norm, "ffn_norm.weight", e, 0, true},
+        {&l->w_gate, "ffn_gate.weight", e, f, true},
+        {&l->w_up, "ffn_up.weight", e, f, true},
+        {&l->w_down, "ffn_down.weight", f, e, true},
+    };
+    for (size_t i = 0; i < sizeof spec / sizeof spec[0]; i++) {
+        char name[96];
+        snprintf(name, sizeof name, "blk.%d.%s", il, spec[i].suffix);
+        int rc = bind(L, spec[i].w, name, spec[i].ne0, spec[i].ne1, spec[i].required);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+static int bind_weights(loader *L)
+{
+    lms_model *m = L->m;
+    lms_hparams *hp = &m->hp;
+    const gguf_tensor *te = gguf_find_tensor(m->gguf, "token_embd.weight");
+    if (!te)
+        return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT, "model: tensor 'token_embd.weight' is missing");
+    if (te->ne[1] <= 0 || te->ne[1] > (1 << 24))
+        return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT, "model: token_embd has %lld rows",
+                        (long long)te->ne[1]);
+    hp->n_vocab = (int32_t)te->ne[1];
+    int rc = bind(L, &m->tok_embd, "token_embd.weight", hp->n_embd, hp->n_vocab, true);
+    if (rc < 0 || (rc = bind(L, &m->output_norm, "output_norm.weight", hp->n_embd, 0, true)) < 0 ||
+        (rc = bind(L, &m->output, "output.weight", hp->n_embd, hp->n_vocab, false)) < 0 ||
+        (rc = bind(L, &m->rope_freqs, "rope_freqs.weight", hp->n_rot / 2, 0, false)) < 0)
+        return rc;
+    if (!m->output.data)
+        m->output = m->tok_embd; /* tied output head */
+    m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
+    if (!m->layers)
+        return lms_errf(L->err, L->errsz, LMS_ERR_NOMEM, "model: out of memory");
+    for (int il = 0; il < hp->n_layer; il++)
+        if ((rc = bind_layer(L, il)) < 0)
+            return rc;
+    return 0;
+}
+
+/* ---- load / free ------------------------------------------------------------ */
+
+static void set_name(lms_model *m, const char *path)
+{
+    const char *name = NULL;
+    if (gguf_get_str(m->gguf, "general.name", &name) == 0 && name[0]) {
+        snprintf(m->name, sizeof m->name, "%s", name);
+        return;
+    }
+    const char *base = strrchr(path, '/');
+    snprintf(m->name, sizeof m->name, "%s", base ? base + 1 : path);
+}
+
+int lms_model_load(const char *path, lms_model **out, char *err, size_t errsz)
+{
+    lms_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return lms_errf(err, errsz, LMS_ERR_NOMEM, "model: out of memory");
+    loader L = {.m = m, .err = err, .errsz = errsz};
+    const char *arch = NULL;
+    int rc = gguf_open(path, &m->gguf, err, errsz);
+    if (rc < 0)
+        goto fail;
+    if (gguf_get_str(m->gguf, "general.architecture", &arch) < 0) {
+        rc = lms_errf(err, errsz, LMS_ERR_FORMAT, "model: 'general.architecture' is missing");
+        goto fail;
+    }
+    if (!(L.arch = arch_find(arch))) {
+        rc = lms_errf(err, errsz, LMS_ERR_UNSUPPORTED,
+                      "model: architecture '%s' is not supported (supported: %s)", arch,
+                      lms_model_supported_archs());
+        goto fail;
+    }
+    if ((rc = read_hparams(&L)) < 0 || (rc = bind_weights(&L)) < 0)
+        goto fail;
+    if ((rc = lms_tokenizer_load(m->gguf, &m->tok, err, errsz)) < 0)
+        goto fail;
+    if (lms_tokenizer_n_vocab(m->tok) > m->hp.n_vocab) {
+        rc = lms_errf(err, errsz, LMS_ERR_FORMAT, "model: vocabulary has %d tokens, token_embd %d rows",
+                      (int)lms_tokenizer_n_vocab(m->tok), m->hp.n_vocab);
+        goto fail;
+    }
+    set_name(m, path);
+    *out = m;
+    return 0;
+fail:
+    lms_model_free(m);
+    return rc;
+}
+
+void lms_model_free(lms_model *m)
+{
+    if (!m)
+        return;
+    lms_tokenizer_destroy(m->tok);
+    free(m->layers);
+    gguf_close(m->gguf);
+    free(m);
+}
+
+size_t lms_model_kv_bytes(const lms_hparams *hp, int64_t n_ctx)
+{
+    return (size_t)2 * (size_t)hp->n_layer * (size_t)n_ctx * (size_t)hp->n_head_kv *
+           (size_t)hp->head_dim * 2;
+}

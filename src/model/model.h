@@ -1,0 +1,86 @@
+/*
+ * model.h - a transformer model loaded from GGUF: hyper-parameters, weight
+ * views into the mapped file, tokenizer.
+ *
+ * Architectures are rows of a table (model.c: arch_table) naming the rope
+ * style and which optional tensors a family has; the loader resolves every
+ * tensor by name and checks its shape against the hyper-parameters, so the
+ * forward pass never meets a surprise.
+ */
+#ifndef LMS_MODEL_H
+#define LMS_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/gguf.h"
+
+typedef struct lms_tokenizer lms_tokenizer; /* model/tokenizer.h */
+
+enum lms_rope_type {
+    LMS_ROPE_NORM = 0, /* rotate adjacent pairs (x[2i], x[2i+1]): llama */
+    LMS_ROPE_NEOX = 2, /* rotate halves (x[i], x[i+d/2]): qwen2, qwen3 */
+};
+
+/* A weight matrix or vector, used in place from the mapping.
+ * ne[0] = input (fastest) dimension, ne[1] = output rows. */
+typedef struct lms_weight {
+    const void *data; /* NULL when the tensor is absent (optional parts) */
+    int type;         /* enum lms_type */
+    int64_t ne[2];
+    size_t row_bytes;
+} lms_weight;
+
+typedef struct lms_layer {
+    lms_weight attn_norm;          /* [n_embd] f32 */
+    lms_weight wq, wk, wv, wo;     /* [n_embd, n_head*hd], [n_embd, n_kv*hd] x2, [n_head*hd, n_embd] */
+    lms_weight bq, bk, bv;         /* optional biases (qwen2) */
+    lms_weight q_norm, k_norm;     /* optional per-head RMSNorm [hd] (qwen3) */
+    lms_weight ffn_norm;           /* [n_embd] */
+    lms_weight w_gate, w_up;       /* [n_embd, n_ff] */
+    lms_weight w_down;             /* [n_ff, n_embd] */
+} lms_layer;
+
+typedef struct lms_hparams {
+    char arch[32];
+    int32_t n_vocab;
+    int32_t n_embd;
+    int32_t n_layer;
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t head_dim;      /* key/value length per head */
+    int32_t n_ff;
+    int32_t n_ctx_train;
+    int32_t n_rot;         /* rotated dimensions per head */
+    int rope_type;         /* enum lms_rope_type */
+    float rope_base;
+    float rope_freq_scale; /* 1 / linear scaling factor */
+    float rms_eps;
+} lms_hparams;
+
+typedef struct lms_model {
+    gguf_file *gguf;        /* owns the mapping the weights point into */
+    lms_hparams hp;
+    char name[128];         /* general.name or the file's base name */
+    lms_weight tok_embd;    /* [n_embd, n_vocab] */
+    lms_weight output_norm; /* [n_embd] */
+    lms_weight output;      /* [n_embd, n_vocab]; = tok_embd when tied */
+    lms_weight rope_freqs;  /* optional [n_rot/2] f32 (Llama 3 frequency factors) */
+    lms_layer *layers;      /* [n_layer] */
+    lms_tokenizer *tok;
+    size_t weight_bytes;    /* bytes of every tensor the forward pass reads */
+} lms_model;
+
+/* Loads a model (weights and tokenizer). On failure returns < 0 with a
+ * message naming the problem. */
+int lms_model_load(const char *path, lms_model **out, char *err, size_t errsz);
+void lms_model_free(lms_model *m);
+
+/* Bytes of the K/V cache for n_ctx tokens (f16 cells). */
+size_t lms_model_kv_bytes(const lms_hparams *hp, int64_t n_ctx);
+
+/* Names of the architectures the loader accepts, comma separated. */
+const char *lms_model_supported_archs(void);
+
+#endif

@@ -1,0 +1,252 @@
+/*
+ * test_golden.c - logits and greedy tokens against llama.cpp's golden
+ * outputs in the shared test data (testdata/README.md §2-3).
+ *
+ * For every model folder: the prompt of each case goes through one forward
+ * call with logits at every position (compared with all_logits, or
+ * last_logits where only that exists); then the golden greedy ids are fed
+ * back one at a time (teacher forcing) and each step's logits and argmax
+ * are checked with the README's rule. stories260K must also reproduce the
+ * greedy story free-running. The kernel table in use follows LMS_ISA.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/forward.h"
+#include "kernels/kernels.h"
+#include "model/model.h"
+#include "testutil.h"
+
+typedef struct golden_model {
+    const char *name;
+    float tol;
+} golden_model;
+
+static const golden_model models[] = {
+    {"stories260K", 2e-2f},        {"stories260K-q8_0", 0.5f},   {"llama-synth-f32", 1e-2f},
+    {"llama-synth-f16", 2e-2f},    {"llama-synth-bf16", 5e-2f},  {"llama-synth-q8_0", 0.25f},
+    {"llama-synth-q4_0", 0.25f},   {"llama-synth-q4_k_m", 0.25f}, {"llama-synth-q5_k_m", 0.25f},
+    {"llama-synth-q6_k", 0.25f},   {"qwen2-synth-f16", 2e-2f},   {"qwen2-synth-q4_k_m", 0.25f},
+    {"qwen3-synth-f16", 2e-2f},    {"qwen3-synth-q4_k_m", 0.25f},
+};
+
+typedef struct runner {
+    lms_model *m;
+    lms_ctx *c;
+    lms_kv_seq seq;
+    int32_t nv;
+} runner;
+
+static float *read_f32(const char *path, size_t *n)
+{
+    size_t bytes;
+    char *buf = tu_read_file(path, &bytes);
+    if (buf)
+        *n = bytes / sizeof(float);
+    return (float *)buf;
+}
+
+static int32_t *read_ids(const char *path, int32_t *n)
+{
+    char *txt = tu_read_file(path, NULL);
+    if (!txt)
+        return NULL;
+    int32_t *ids = malloc(4096 * sizeof *ids);
+    int32_t k = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(txt, " \n", &save); tok && k < 4096; tok = strtok_r(NULL, " \n", &save))
+        ids[k++] = (int32_t)atol(tok);
+    free(txt);
+    *n = k;
+    return ids;
+}
+
+static float max_diff(const float *a, const float *b, size_t n)
+{
+    float d = 0;
+    for (size_t i = 0; i < n; i++) {
+        float e = fabsf(a[i] - b[i]);
+        d = e > d || isnan(e) ? e : d;
+    }
+    return d;
+}
+
+static int32_t argmax(const float *v, int32_t n)
+{
+    int32_t b = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (v[i] > v[b])
+            b = i;
+    return b;
+}
+
+/* Forward of tokens [0, n) at positions from..; logits of all rows. */
+static void run(runner *r, const int32_t *toks, int32_t n, int32_t from, float *logits)
+{
+    int32_t *pos = malloc((size_t)n * sizeof *pos);
+    lms_kv_seq **seqs = malloc((size_t)n * sizeof *seqs);
+    bool *want = malloc((size_t)n * sizeof *want);
+    for (int32_t i = 0; i < n; i++) {
+        pos[i] = from + i;
+        seqs[i] = &r->seq;
+        want[i] = true;
+    }
+    assert_int_equal(lms_kv_seq_reserve(lms_ctx_kv(r->c), &r->seq, from + n), 0);
+    lms_batch b = {.n_tokens = n, .tokens = toks, .pos = pos, .seq = seqs, .logits = want};
+    assert_int_equal(lms_forward(r->c, &b, logits), 0);
+    free(pos);
+    free(seqs);
+    free(want);
+}
+
+/* One step of the greedy rule: argmax must be the golden id when the
+ * golden margin is large; else the golden id's logit must be within tol of
+ * our maximum. */
+static void check_greedy_step(const float *lg, int32_t nv, int32_t gold, float margin, float tol,
+                              const char *what, int step)
+{
+    int32_t am = argmax(lg, nv);
+    if (margin > 2 * tol) {
+        if (am != gold)
+            fail_msg("%s step %d: argmax %d, golden %d (margin %g)", what, step, am, gold, margin);
+    } else if (lg[am] - lg[gold] > tol) {
+        fail_msg("%s step %d: golden id %d is %g below our max", what, step, gold, lg[am] - lg[gold]);
+    }
+}
+
+/* Reads caseN.greedy.txt margins into out[32]. */
+static void read_margins(const char *dir, const char *cs, float *margin, int32_t n)
+{
+    char rel[256];
+    snprintf(rel, sizeof rel, "golden/%s/%s.greedy.txt", dir, cs);
+    char *txt = tu_read_file(tu_data_path(rel), NULL);
+    assert_non_null(txt);
+    char *line = txt;
+    for (int32_t i = 0; i < n && line && *line; i++) {
+        int step, id;
+        float logit, m;
+        assert_int_equal(sscanf(line, "%d %d %g %g", &step, &id, &logit, &m), 4);
+        margin[i] = m;
+        line = strchr(line, '\n');
+        line = line ? line + 1 : NULL;
+    }
+    free(txt);
+}
+
+static void check_case(runner *r, const golden_model *gm, const char *cs, float *worst)
+{
+    char rel[256];
+    int32_t n, n_gen;
+    size_t n_ref;
+    snprintf(rel, sizeof rel, "golden/%s/%s.tokens.txt", gm->name, cs);
+    int32_t *toks = read_ids(tu_data_path(rel), &n);
+    snprintf(rel, sizeof rel, "golden/%s/%s.greedy_ids.txt", gm->name, cs);
+    int32_t *gen = read_ids(tu_data_path(rel), &n_gen);
+    assert_non_null(toks);
+    assert_non_null(gen);
+    float *lg = malloc((size_t)(n + 1) * (size_t)r->nv * sizeof *lg);
+    run(r, toks, n, 0, lg);
+    snprintf(rel, sizeof rel, "golden/%s/%s.all_logits.f32", gm->name, cs);
+    float *ref = read_f32(tu_data_path(rel), &n_ref);
+    float d;
+    if (ref) {
+        assert_int_equal(n_ref, (size_t)n * r->nv);
+        d = max_diff(lg, ref, n_ref);
+    } else {
+        snprintf(rel, sizeof rel, "golden/%s/%s.last_logits.f32", gm->name, cs);
+        ref = read_f32(tu_data_path(rel), &n_ref);
+        assert_non_null(ref);
+        assert_int_equal(n_ref, (size_t)r->nv);
+        d = max_diff(lg + (size_t)(n - 1) * r->nv, ref, n_ref);
+    }
+    free(ref);
+    *worst = d > *worst ? d : *worst;
+    if (!(d <= gm->tol))
+        fail_msg("%s %s: prompt logits differ by %g (tolerance %g)", gm->name, cs, d, gm->tol);
+
+    /* teacher forcing over the golden greedy ids */
+    float margin[64];
+    read_margins(gm->name, cs, margin, n_gen);
+    snprintf(rel, sizeof rel, "golden/%s/%s.gen_logits.f32", gm->name, cs);
+    float *gref = read_f32(tu_data_path(rel), &n_ref);
+    float *step = malloc((size_t)r->nv * sizeof *step);
+    memcpy(step, lg + (size_t)(n - 1) * r->nv, (size_t)r->nv * sizeof *step);
+    for (int32_t s = 0; s < n_gen; s++) {
+        if (s > 0)
+            run(r, &gen[s - 1], 1, n + s - 1, step);
+        if (gref) {
+            float ds = max_diff(step, gref + (size_t)s * r->nv, (size_t)r->nv);
+            *worst = ds > *worst ? ds : *worst;
+            if (!(ds <= gm->tol))
+                fail_msg("%s %s: step %d logits differ by %g (tolerance %g)", gm->name, cs, s, ds,
+                         gm->tol);
+        }
+        check_greedy_step(step, r->nv, gen[s], margin[s], gm->tol, gm->name, s);
+    }
+    free(step);
+    free(gref);
+    free(lg);
+    free(toks);
+    free(gen);
+    lms_kv_seq_release(lms_ctx_kv(r->c), &r->seq);
+}
+
+/* stories260K: free-running greedy must reproduce llama.cpp's 32 tokens. */
+static void check_free_greedy(runner *r, const golden_model *gm, const char *cs)
+{
+    char rel[256];
+    int32_t n, n_gen;
+    snprintf(rel, sizeof rel, "golden/%s/%s.tokens.txt", gm->name, cs);
+    int32_t *toks = read_ids(tu_data_path(rel), &n);
+    snprintf(rel, sizeof rel, "golden/%s/%s.greedy_ids.txt", gm->name, cs);
+    int32_t *gen = read_ids(tu_data_path(rel), &n_gen);
+    float *lg = malloc((size_t)n * (size_t)r->nv * sizeof *lg);
+    run(r, toks, n, 0, lg);
+    int32_t tok = argmax(lg + (size_t)(n - 1) * r->nv, r->nv);
+    for (int32_t s = 0; s < n_gen; s++) {
+        if (tok != gen[s])
+            fail_msg("%s %s: free greedy step %d gave %d, golden %d", gm->name, cs, s, tok, gen[s]);
+        run(r, &tok, 1, n + s, lg);
+        tok = argmax(lg, r->nv);
+    }
+    free(lg);
+    free(toks);
+    free(gen);
+    lms_kv_seq_release(lms_ctx_kv(r->c), &r->seq);
+}
+
+static void test_model(void **state)
+{
+    const golden_model *gm = *state;
+    char rel[256], err[512];
+    snprintf(rel, sizeof rel, "models/%s.gguf", gm->name);
+    runner r = {0};
+    if (lms_model_load(tu_data_path(rel), &r.m, err, sizeof err) < 0)
+        fail_msg("%s: %s", gm->name, err);
+    lms_ctx_params p = {.n_ctx = 128, .n_batch = 64, .n_seq = 1, .n_threads = 0};
+    assert_int_equal(lms_ctx_create(r.m, &p, &r.c, err, sizeof err), 0);
+    r.nv = r.m->hp.n_vocab;
+    float worst = 0;
+    check_case(&r, gm, "case0", &worst);
+    check_case(&r, gm, "case1", &worst);
+    if (!strncmp(gm->name, "stories260K", 11)) {
+        check_free_greedy(&r, gm, "case0");
+        check_free_greedy(&r, gm, "case1");
+    }
+    printf("golden %-20s isa %-7s max |logit diff| %.3g (tolerance %g)\n", gm->name,
+           lms_kernels_get()->isa, worst, gm->tol);
+    lms_ctx_destroy(r.c);
+    lms_model_free(r.m);
+}
+
+int main(void)
+{
+    struct CMUnitTest tests[sizeof models / sizeof models[0]];
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+        tests[i] = (struct CMUnitTest){.name = models[i].name, .test_func = test_model,
+                                       .initial_state = (void *)&models[i]};
+    }
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
