@@ -99,7 +99,8 @@ int lms_ctx_create(const lms_model *m, const lms_ctx_params *p, lms_ctx **out, c
     c->qh = malloc((size_t)c->n_threads * hd * sizeof(uint16_t));
     size_t qs = max_scratch(m, p->n_batch);
     c->qbuf = aligned_alloc(64, (qs + 63) / 64 * 64);
-    int32_t blocks = (p->n_ctx + LMS_KV_BLOCK - 1) / LMS_KV_BLOCK * p->n_seq;
+    int32_t blocks = p->kv_blocks > 0 ? p->kv_blocks
+                                      : (p->n_ctx + LMS_KV_BLOCK - 1) / LMS_KV_BLOCK * p->n_seq;
     int rc = LMS_ERR_NOMEM;
     if (c->x && c->xn && c->qb && c->kb && c->vb && c->att && c->ga && c->up && c->hidden &&
         c->scores && c->qh && c->qbuf)
@@ -341,12 +342,21 @@ int lms_forward(lms_ctx *c, const lms_batch *b, float *logits)
     for (int64_t t = 0; t < n; t++)
         if (b->seq[t]->n_pos < b->pos[t] + 1)
             b->seq[t]->n_pos = b->pos[t] + 1;
-    int32_t n_out = 0;
-    for (int64_t t = 0; t < n; t++)
-        if (b->logits ? b->logits[t] : t == n - 1)
-            rms_norm(c->x + t * e, m->output_norm.data, c->hidden + (n_out++) * e, e, m->hp.rms_eps);
+    /* final norm of every output row; the head only for logits rows */
+    int32_t n_out = 0, n_lg = 0;
+    for (int64_t t = 0; t < n; t++) {
+        bool lg = b->logits ? b->logits[t] : t == n - 1;
+        if (!lg && !(b->embd && b->embd[t]))
+            continue;
+        rms_norm(c->x + t * e, m->output_norm.data, c->hidden + n_out * e, e, m->hp.rms_eps);
+        if (lg) {
+            memcpy(c->xn + n_lg * e, c->hidden + n_out * e, (size_t)e * sizeof(float));
+            n_lg++;
+        }
+        n_out++;
+    }
     c->n_hidden = n_out;
-    if (logits && n_out > 0)
-        matmul(c, &m->output, c->hidden, n_out, logits);
+    if (logits && n_lg > 0)
+        matmul(c, &m->output, c->xn, n_lg, logits);
     return 0;
 }

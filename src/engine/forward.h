@@ -23,6 +23,7 @@ typedef struct lms_ctx_params {
     int32_t n_batch;   /* max tokens per lms_forward call */
     int32_t n_seq;     /* sequences the KV pool is sized for */
     int32_t n_threads; /* compute threads (0 = all cores) */
+    int32_t kv_blocks; /* KV pool size in blocks; 0 = n_seq full contexts */
 } lms_ctx_params;
 
 typedef struct lms_batch {
@@ -31,6 +32,7 @@ typedef struct lms_batch {
     const int32_t *pos;      /* [n_tokens] */
     lms_kv_seq *const *seq;  /* [n_tokens] sequence of each token */
     const bool *logits;      /* [n_tokens] which rows want logits; NULL: last only */
+    const bool *embd;        /* [n_tokens] rows that want only the hidden state, or NULL */
 } lms_batch;
 
 /* Execution state for one model: KV pool and scratch buffers.
@@ -49,8 +51,8 @@ const lms_model *lms_ctx_model(const lms_ctx *c);
  * advances each sequence's n_pos past its largest position. */
 int lms_forward(lms_ctx *c, const lms_batch *b, float *logits);
 
-/* Final-normed hidden state of the last forward's rows that wanted logits
- * ([n_out][n_embd]); valid until the next call. */
+/* Final-normed hidden states of the last forward's rows that wanted logits
+ * or embeddings, in batch order ([n][n_embd]); valid until the next call. */
 const float *lms_ctx_hidden(const lms_ctx *c);
 
 #endif

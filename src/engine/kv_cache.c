@@ -1,5 +1,6 @@
 /*
- * kv_cache.c - block pool and block tables (see kv_cache.h).
+ * kv_cache.c - block pool, block tables and the prefix cache (see
+ * kv_cache.h for the block states).
  */
 #include "engine/kv_cache.h"
 
@@ -9,11 +10,101 @@
 #include "base/ckd.h"
 #include "base/err.h"
 
+/* ---- LRU free list ----------------------------------------------------------- */
+
+static void lru_remove(lms_kv_cache *c, int32_t b)
+{
+    lms_kv_block_meta *m = &c->meta[b];
+    if (m->prev >= 0)
+        c->meta[m->prev].next = m->next;
+    else
+        c->lru_head = m->next;
+    if (m->next >= 0)
+        c->meta[m->next].prev = m->prev;
+    else
+        c->lru_tail = m->prev;
+    m->prev = m->next = -1;
+    m->on_free_list = false;
+    c->n_free--;
+}
+
+static void lru_push_tail(lms_kv_cache *c, int32_t b)
+{
+    lms_kv_block_meta *m = &c->meta[b];
+    m->prev = c->lru_tail;
+    m->next = -1;
+    if (c->lru_tail >= 0)
+        c->meta[c->lru_tail].next = b;
+    else
+        c->lru_head = b;
+    c->lru_tail = b;
+    m->on_free_list = true;
+    c->n_free++;
+}
+
+/* ---- hash table ------------------------------------------------------------- */
+
+static uint32_t slot_of(const lms_kv_cache *c, uint64_t h)
+{
+    return (uint32_t)(h ^ (h >> 29)) & c->table_mask;
+}
+
+static int32_t table_find(const lms_kv_cache *c, uint64_t h, uint64_t parent, const int32_t *toks)
+{
+    for (uint32_t i = slot_of(c, h);; i = (i + 1) & c->table_mask) {
+        int32_t b = c->table[i];
+        if (b == -1)
+            return -1;
+        const lms_kv_block_meta *m = &c->meta[b];
+        if (b >= 0 && m->hash == h && m->parent == parent &&
+            memcmp(m->tokens, toks, sizeof m->tokens) == 0)
+            return b;
+    }
+}
+
+static void table_insert(lms_kv_cache *c, int32_t b)
+{
+    uint32_t i = slot_of(c, c->meta[b].hash);
+    while (c->table[i] >= 0)
+        i = (i + 1) & c->table_mask;
+    c->table[i] = b;
+}
+
+/* Removes block b's entry; re-inserts the rest of its probe run so lookups
+ * never stop early (no tombstones). */
+static void table_erase(lms_kv_cache *c, int32_t b)
+{
+    uint32_t i = slot_of(c, c->meta[b].hash);
+    while (c->table[i] != b) {
+        if (c->table[i] == -1)
+            return;
+        i = (i + 1) & c->table_mask;
+    }
+    c->table[i] = -1;
+    for (i = (i + 1) & c->table_mask; c->table[i] != -1; i = (i + 1) & c->table_mask) {
+        int32_t moved = c->table[i];
+        c->table[i] = -1;
+        table_insert(c, moved);
+    }
+}
+
+static void drop_hash(lms_kv_cache *c, int32_t b)
+{
+    if (!c->meta[b].has_hash)
+        return;
+    table_erase(c, b);
+    c->meta[b].has_hash = false;
+    if (c->meta[b].refcnt == 0)
+        c->n_cached--;
+}
+
+/* ---- pool -------------------------------------------------------------------- */
+
 int lms_kv_cache_init(lms_kv_cache *c, int32_t n_layer, int32_t n_kv_dim, int32_t n_blocks)
 {
     memset(c, 0, sizeof *c);
     size_t per_layer, total, bytes;
-    if (n_layer <= 0 || n_kv_dim <= 0 || n_blocks <= 0 ||
+    if (n_layer <= 0 || n_kv_dim <= 0 || n_blocks <= 0 || n_blocks > (1 << 24) ||
         lms_ckd_mul(&per_layer, (size_t)n_blocks * LMS_KV_BLOCK, (size_t)n_kv_dim) ||
         lms_ckd_mul(&total, per_layer, (size_t)n_layer) || lms_ckd_mul(&bytes, total, sizeof(uint16_t)))
         return LMS_ERR_INVAL;
@@ -21,18 +112,22 @@ int lms_kv_cache_init(lms_kv_cache *c, int32_t n_layer, int32_t n_kv_dim, int32_
     c->n_kv_dim = n_kv_dim;
     c->n_blocks = n_blocks;
     c->layer_stride = per_layer;
+    uint32_t tsize = 16;
+    while (tsize < (uint32_t)n_blocks * 2)
+        tsize *= 2;
+    c->table_mask = tsize - 1;
     c->k = malloc(bytes);
     c->v = malloc(bytes);
-    c->refcnt = calloc((size_t)n_blocks, sizeof *c->refcnt);
-    c->free_list = malloc((size_t)n_blocks * sizeof *c->free_list);
-    if (!c->k || !c->v || !c->refcnt || !c->free_list) {
+    c->meta = calloc((size_t)n_blocks, sizeof *c->meta);
+    c->table = malloc(tsize * sizeof *c->table);
+    if (!c->k || !c->v || !c->meta || !c->table) {
         lms_kv_cache_deinit(c);
         return LMS_ERR_NOMEM;
     }
-    /* low ids on top of the stack: a short run touches little memory */
-    for (int32_t i = 0; i < n_blocks; i++)
-        c->free_list[i] = n_blocks - 1 - i;
-    c->n_free = n_blocks;
+    memset(c->table, 0xff, tsize * sizeof *c->table);
+    c->lru_head = c->lru_tail = -1;
+    for (int32_t b = 0; b < n_blocks; b++)
+        lru_push_tail(c, b);
     return 0;
 }
 
@@ -40,9 +135,43 @@ void lms_kv_cache_deinit(lms_kv_cache *c)
 {
     free(c->k);
     free(c->v);
-    free(c->refcnt);
-    free(c->free_list);
+    free(c->meta);
+    free(c->table);
     memset(c, 0, sizeof *c);
+}
+
+/* Takes the least recently freed block, forgetting its prefix. */
+static int32_t take_block(lms_kv_cache *c)
+{
+    int32_t b = c->lru_head;
+    drop_hash(c, b);
+    lru_remove(c, b);
+    c->meta[b].refcnt = 1;
+    return b;
+}
+
+static void unref_block(lms_kv_cache *c, int32_t b)
+{
+    if (--c->meta[b].refcnt > 0)
+        return;
+    lru_push_tail(c, b);
+    if (c->meta[b].has_hash)
+        c->n_cached++;
+}
+
+static int grow_table(lms_kv_seq *s, int32_t need)
+{
+    if (need <= s->cap)
+        return 0;
+    int32_t cap = s->cap ? s->cap : 8;
+    while (cap < need)
+        cap *= 2;
+    int32_t *nb = realloc(s->blocks, (size_t)cap * sizeof *nb);
+    if (!nb)
+        return LMS_ERR_NOMEM;
+    s->blocks = nb;
+    s->cap = cap;
+    return 0;
 }
 
 int lms_kv_seq_reserve(lms_kv_cache *c, lms_kv_seq *s, int32_t n_pos)
@@ -52,31 +181,95 @@ int lms_kv_seq_reserve(lms_kv_cache *c, lms_kv_seq *s, int32_t n_pos)
         return 0;
     if (need - s->n_blocks > c->n_free)
         return LMS_ERR_LIMIT;
-    if (need > s->cap) {
-        int32_t cap = s->cap ? s->cap : 8;
-        while (cap < need)
-            cap *= 2;
-        int32_t *nb = realloc(s->blocks, (size_t)cap * sizeof *nb);
-        if (!nb)
-            return LMS_ERR_NOMEM;
-        s->blocks = nb;
-        s->cap = cap;
-    }
-    while (s->n_blocks < need) {
-        int32_t b = c->free_list[--c->n_free];
-        c->refcnt[b] = 1;
-        s->blocks[s->n_blocks++] = b;
-    }
+    int rc = grow_table(s, need);
+    if (rc < 0)
+        return rc;
+    while (s->n_blocks < need)
+        s->blocks[s->n_blocks++] = take_block(c);
     return 0;
 }
 
 void lms_kv_seq_release(lms_kv_cache *c, lms_kv_seq *s)
 {
-    for (int32_t i = 0; i < s->n_blocks; i++) {
-        int32_t b = s->blocks[i];
-        if (--c->refcnt[b] == 0)
-            c->free_list[c->n_free++] = b;
-    }
+    for (int32_t i = 0; i < s->n_blocks; i++)
+        unref_block(c, s->blocks[i]);
     free(s->blocks);
     memset(s, 0, sizeof *s);
+}
+
+/* ---- prefix cache --------------------------------------------------------------- */
+
+uint64_t lms_kv_block_hash(uint64_t parent, const int32_t *tokens, uint64_t adapter)
+{
+    uint64_t h = parent ^ 0x9E3779B97F4A7C15ull ^ (adapter * 0xD6E8FEB86659FD93ull);
+    for (int i = 0; i < LMS_KV_BLOCK; i++) {
+        h ^= (uint64_t)(uint32_t)tokens[i];
+        h *= 0x100000001B3ull;
+        h ^= h >> 32;
+    }
+    return h ? h : 1;
+}
+
+int32_t lms_kv_prefix_map(lms_kv_cache *c, lms_kv_seq *s, const int32_t *tokens,
+                          int32_t max_blocks, uint64_t adapter)
+{
+    uint64_t parent = 0;
+    int32_t k = 0;
+    if (s->n_blocks != 0 || grow_table(s, max_blocks) < 0)
+        return 0;
+    for (; k < max_blocks; k++) {
+        const int32_t *t = tokens + (size_t)k * LMS_KV_BLOCK;
+        uint64_t h = lms_kv_block_hash(parent, t, adapter);
+        int32_t b = table_find(c, h, parent, t);
+        if (b < 0)
+            break;
+        if (c->meta[b].refcnt++ == 0) {
+            lru_remove(c, b);
+            c->n_cached--;
+        }
+        s->blocks[s->n_blocks++] = b;
+        parent = h;
+    }
+    return k;
+}
+
+uint64_t lms_kv_prefix_register(lms_kv_cache *c, const lms_kv_seq *s, int32_t i, uint64_t parent,
+                                const int32_t *tokens, uint64_t adapter)
+{
+    int32_t b = s->blocks[i];
+    const int32_t *t = tokens + (size_t)i * LMS_KV_BLOCK;
+    uint64_t h = lms_kv_block_hash(parent, t, adapter);
+    lms_kv_block_meta *m = &c->meta[b];
+    if (m->has_hash && m->hash == h)
+        return h;
+    if (table_find(c, h, parent, t) >= 0) /* another block holds it already */
+        return h;
+    drop_hash(c, b);
+    m->hash = h;
+    m->parent = parent;
+    memcpy(m->tokens, t, sizeof m->tokens);
+    m->has_hash = true;
+    table_insert(c, b);
+    return h;
+}
+
+int lms_kv_make_private(lms_kv_cache *c, lms_kv_seq *s, int32_t i)
+{
+    int32_t old = s->blocks[i];
+    if (c->meta[old].refcnt <= 1) {
+        drop_hash(c, old); /* its content is about to change */
+        return 0;
+    }
+    if (c->n_free == 0)
+        return LMS_ERR_LIMIT;
+    int32_t nb = take_block(c);
+    size_t cells = (size_t)LMS_KV_BLOCK * (size_t)c->n_kv_dim;
+    for (int32_t il = 0; il < c->n_layer; il++) {
+        size_t base = (size_t)il * c->layer_stride;
+        memcpy(c->k + base + (size_t)nb * cells, c->k + base + (size_t)old * cells, cells * 2);
+        memcpy(c->v + base + (size_t)nb * cells, c->v + base + (size_t)old * cells, cells * 2);
+    }
+    s->blocks[i] = nb;
+    unref_block(c, old);
+    return 0;
 }

@@ -1,11 +1,23 @@
 /*
  * kv_cache.h - the paged K/V cache: one pool of fixed-size blocks reserved
- * at start, and per-sequence block tables.
+ * at start, per-sequence block tables, and a prefix cache over full blocks.
  *
  * Cell layout (f16): k[layer][block][slot][n_kv_head * head_dim], v alike.
  * Position p of a sequence lives in block seq->blocks[p / LMS_KV_BLOCK],
- * slot p % LMS_KV_BLOCK. Blocks are reference counted so that sequences can
- * share full blocks of a common prefix (the prefix cache builds on this).
+ * slot p % LMS_KV_BLOCK.
+ *
+ * Block states:
+ *
+ *   refcnt > 0              in use by that many sequences
+ *   refcnt == 0, hash set   free but "cached": still holds the K/V of a
+ *                           known prefix and can be mapped again by lookup
+ *   refcnt == 0, no hash    free and empty
+ *
+ * Free blocks (cached or not) sit on one LRU list; allocation takes the
+ * least recently freed one, dropping whatever prefix it held. A full block
+ * is identified by a hash chained over (parent block hash, its 16 token ids,
+ * adapter id); the tokens are stored too, so a hash collision can never map
+ * the wrong block.
  *
  * Owner: the scheduler thread of one model (no locking inside).
  */
@@ -18,6 +30,16 @@
 
 #define LMS_KV_BLOCK 16
 
+typedef struct lms_kv_block_meta {
+    int32_t refcnt;
+    int32_t prev, next;           /* LRU free-list links (-1 = none) */
+    bool on_free_list;
+    bool has_hash;
+    uint64_t hash;                /* chained prefix hash when has_hash */
+    uint64_t parent;              /* hash of the block before it (0 = first) */
+    int32_t tokens[LMS_KV_BLOCK]; /* token ids it holds when has_hash */
+} lms_kv_block_meta;
+
 typedef struct lms_kv_cache {
     int32_t n_layer;
     int32_t n_kv_dim;      /* n_head_kv * head_dim */
@@ -25,9 +47,12 @@ typedef struct lms_kv_cache {
     size_t layer_stride;   /* elements per layer: n_blocks * BLOCK * n_kv_dim */
     uint16_t *k;           /* [n_layer][n_blocks][BLOCK][n_kv_dim] f16 */
     uint16_t *v;           /* same layout */
-    int32_t *refcnt;       /* [n_blocks]; 0 = free */
-    int32_t *free_list;    /* stack of free block ids */
-    int32_t n_free;
+    lms_kv_block_meta *meta; /* [n_blocks] */
+    int32_t lru_head, lru_tail; /* free list: head = least recently freed */
+    int32_t n_free;        /* blocks with refcnt 0 */
+    int32_t n_cached;      /* of which holding a prefix */
+    int32_t *table;        /* open-addressing hash -> block, -1 empty */
+    uint32_t table_mask;
 } lms_kv_cache;
 
 typedef struct lms_kv_seq {
@@ -43,8 +68,31 @@ void lms_kv_cache_deinit(lms_kv_cache *c);
 /* Makes seq able to hold n_pos positions, taking blocks from the pool.
  * LMS_ERR_LIMIT (nothing taken) when the pool lacks blocks. */
 int lms_kv_seq_reserve(lms_kv_cache *c, lms_kv_seq *s, int32_t n_pos);
-/* Returns all of seq's blocks to the pool (drops its references). */
+/* Drops seq's references to all its blocks (they stay cached if hashed)
+ * and frees its table. */
 void lms_kv_seq_release(lms_kv_cache *c, lms_kv_seq *s);
+
+/* ---- prefix cache ---------------------------------------------------------- */
+
+/* Hash of a full block given its parent's hash (0 for the first block). */
+uint64_t lms_kv_block_hash(uint64_t parent, const int32_t *tokens, uint64_t adapter);
+/* Appends to seq the cached blocks that hold tokens[0 .. k*BLOCK) for the
+ * largest k <= max_blocks found; returns k. seq must hold no blocks yet. */
+int32_t lms_kv_prefix_map(lms_kv_cache *c, lms_kv_seq *s, const int32_t *tokens,
+                          int32_t max_blocks, uint64_t adapter);
+/* Records that block i of seq (full) holds tokens[i*BLOCK ..]; parent is the
+ * hash of block i-1 (0 for i = 0). Returns the block's hash. */
+uint64_t lms_kv_prefix_register(lms_kv_cache *c, const lms_kv_seq *s, int32_t i, uint64_t parent,
+                                const int32_t *tokens, uint64_t adapter);
+/* Replaces block i of seq by a private copy when it is shared, so that
+ * positions in it can be rewritten. */
+int lms_kv_make_private(lms_kv_cache *c, lms_kv_seq *s, int32_t i);
+
+/* Blocks referenced by at least one sequence. */
+static inline int32_t lms_kv_used(const lms_kv_cache *c)
+{
+    return c->n_blocks - c->n_free;
+}
 
 /* Pointer to the K (or V) row of position pos of seq in layer il. */
 static inline uint16_t *lms_kv_k(const lms_kv_cache *c, const lms_kv_seq *s, int il, int32_t pos)

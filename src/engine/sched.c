@@ -1,0 +1,740 @@
+/*
+ * sched.c - continuous batching for one model (see sched.h for the
+ * lifecycle and the threading contract).
+ *
+ * One step:
+ *   1. apply aborts and deadlines (blocks freed at once);
+ *   2. admit queued requests while a sequence slot and KV blocks for their
+ *      whole budget (prompt + max_tokens, capped by n_ctx) are free; the
+ *      prompt's full blocks already in the prefix cache are mapped, not
+ *      computed;
+ *   3. batch one decode token of every decoding sequence, then prompt
+ *      chunks of prefilling ones, within n_batch tokens;
+ *   4. one forward pass; sample, stream, finish; newly full blocks are
+ *      registered in the prefix cache (prompt and generated tokens alike,
+ *      so the next turn of a chat reuses this one's answer).
+ *
+ * Reserving the whole budget at admission means a running sequence never
+ * meets an exhausted pool; requests wait in the queue instead.
+ */
+#include "engine/sched.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "base/timeutil.h"
+#include "engine/forward.h"
+#include "model/tokenizer.h"
+
+enum { ST_QUEUED, ST_PREFILL, ST_DECODE };
+
+typedef struct sreq {
+    struct sreq *next;       /* queue link */
+    uint64_t id;
+    lms_request r;           /* copy; r.tokens and r.stop point into owned memory */
+    int32_t *tokens;         /* prompt then generated tokens [cap] */
+    int32_t n_tokens, cap;
+    int32_t n_prompt;
+    int32_t n_total;         /* positions reserved (prompt + output budget) */
+    char *stops[LMS_MAX_STOP];
+    int state;
+    bool abort;
+    lms_kv_seq kv;
+    int32_t n_past;          /* positions computed */
+    int32_t n_cached;
+    int32_t n_registered;    /* full blocks registered in the prefix cache */
+    uint64_t last_hash;
+    lms_sampler *smp;
+    lms_detok detok;
+    lms_stopstr stop;
+    char *piece;             /* detokenizer output buffer */
+    size_t piece_cap;
+    int32_t n_gen;
+    double t_submit, t_sched, t_first;
+    float *embd;             /* pooled embedding accumulator [n_embd] */
+    int32_t n_embd_rows;
+    const char *done;        /* finish reason once decided this step */
+} sreq;
+
+struct lms_sched {
+    lms_model *m;
+    lms_ctx *ctx;
+    lms_sched_params p;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stop;
+    /* protected by mu */
+    sreq *q_head, *q_tail;
+    int32_t n_queued;
+    uint64_t *aborts;
+    int32_t n_aborts, cap_aborts;
+    uint64_t next_id;
+    lms_sched_stats st;
+    /* scheduler thread only */
+    sreq **run;              /* [n_parallel] */
+    int32_t n_run;
+    int32_t *b_tok, *b_pos;  /* batch rows [n_batch] */
+    lms_kv_seq **b_seq;
+    bool *b_lg, *b_embd;
+    sreq **b_owner;
+    float *logits;           /* [n_parallel][n_vocab] */
+};
+
+/* ---- events -------------------------------------------------------------- */
+
+void lms_event_free(lms_event *ev)
+{
+    if (!ev)
+        return;
+    free(ev->text);
+    free(ev->embd);
+    free(ev);
+}
+
+static lms_event *new_event(const sreq *q, int type)
+{
+    lms_event *ev = calloc(1, sizeof *ev);
+    if (ev) {
+        ev->type = type;
+        ev->id = q->id;
+        ev->user = q->r.user;
+        ev->token = -1;
+    }
+    return ev;
+}
+
+static void stats_of(const sreq *q, const char *finish, lms_req_stats *st)
+{
+    double now = lms_now_ms();
+    st->n_prompt = q->n_prompt;
+    st->n_cached = q->n_cached;
+    st->n_gen = q->n_gen;
+    st->queue_ms = q->t_sched > 0 ? q->t_sched - q->t_submit : now - q->t_submit;
+    st->ttft_ms = q->t_first > 0 ? q->t_first - q->t_submit : 0;
+    st->total_ms = now - q->t_submit;
+    st->tps = q->n_gen > 1 && now > q->t_first ? (q->n_gen - 1) * 1000.0 / (now - q->t_first) : 0;
+    st->finish = finish;
+}
+
+/* ---- request memory ------------------------------------------------------ */
+
+static void sreq_free(lms_sched *s, sreq *q)
+{
+    lms_kv_seq_release(lms_ctx_kv(s->ctx), &q->kv);
+    lms_sampler_destroy(q->smp);
+    lms_stopstr_deinit(&q->stop);
+    for (int i = 0; i < LMS_MAX_STOP; i++)
+        free(q->stops[i]);
+    free(q->tokens);
+    free(q->piece);
+    free(q->embd);
+    free(q);
+}
+
+/* Sends the terminal event and frees the request. */
+static void finish(lms_sched *s, sreq *q, const char *reason, int err, const char *msg)
+{
+    lms_event *ev = new_event(q, err ? LMS_EV_ERROR : LMS_EV_END);
+    if (ev) {
+        stats_of(q, reason, &ev->stats);
+        ev->err = err;
+        if (msg)
+            snprintf(ev->message, sizeof ev->message, "%s", msg);
+    }
+    pthread_mutex_lock(&s->mu);
+    if (err)
+        s->st.n_failed++;
+    else if (!strcmp(reason, "abort") || !strcmp(reason, "deadline"))
+        s->st.n_aborted++;
+    else
+        s->st.n_requests++;
+    if (!err && q->n_gen > 0) {
+        s->st.last_tps = ev ? ev->stats.tps : 0;
+        s->st.last_ttft_ms = ev ? ev->stats.ttft_ms : 0;
+    }
+    pthread_mutex_unlock(&s->mu);
+    lms_event_fn cb = q->r.cb;
+    void *user = q->r.user;
+    sreq_free(s, q);
+    if (ev)
+        cb(user, ev);
+}
+
+/* ---- submit / abort (any thread) -------------------------------------------- */
+
+static int check_request(const lms_sched *s, const lms_request *r, char *err, size_t errsz)
+{
+    const int32_t n_vocab = s->m->hp.n_vocab;
+    if (!r->cb)
+        return lms_errf(err, errsz, LMS_ERR_INVAL, "request has no event callback");
+    if (r->n_tokens <= 0)
+        return lms_errf(err, errsz, LMS_ERR_INVAL, "the prompt is empty");
+    if (r->n_tokens >= s->p.n_ctx)
+        return lms_errf(err, errsz, LMS_ERR_LIMIT,
+                        "the prompt has %d tokens; the context holds %d (prompt + output)",
+                        r->n_tokens, s->p.n_ctx);
+    for (int32_t i = 0; i < r->n_tokens; i++)
+        if (r->tokens[i] < 0 || r->tokens[i] >= n_vocab)
+            return lms_errf(err, errsz, LMS_ERR_RANGE, "token id %d at position %d is not in [0, %d)",
+                            r->tokens[i], i, n_vocab);
+    if (r->n_stop < 0 || r->n_stop > LMS_MAX_STOP)
+        return lms_errf(err, errsz, LMS_ERR_LIMIT, "at most %d stop strings", LMS_MAX_STOP);
+    if (r->n_logprobs < 0 || r->n_logprobs > LMS_MAX_LOGPROBS)
+        return lms_errf(err, errsz, LMS_ERR_INVAL, "logprobs must be in [0, %d]", LMS_MAX_LOGPROBS);
+    if (r->embedding)
+        return 0;
+    if (r->max_tokens == 0)
+        return lms_errf(err, errsz, LMS_ERR_INVAL, "max_tokens must be at least 1");
+    return lms_sampler_params_check(&r->sp, err, errsz);
+}
+
+static sreq *sreq_new(const lms_sched *s, const lms_request *r)
+{
+    sreq *q = calloc(1, sizeof *q);
+    if (!q)
+        return NULL;
+    q->r = *r;
+    int64_t budget = r->max_tokens < 0 ? s->p.n_ctx : (int64_t)r->n_tokens + r->max_tokens;
+    q->n_total = r->embedding ? r->n_tokens : (int32_t)(budget < s->p.n_ctx ? budget : s->p.n_ctx);
+    q->n_prompt = r->n_tokens;
+    q->cap = q->n_total + 1;
+    q->tokens = malloc((size_t)q->cap * sizeof *q->tokens);
+    bool ok = q->tokens != NULL;
+    for (int i = 0; i < r->n_stop && ok; i++)
+        ok = (q->stops[i] = strdup(r->stop[i])) != NULL;
+    if (!ok) {
+        for (int i = 0; i < LMS_MAX_STOP; i++)
+            free(q->stops[i]);
+        free(q->tokens);
+        free(q);
+        return NULL;
+    }
+    memcpy(q->tokens, r->tokens, (size_t)r->n_tokens * sizeof *q->tokens);
+    q->n_tokens = r->n_tokens;
+    q->r.tokens = q->tokens;
+    q->r.stop = (const char *const *)q->stops;
+    q->t_submit = lms_now_ms();
+    return q;
+}
+
+int lms_sched_submit(lms_sched *s, const lms_request *r, uint64_t *id, char *err, size_t errsz)
+{
+    int rc = check_request(s, r, err, errsz);
+    if (rc < 0)
+        return rc;
+    int32_t blocks = (int32_t)((r->n_tokens + (int64_t)(r->max_tokens < 0 ? s->p.n_ctx : r->max_tokens) +
+                                LMS_KV_BLOCK - 1) / LMS_KV_BLOCK);
+    int32_t ctx_blocks = (s->p.n_ctx + LMS_KV_BLOCK - 1) / LMS_KV_BLOCK;
+    if ((blocks < ctx_blocks ? blocks : ctx_blocks) > lms_ctx_kv(s->ctx)->n_blocks)
+        return lms_errf(err, errsz, LMS_ERR_LIMIT, "the request needs more KV cache than the pool has");
+    sreq *q = sreq_new(s, r);
+    if (!q)
+        return lms_errf(err, errsz, LMS_ERR_NOMEM, "out of memory");
+    pthread_mutex_lock(&s->mu);
+    if (s->n_queued >= s->p.max_queue || s->stop) {
+        pthread_mutex_unlock(&s->mu);
+        sreq_free(s, q);
+        return lms_errf(err, errsz, LMS_ERR_BUSY, "the server is overloaded: %d requests queued",
+                        s->p.max_queue);
+    }
+    q->id = ++s->next_id;
+    if (s->q_tail)
+        s->q_tail->next = q;
+    else
+        s->q_head = q;
+    s->q_tail = q;
+    s->n_queued++;
+    *id = q->id;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+void lms_sched_abort(lms_sched *s, uint64_t id)
+{
+    pthread_mutex_lock(&s->mu);
+    for (sreq *q = s->q_head; q; q = q->next)
+        if (q->id == id)
+            q->abort = true;
+    if (s->n_aborts == s->cap_aborts) {
+        int32_t cap = s->cap_aborts ? s->cap_aborts * 2 : 16;
+        uint64_t *na = realloc(s->aborts, (size_t)cap * sizeof *na);
+        if (na) {
+            s->aborts = na;
+            s->cap_aborts = cap;
+        }
+    }
+    if (s->n_aborts < s->cap_aborts)
+        s->aborts[s->n_aborts++] = id;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- step pieces (scheduler thread) ------------------------------------------- */
+
+static void remove_running(lms_sched *s, int32_t i)
+{
+    s->run[i] = s->run[--s->n_run];
+}
+
+/* Marks aborted running requests and ends them with expired deadlines. */
+static void apply_aborts(lms_sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    for (int32_t a = 0; a < s->n_aborts; a++)
+        for (int32_t i = 0; i < s->n_run; i++)
+            if (s->run[i]->id == s->aborts[a])
+                s->run[i]->abort = true;
+    s->n_aborts = 0;
+    pthread_mutex_unlock(&s->mu);
+    double now = lms_now_ms();
+    for (int32_t i = s->n_run - 1; i >= 0; i--) {
+        sreq *q = s->run[i];
+        bool late = q->r.timeout_ms > 0 && now - q->t_submit > q->r.timeout_ms;
+        if (q->abort || late) {
+            remove_running(s, i);
+            finish(s, q, q->abort ? "abort" : "deadline", 0, NULL);
+        }
+    }
+}
+
+/* Sets up the per-sequence generation state of an admitted request. */
+static int start_request(lms_sched *s, sreq *q)
+{
+    const lms_tokenizer *tok = s->m->tok;
+    if (q->r.embedding) {
+        q->embd = calloc((size_t)s->m->hp.n_embd, sizeof *q->embd);
+        return q->embd ? 0 : LMS_ERR_NOMEM;
+    }
+    q->smp = lms_sampler_create(&q->r.sp, s->m->hp.n_vocab);
+    q->piece_cap = lms_detok_max_out(tok);
+    q->piece = malloc(q->piece_cap);
+    if (!q->smp || !q->piece)
+        return LMS_ERR_NOMEM;
+    for (int32_t i = 0; i < q->n_prompt; i++)
+        lms_sampler_accept(q->smp, q->tokens[i]);
+    lms_detok_init(&q->detok, tok, false);
+    return lms_stopstr_init(&q->stop, q->r.stop, q->r.n_stop);
+}
+
+/* Maps cached prefix blocks and reserves the rest; LMS_ERR_LIMIT when the
+ * pool cannot hold the request now. */
+static int place_request(lms_sched *s, sreq *q)
+{
+    lms_kv_cache *kv = lms_ctx_kv(s->ctx);
+    int32_t mapped = 0;
+    if (!s->p.no_prefix_cache && !q->r.embedding)
+        mapped = lms_kv_prefix_map(kv, &q->kv, q->tokens, (q->n_prompt - 1) / LMS_KV_BLOCK, 0);
+    int rc = lms_kv_seq_reserve(kv, &q->kv, q->n_total);
+    if (rc < 0) {
+        lms_kv_seq_release(kv, &q->kv);
+        return rc;
+    }
+    q->n_past = q->n_cached = mapped * LMS_KV_BLOCK;
+    q->n_registered = mapped;
+    q->last_hash = 0;
+    for (int32_t i = 0; i < mapped; i++)
+        q->last_hash = lms_kv_block_hash(q->last_hash, q->tokens + i * LMS_KV_BLOCK, 0);
+    q->kv.n_pos = q->n_past;
+    pthread_mutex_lock(&s->mu);
+    s->st.prefix_queries += (uint64_t)q->n_prompt;
+    s->st.prefix_hits += (uint64_t)q->n_cached;
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+static void admit(lms_sched *s)
+{
+    while (s->n_run < s->p.n_parallel) {
+        pthread_mutex_lock(&s->mu);
+        sreq *q = s->q_head;
+        pthread_mutex_unlock(&s->mu);
+        if (!q)
+            return;
+        if (!q->abort && place_request(s, q) == LMS_ERR_LIMIT)
+            return; /* wait for blocks; keep FIFO order */
+        pthread_mutex_lock(&s->mu);
+        s->q_head = q->next;
+        if (!s->q_head)
+            s->q_tail = NULL;
+        s->n_queued--;
+        pthread_mutex_unlock(&s->mu);
+        q->next = NULL;
+        if (q->abort) {
+            finish(s, q, "abort", 0, NULL);
+            continue;
+        }
+        q->t_sched = lms_now_ms();
+        int rc = start_request(s, q);
+        if (rc < 0) {
+            finish(s, q, "error", rc, "cannot start the request: out of memory");
+            continue;
+        }
+        q->state = ST_PREFILL;
+        s->run[s->n_run++] = q;
+    }
+}
+
+/* Fills the batch; returns the number of rows. */
+static int32_t build_batch(lms_sched *s)
+{
+    int32_t n = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int32_t i = 0; i < s->n_run && n < s->p.n_batch; i++) {
+            sreq *q = s->run[i];
+            if ((pass == 0) != (q->state == ST_DECODE))
+                continue;
+            int32_t want = q->state == ST_DECODE ? 1 : q->n_prompt - q->n_past;
+            int32_t take = want < s->p.n_batch - n ? want : s->p.n_batch - n;
+            for (int32_t j = 0; j < take; j++, n++) {
+                int32_t pos = q->n_past + j;
+                s->b_tok[n] = q->tokens[pos];
+                s->b_pos[n] = pos;
+                s->b_seq[n] = &q->kv;
+                s->b_owner[n] = q;
+                s->b_embd[n] = q->r.embedding;
+                s->b_lg[n] = !q->r.embedding && pos == q->n_tokens - 1;
+            }
+        }
+    }
+    return n;
+}
+
+/* Registers the request's newly full blocks in the prefix cache. */
+static void register_blocks(lms_sched *s, sreq *q)
+{
+    if (s->p.no_prefix_cache || q->r.embedding)
+        return;
+    lms_kv_cache *kv = lms_ctx_kv(s->ctx);
+    while ((q->n_registered + 1) * LMS_KV_BLOCK <= q->n_past) {
+        q->last_hash = lms_kv_prefix_register(kv, &q->kv, q->n_registered, q->last_hash, q->tokens, 0);
+        q->n_registered++;
+    }
+}
+
+/* Streams a generated token; returns a finish reason or NULL to go on. */
+static const char *handle_token(lms_sched *s, sreq *q, const float *logits)
+{
+    lms_event *ev = new_event(q, LMS_EV_TOKEN);
+    float prob;
+    int32_t tok = lms_sampler_sample(q->smp, logits, &prob);
+    lms_sampler_accept(q->smp, tok);
+    if (q->n_gen++ == 0)
+        q->t_first = lms_now_ms();
+    q->tokens[q->n_tokens++] = tok;
+    if (!q->r.ignore_eos && lms_token_is_eog(s->m->tok, tok)) {
+        lms_event_free(ev);
+        return "stop";
+    }
+    int n = lms_detok_push(&q->detok, tok, q->piece, q->piece_cap);
+    const char *out;
+    size_t n_out;
+    bool hit = lms_stopstr_feed(&q->stop, q->piece, n > 0 ? (size_t)n : 0, &out, &n_out);
+    if (ev && (ev->text = malloc(n_out + 1))) {
+        memcpy(ev->text, out, n_out);
+        ev->text[n_out] = 0;
+        ev->text_len = n_out;
+        ev->token = tok;
+        ev->prob = prob;
+        ev->logprob = prob > 0 ? logf(prob) : -INFINITY;
+        ev->n_top = lms_sampler_top(q->smp, ev->top, q->r.n_logprobs);
+        q->r.cb(q->r.user, ev);
+    } else {
+        lms_event_free(ev);
+    }
+    if (hit)
+        return "stop";
+    if (q->n_tokens >= q->n_total)
+        return "length";
+    return NULL;
+}
+
+/* Sends the text still held by the detokenizer and the stop matcher. */
+static void flush_text(sreq *q)
+{
+    if (q->r.embedding || q->stop.hit)
+        return;
+    int n = lms_detok_flush(&q->detok, q->piece, q->piece_cap);
+    const char *a, *b;
+    size_t na, nb;
+    lms_stopstr_feed(&q->stop, q->piece, n > 0 ? (size_t)n : 0, &a, &na);
+    char *buf = malloc(na + 1 + q->stop.n_held);
+    if (!buf)
+        return;
+    memcpy(buf, a, na);
+    lms_stopstr_flush(&q->stop, &b, &nb);
+    memcpy(buf + na, b, nb);
+    if (na + nb == 0) {
+        free(buf);
+        return;
+    }
+    lms_event *ev = new_event(q, LMS_EV_TOKEN);
+    if (!ev) {
+        free(buf);
+        return;
+    }
+    ev->text = buf;
+    ev->text_len = na + nb;
+    buf[na + nb] = 0;
+    q->r.cb(q->r.user, ev);
+}
+
+static void finish_embedding(lms_sched *s, sreq *q)
+{
+    const int32_t e = s->m->hp.n_embd;
+    lms_event *ev = new_event(q, LMS_EV_EMBD);
+    double norm = 0;
+    for (int32_t i = 0; i < e; i++) {
+        if (q->r.pooling == LMS_POOL_MEAN)
+            q->embd[i] /= (float)(q->n_embd_rows > 0 ? q->n_embd_rows : 1);
+        norm += (double)q->embd[i] * q->embd[i];
+    }
+    float inv = norm > 0 ? (float)(1.0 / sqrt(norm)) : 0.0f;
+    for (int32_t i = 0; i < e; i++)
+        q->embd[i] *= inv;
+    if (ev) {
+        ev->embd = q->embd;
+        ev->n_embd = e;
+        q->embd = NULL;
+        q->r.cb(q->r.user, ev);
+    }
+    finish(s, q, "stop", 0, NULL);
+}
+
+/* Consumes the forward's outputs for each request in the batch. */
+static void after_forward(lms_sched *s, int32_t n_rows)
+{
+    const int32_t nv = s->m->hp.n_vocab, e = s->m->hp.n_embd;
+    const float *hidden = lms_ctx_hidden(s->ctx);
+    int32_t lg_row = 0, out_row = 0;
+    for (int32_t r = 0; r < n_rows; r++) {
+        sreq *q = s->b_owner[r];
+        q->n_past = s->b_pos[r] + 1;
+        if (s->b_embd[r]) {
+            const float *h = hidden + (size_t)out_row * e;
+            for (int32_t i = 0; i < e; i++)
+                q->embd[i] = q->r.pooling == LMS_POOL_LAST ? h[i] : q->embd[i] + h[i];
+            q->n_embd_rows++;
+        }
+        if (s->b_lg[r] || s->b_embd[r])
+            out_row++;
+        if (s->b_lg[r]) {
+            q->done = handle_token(s, q, s->logits + (size_t)lg_row++ * nv);
+            q->state = ST_DECODE;
+        }
+    }
+}
+
+/* Registers full blocks and ends the requests that finished this step. */
+static void sweep(lms_sched *s)
+{
+    uint64_t gen = 0, prompt = 0;
+    for (int32_t i = s->n_run - 1; i >= 0; i--) {
+        sreq *q = s->run[i];
+        register_blocks(s, q);
+        if (q->r.embedding && q->n_past == q->n_prompt) {
+            prompt += (uint64_t)q->n_prompt;
+            remove_running(s, i);
+            finish_embedding(s, q);
+        } else if (q->done) {
+            prompt += (uint64_t)q->n_prompt;
+            gen += (uint64_t)q->n_gen;
+            remove_running(s, i);
+            flush_text(q);
+            finish(s, q, q->done, 0, NULL);
+        }
+    }
+    pthread_mutex_lock(&s->mu);
+    s->st.prompt_tokens += prompt;
+    s->st.gen_tokens += gen;
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void fail_all_running(lms_sched *s, int rc)
+{
+    char msg[128];
+    snprintf(msg, sizeof msg, "the engine step failed: %s", lms_strerror(rc));
+    while (s->n_run > 0) {
+        sreq *q = s->run[s->n_run - 1];
+        remove_running(s, s->n_run - 1);
+        finish(s, q, "error", rc, msg);
+    }
+}
+
+static void publish_stats(lms_sched *s, bool stepped)
+{
+    lms_kv_cache *kv = lms_ctx_kv(s->ctx);
+    pthread_mutex_lock(&s->mu);
+    s->st.busy = false;
+    s->st.n_steps += stepped;
+    s->st.kv_blocks_used = lms_kv_used(kv);
+    s->st.kv_blocks_cached = kv->n_cached;
+    s->st.n_running = s->n_run;
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void step(lms_sched *s)
+{
+    apply_aborts(s);
+    admit(s);
+    int32_t n = build_batch(s);
+    if (n > 0) {
+        pthread_mutex_lock(&s->mu);
+        s->st.busy = true;
+        pthread_mutex_unlock(&s->mu);
+        lms_batch b = {.n_tokens = n, .tokens = s->b_tok, .pos = s->b_pos, .seq = s->b_seq,
+                       .logits = s->b_lg, .embd = s->b_embd};
+        int rc = lms_forward(s->ctx, &b, s->logits);
+        if (rc < 0)
+            fail_all_running(s, rc);
+        else
+            after_forward(s, n);
+        sweep(s);
+    }
+    publish_stats(s, n > 0);
+}
+
+/* ---- thread and lifecycle ----------------------------------------------------- */
+
+static void *sched_main(void *arg)
+{
+    lms_sched *s = arg;
+    pthread_mutex_lock(&s->mu);
+    while (!s->stop) {
+        bool aborts = s->n_aborts > 0;
+        if (s->n_queued == 0 && s->n_run == 0 && !aborts) {
+            pthread_cond_wait(&s->cv, &s->mu); /* idle: no CPU use */
+            continue;
+        }
+        s->st.n_running = s->n_run;
+        s->st.n_queued = s->n_queued;
+        pthread_mutex_unlock(&s->mu);
+        step(s);
+        pthread_mutex_lock(&s->mu);
+        s->st.n_running = s->n_run;
+        s->st.n_queued = s->n_queued;
+        if (aborts && s->n_run == 0 && s->n_queued == 0)
+            s->n_aborts = 0; /* aborts of finished ids */
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+static int alloc_buffers(lms_sched *s)
+{
+    size_t nb = (size_t)s->p.n_batch;
+    s->run = calloc((size_t)s->p.n_parallel, sizeof *s->run);
+    s->b_tok = malloc(nb * sizeof *s->b_tok);
+    s->b_pos = malloc(nb * sizeof *s->b_pos);
+    s->b_seq = malloc(nb * sizeof *s->b_seq);
+    s->b_lg = malloc(nb * sizeof *s->b_lg);
+    s->b_embd = malloc(nb * sizeof *s->b_embd);
+    s->b_owner = malloc(nb * sizeof *s->b_owner);
+    s->logits = malloc((size_t)s->p.n_parallel * (size_t)s->m->hp.n_vocab * sizeof *s->logits);
+    return s->run && s->b_tok && s->b_pos && s->b_seq && s->b_lg && s->b_embd && s->b_owner &&
+                   s->logits
+               ? 0
+               : LMS_ERR_NOMEM;
+}
+
+static void free_buffers(lms_sched *s)
+{
+    void *bufs[] = {s->run, s->b_tok, s->b_pos, s->b_seq, s->b_lg, s->b_embd, s->b_owner,
+                    s->logits, s->aborts};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        free(bufs[i]);
+}
+
+static int32_t pool_blocks(const lms_sched_params *p, const lms_hparams *hp)
+{
+    if (p->kv_budget_bytes <= 0)
+        return 0;
+    int64_t per_block = (int64_t)LMS_KV_BLOCK * hp->n_layer * hp->n_head_kv * hp->head_dim * 2 * 2;
+    int64_t n = p->kv_budget_bytes / per_block;
+    return n > (1 << 24) ? (1 << 24) : (int32_t)(n > 0 ? n : 1);
+}
+
+int lms_sched_create(lms_model *m, const lms_sched_params *p, lms_sched **out, char *err,
+                     size_t errsz)
+{
+    if (p->n_ctx < 2 || p->n_parallel < 1 || p->n_parallel > 1024 || p->n_batch < 1 ||
+        p->max_queue < 0)
+        return lms_errf(err, errsz, LMS_ERR_INVAL,
+                        "scheduler: n_ctx %d, parallel %d, batch %d, queue %d are not valid",
+                        p->n_ctx, p->n_parallel, p->n_batch, p->max_queue);
+    lms_sched *s = calloc(1, sizeof *s);
+    if (!s)
+        return lms_errf(err, errsz, LMS_ERR_NOMEM, "scheduler: out of memory");
+    s->m = m;
+    s->p = *p;
+    if (s->p.n_batch < s->p.n_parallel)
+        s->p.n_batch = s->p.n_parallel; /* every decoding sequence fits a step */
+    lms_ctx_params cp = {.n_ctx = p->n_ctx, .n_batch = s->p.n_batch, .n_seq = p->n_parallel,
+                         .n_threads = p->n_threads, .kv_blocks = pool_blocks(p, &m->hp)};
+    int rc = lms_ctx_create(m, &cp, &s->ctx, err, errsz);
+    if (rc == 0 && (rc = alloc_buffers(s)) < 0)
+        lms_errf(err, errsz, rc, "scheduler: out of memory");
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    if (rc == 0 && pthread_create(&s->thread, NULL, sched_main, s) != 0)
+        rc = lms_errf(err, errsz, LMS_ERR_NOMEM, "scheduler: cannot start its thread");
+    if (rc < 0) {
+        free_buffers(s);
+        lms_ctx_destroy(s->ctx);
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->cv);
+        free(s);
+        return rc;
+    }
+    s->st.kv_blocks_total = lms_ctx_kv(s->ctx)->n_blocks;
+    *out = s;
+    return 0;
+}
+
+void lms_sched_destroy(lms_sched *s)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->mu);
+    s->stop = true;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+    while (s->n_run > 0) {
+        sreq *q = s->run[--s->n_run];
+        finish(s, q, "abort", 0, NULL);
+    }
+    while (s->q_head) {
+        sreq *q = s->q_head;
+        s->q_head = q->next;
+        finish(s, q, "abort", 0, NULL);
+    }
+    free_buffers(s);
+    lms_ctx_destroy(s->ctx);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+}
+
+void lms_sched_get_stats(lms_sched *s, lms_sched_stats *out)
+{
+    pthread_mutex_lock(&s->mu);
+    *out = s->st;
+    out->n_queued = s->n_queued;
+    pthread_mutex_unlock(&s->mu);
+}
+
+const lms_model *lms_sched_model(const lms_sched *s)
+{
+    return s->m;
+}
+
+const lms_sched_params *lms_sched_params_of(const lms_sched *s)
+{
+    return &s->p;
+}
