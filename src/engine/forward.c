@@ -238,7 +238,11 @@ static void attention(lms_ctx *c, int il, const lms_batch *b)
     const int nh = hp->n_head, hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
     const int64_t q = (int64_t)nh * hd;
     const int64_t n_work = (int64_t)b->n_tokens * nh;
-#pragma omp parallel for schedule(dynamic, 1)
+    int64_t n_pos = 0;
+    for (int32_t t = 0; t < b->n_tokens; t++)
+        n_pos += b->pos[t] + 1;
+    const bool par = n_pos * hp->n_head * hd >= 65536;
+#pragma omp parallel for schedule(dynamic, 1) if (par)
     for (int64_t wi = 0; wi < n_work; wi++) {
         int64_t t = wi / nh;
         int h = (int)(wi % nh);

@@ -13,6 +13,9 @@
 #include "kernels/kernels.h"
 
 #define TILE_ROWS 16
+/* Below this many multiply-adds a product runs on the calling thread: the
+ * team's wake-up would cost more than the work. */
+#define PARALLEL_MIN_MACS 65536
 
 size_t lms_matmul_scratch(int type, int64_t n_cols, int64_t n_tok)
 {
@@ -37,14 +40,15 @@ void lms_matmul(const lms_mat *w, const float *x, int64_t n_tok, float *y, void 
     if (vt != LMS_TYPE_F32) {
         uint8_t *q = scratch;
         lms_from_float_fn conv = k->from_float[vt];
-#pragma omp parallel for schedule(static) if (n_tok > 1)
+#pragma omp parallel for schedule(static) if (n_tok > 4)
         for (int64_t t = 0; t < n_tok; t++)
             conv(x + t * nc, q + (size_t)t * xrow, nc);
         xq = q;
     }
     const size_t xstride = vt == LMS_TYPE_F32 ? (size_t)nc * sizeof(float) : xrow;
     const int64_t n_tiles = (nr + TILE_ROWS - 1) / TILE_ROWS;
-#pragma omp parallel for schedule(static)
+    const bool par = (double)nr * (double)nc * (double)n_tok >= PARALLEL_MIN_MACS;
+#pragma omp parallel for schedule(static) if (par)
     for (int64_t tile = 0; tile < n_tiles; tile++) {
         int64_t r0 = tile * TILE_ROWS, r1 = r0 + TILE_ROWS < nr ? r0 + TILE_ROWS : nr;
         for (int64_t t = 0; t < n_tok; t++) {

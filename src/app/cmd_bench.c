@@ -1,0 +1,234 @@
+/*
+ * cmd_bench.c - `lmserv bench`: prompt processing (pp) and generation (tg)
+ * speed, with the achieved memory bandwidth and arithmetic rate next to the
+ * machine's measured read bandwidth; and, with --parallel, the aggregate
+ * decode speed and TTFT of N concurrent requests through the scheduler.
+ *
+ *   pp<P>   P random tokens through the forward pass in batches of -b,
+ *           from an empty cache (after --depth D tokens if given)
+ *   tg<N>   N single-token decode steps (after --depth D tokens)
+ *
+ * Each test runs -r times; the median, min and max tokens/s are reported.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "app/args.h"
+#include "app/bench.h"
+#include "app/cli.h"
+#include "app/common.h"
+#include "base/err.h"
+#include "base/timeutil.h"
+#include "engine/sched.h"
+#include "kernels/kernels.h"
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Read bandwidth of a 1 GiB buffer with the compute threads, GB/s. */
+static double measure_bandwidth(void)
+{
+    size_t n = (size_t)1 << 27; /* uint64 words: 1 GiB */
+    uint64_t *buf = malloc(n * sizeof *buf);
+    if (!buf)
+        return 0;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++)
+        buf[i] = i;
+    double best = 0;
+    uint64_t sink = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        double t0 = lms_now_ms();
+#pragma omp parallel for schedule(static) reduction(^ : sink)
+        for (size_t i = 0; i < n; i += 8) {
+            uint64_t a = buf[i] + buf[i + 1], b = buf[i + 2] + buf[i + 3];
+            uint64_t c = buf[i + 4] + buf[i + 5], d = buf[i + 6] + buf[i + 7];
+            sink ^= a ^ b ^ c ^ d;
+        }
+        double gbs = (double)(n * sizeof *buf) / ((lms_now_ms() - t0) * 1e6);
+        best = gbs > best ? gbs : best;
+    }
+    free(buf);
+    return sink == 42 ? best + 1e-12 : best;
+}
+
+/* Runs n tokens starting at position `from` in batches of nb; ms taken. */
+static double run_tokens(lms_ctx *c, lms_kv_seq *seq, int32_t from, int32_t n, int32_t nb,
+                         float *logits, uint64_t *rng)
+{
+    int32_t nv = lms_ctx_model(c)->hp.n_vocab;
+    int32_t *tok = malloc((size_t)nb * sizeof *tok), *pos = malloc((size_t)nb * sizeof *pos);
+    lms_kv_seq **seqs = malloc((size_t)nb * sizeof *seqs);
+    double t0 = lms_now_ms();
+    for (int32_t i = 0; i < n && tok && pos && seqs; i += nb) {
+        int32_t m = n - i < nb ? n - i : nb;
+        for (int32_t j = 0; j < m; j++) {
+            *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+            tok[j] = (int32_t)((*rng >> 33) % (uint64_t)nv);
+            pos[j] = from + i + j;
+            seqs[j] = seq;
+        }
+        lms_batch b = {.n_tokens = m, .tokens = tok, .pos = pos, .seq = seqs};
+        if (lms_forward(c, &b, logits) < 0)
+            break;
+    }
+    double ms = lms_now_ms() - t0;
+    free(tok), free(pos), free(seqs);
+    return ms;
+}
+
+typedef struct bench_result {
+    const char *kind; /* "pp" or "tg" */
+    int64_t n;
+    double med, min, max; /* tokens/s */
+} bench_result;
+
+static void one_test(lms_ctx *c, const bench_opts *o, bool pp, bench_result *r, float *logits)
+{
+    int64_t n = pp ? o->pp : o->tg;
+    double tps[64];
+    int reps = (int)(o->reps < 64 ? o->reps : 64);
+    uint64_t rng = 42;
+    for (int rep = 0; rep < reps; rep++) {
+        lms_kv_seq seq = {0};
+        lms_kv_seq_reserve(lms_ctx_kv(c), &seq, (int32_t)(o->depth + n + 1));
+        if (o->depth > 0)
+            run_tokens(c, &seq, 0, (int32_t)o->depth, (int32_t)o->batch, logits, &rng);
+        double ms = run_tokens(c, &seq, (int32_t)o->depth, (int32_t)n, pp ? (int32_t)o->batch : 1,
+                               logits, &rng);
+        tps[rep] = (double)n * 1000.0 / ms;
+        lms_kv_seq_release(lms_ctx_kv(c), &seq);
+    }
+    qsort(tps, (size_t)reps, sizeof tps[0], cmp_d);
+    *r = (bench_result){pp ? "pp" : "tg", n, tps[reps / 2], tps[0], tps[reps - 1]};
+}
+
+/* Bytes of weights one token reads, and multiply-adds per token. */
+static void model_cost(const lms_model *m, double *bytes, double *flops)
+{
+    size_t embd = lms_row_size(m->tok_embd.type, m->tok_embd.ne[0]) * (size_t)m->tok_embd.ne[1];
+    bool tied = m->output.data == m->tok_embd.data;
+    *bytes = (double)m->weight_bytes - (tied ? 0.0 : (double)embd);
+    const lms_hparams *hp = &m->hp;
+    double per_layer = (double)hp->n_embd * hp->head_dim * (2.0 * hp->n_head + 2.0 * hp->n_head_kv) +
+                       3.0 * hp->n_embd * hp->n_ff;
+    *flops = 2.0 * (per_layer * hp->n_layer + (double)hp->n_embd * hp->n_vocab);
+}
+
+static void report(const bench_opts *o, const lms_model *m, const bench_result *r, double peak)
+{
+    double bytes, flops;
+    model_cost(m, &bytes, &flops);
+    double gbs = r->kind[0] == 't' ? bytes * r->med / 1e9 : bytes * r->med / 1e9 / (double)o->batch;
+    double gfl = flops * r->med / 1e9;
+    char name[32];
+    snprintf(name, sizeof name, "%s%lld", r->kind, (long long)r->n);
+    if (o->json) {
+        printf("{\"test\":\"%s\",\"model\":\"%s\",\"threads\":%lld,\"depth\":%lld,\"isa\":\"%s\","
+               "\"tokens_per_s\":{\"median\":%.2f,\"min\":%.2f,\"max\":%.2f},\"gb_per_s\":%.2f,"
+               "\"gflop_per_s\":%.1f,\"peak_gb_per_s\":%.2f}\n",
+               name, m->name, (long long)o->threads, (long long)o->depth, lms_kernels_get()->isa,
+               r->med, r->min, r->max, gbs, gfl, peak);
+    } else {
+        printf("%-8s %8.2f t/s (min %.2f, max %.2f)  %7.2f GB/s of %.2f peak (%3.0f%%)  %8.1f GFLOP/s\n",
+               name, r->med, r->min, r->max, gbs, peak, peak > 0 ? 100 * gbs / peak : 0, gfl);
+    }
+}
+
+static void parse_par(bench_opts *o, const char *s)
+{
+    o->n_par = 0;
+    for (const char *p = s; *p && o->n_par < 16;) {
+        int v = atoi(p);
+        if (v > 0 && v <= 256)
+            o->par[o->n_par++] = v;
+        p = strchr(p, ',');
+        if (!p)
+            break;
+        p++;
+    }
+}
+
+static int parse(int argc, char **argv, bench_opts *o)
+{
+    *o = (bench_opts){.pp = 512, .tg = 128, .reps = 3, .batch = 512};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool ok = true;
+        if (!strcmp(a, "-m") && v)
+            o->model = argv[++i];
+        else if (!strcmp(a, "-p") && v)
+            ok = args_int(a, argv[++i], 0, 1 << 20, &o->pp);
+        else if (!strcmp(a, "-n") && v)
+            ok = args_int(a, argv[++i], 0, 1 << 20, &o->tg);
+        else if (!strcmp(a, "-t") && v)
+            ok = args_int(a, argv[++i], 0, 1024, &o->threads);
+        else if (!strcmp(a, "-r") && v)
+            ok = args_int(a, argv[++i], 1, 64, &o->reps);
+        else if (!strcmp(a, "-b") && v)
+            ok = args_int(a, argv[++i], 1, 8192, &o->batch);
+        else if (!strcmp(a, "--depth") && v)
+            ok = args_int(a, argv[++i], 0, 1 << 20, &o->depth);
+        else if (!strcmp(a, "--parallel") && v)
+            parse_par(o, argv[++i]);
+        else if (!strcmp(a, "--json"))
+            o->json = true;
+        else {
+            fprintf(stderr, "lmserv bench: bad option '%s'\n", a);
+            return -1;
+        }
+        if (!ok)
+            return -1;
+    }
+    if (!o->model) {
+        fprintf(stderr, "usage: lmserv bench -m MODEL [-p 512] [-n 128] [-t N] [-r 3] [-b 512] "
+                        "[--depth D] [--parallel 1,4,8,16] [--json]\n");
+        return -1;
+    }
+    return 0;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    bench_opts o;
+    if (parse(argc, argv, &o) < 0)
+        return 2;
+#ifdef _OPENMP
+    if (o.threads <= 0)
+        o.threads = omp_get_num_procs();
+    omp_set_num_threads((int)o.threads);
+#endif
+    lms_model *m;
+    lms_ctx *c;
+    int32_t n_ctx = (int32_t)(o.depth + (o.pp > o.tg ? o.pp : o.tg) + 16);
+    if (app_load(o.model, n_ctx, (int32_t)o.batch, (int32_t)o.threads, &m, &c) < 0)
+        return 1;
+    double peak = measure_bandwidth();
+    if (!o.json)
+        printf("model %s (%.2f MiB of weights), %lld threads, kernels %s, depth %lld\n", m->name,
+               (double)m->weight_bytes / (1 << 20), (long long)o.threads, lms_kernels_get()->isa,
+               (long long)o.depth);
+    float *logits = malloc((size_t)o.batch * (size_t)m->hp.n_vocab * sizeof *logits);
+    bench_result r;
+    if (o.pp > 0 && logits) {
+        one_test(c, &o, true, &r, logits);
+        report(&o, m, &r, peak);
+    }
+    if (o.tg > 0 && logits) {
+        one_test(c, &o, false, &r, logits);
+        report(&o, m, &r, peak);
+    }
+    free(logits);
+    lms_ctx_destroy(c);
+    int rc = o.n_par > 0 ? bench_parallel(m, &o) : 0;
+    lms_model_free(m);
+    return rc < 0 ? 1 : 0;
+}

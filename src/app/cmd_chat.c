@@ -1,0 +1,197 @@
+/*
+ * cmd_chat.c - `lmserv chat`: a multi-turn conversation in the terminal
+ * through the model's chat template, streamed as it is generated.
+ *
+ * Commands: /reset (forget the conversation), /system TEXT (set the system
+ * prompt and reset), /quit (or end of input). Ctrl-C stops the reply being
+ * written and returns to the prompt; at the prompt it leaves.
+ *
+ * Each turn renders the whole conversation; the session keeps the K/V of
+ * the tokens it has seen, so only the new part of the prompt is computed.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "app/args.h"
+#include "app/cli.h"
+#include "app/common.h"
+#include "app/prompt.h"
+#include "engine/generate.h"
+
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig)
+{
+    (void)sig;
+    interrupted = 1;
+}
+
+typedef struct reply {
+    char *text;
+    size_t n, cap;
+} reply;
+
+static bool on_piece(void *ud, const char *text, size_t n, int32_t token, float prob)
+{
+    reply *r = ud;
+    (void)token, (void)prob;
+    fwrite(text, 1, n, stdout);
+    fflush(stdout);
+    if (r->n + n + 1 > r->cap) {
+        size_t cap = (r->n + n + 1) * 2;
+        char *nt = realloc(r->text, cap);
+        if (!nt)
+            return false;
+        r->text = nt;
+        r->cap = cap;
+    }
+    memcpy(r->text + r->n, text, n);
+    r->n += n;
+    r->text[r->n] = 0;
+    return true;
+}
+
+static json_t *new_history(const char *system)
+{
+    json_t *h = json_array();
+    if (system)
+        json_array_append_new(h, json_pack("{s:s, s:s}", "role", "system", "content", system));
+    return h;
+}
+
+/* One user turn: render, generate, append the reply to the history. */
+static void turn(const lms_model *m, lms_session *s, const char *tpl, json_t *hist,
+                 const lms_gen_params *gp, const char *line)
+{
+    json_t *msg = json_pack("{s:s, s:s}", "role", "user", "content", line);
+    if (!msg) {
+        fprintf(stderr, "(the message is not valid UTF-8)\n");
+        return;
+    }
+    json_array_append_new(hist, msg);
+    int32_t *toks;
+    int32_t n;
+    char err[512];
+    if (app_chat_tokens(m, tpl, hist, &toks, &n, err, sizeof err) < 0) {
+        fprintf(stderr, "error: %s\n", err);
+        json_array_remove(hist, json_array_size(hist) - 1);
+        return;
+    }
+    reply r = {0};
+    lms_gen_stats st;
+    interrupted = 0;
+    int rc = lms_session_generate(s, toks, n, gp, on_piece, &r, &st, err, sizeof err);
+    free(toks);
+    if (rc < 0) {
+        fprintf(stderr, "\nerror: %s\n", err);
+        json_array_remove(hist, json_array_size(hist) - 1);
+    } else {
+        printf("\n");
+        fprintf(stderr, "[%d prompt tokens (%d reused), %d generated, %.1f t/s%s]\n", st.n_prompt,
+                st.n_cached, st.n_gen, st.gen_tps, interrupted ? ", interrupted" : "");
+        json_array_append_new(hist, json_pack("{s:s, s:s}", "role", "assistant", "content",
+                                              r.text ? r.text : ""));
+    }
+    free(r.text);
+}
+
+int cmd_chat(int argc, char **argv)
+{
+    const char *model = NULL, *system = NULL, *tpl_name = NULL;
+    int64_t n_ctx = 0, threads = 0, n_predict = 512;
+    lms_gen_params gp = {.sp = lms_sampler_defaults(), .cancel = &interrupted};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        double d;
+        bool ok = true;
+        if (i + 1 >= argc)
+            ok = false;
+        else if (!strcmp(a, "-m"))
+            model = argv[++i];
+        else if (!strcmp(a, "--system"))
+            system = argv[++i];
+        else if (!strcmp(a, "--template"))
+            tpl_name = argv[++i];
+        else if (!strcmp(a, "-c"))
+            ok = args_int(a, argv[++i], 16, 1 << 22, &n_ctx);
+        else if (!strcmp(a, "-t"))
+            ok = args_int(a, argv[++i], 0, 1024, &threads);
+        else if (!strcmp(a, "-n"))
+            ok = args_int(a, argv[++i], 1, 1 << 20, &n_predict);
+        else if (!strcmp(a, "--temp") && (ok = args_float(a, argv[++i], 0, 100, &d)))
+            gp.sp.temperature = (float)d;
+        else if (!strcmp(a, "--seed") && (ok = args_float(a, argv[++i], 0, 1e18, &d)))
+            gp.sp.seed = (uint64_t)d;
+        else
+            ok = false;
+        if (!ok) {
+            fprintf(stderr, "usage: lmserv chat -m MODEL [--system TEXT] [--template NAME|FILE] "
+                            "[-c CTX] [-t N] [-n N] [--temp T] [--seed S]\n");
+            return 2;
+        }
+    }
+    if (!model) {
+        fprintf(stderr, "usage: lmserv chat -m MODEL [--system TEXT]\n");
+        return 2;
+    }
+    gp.n_predict = (int32_t)n_predict;
+    lms_model *m;
+    lms_ctx *c;
+    if (app_load(model, (int32_t)n_ctx, 512, (int32_t)threads, &m, &c) < 0)
+        return 1;
+    char err[512];
+    char *tpl = app_chat_template(m, tpl_name, err, sizeof err);
+    if (!tpl) {
+        fprintf(stderr, "lmserv chat: %s\n", err);
+        lms_ctx_destroy(c);
+        lms_model_free(m);
+        return 1;
+    }
+    lms_session s;
+    lms_session_init(&s, c);
+    char *sys = system ? strdup(system) : NULL;
+    json_t *hist = new_history(sys);
+    struct sigaction sa = {.sa_handler = on_sigint};
+    sigaction(SIGINT, &sa, NULL);
+    fprintf(stderr, "lmserv chat with %s: /reset, /system TEXT, /quit; Ctrl-C stops a reply\n", m->name);
+    char *line = NULL;
+    size_t cap = 0;
+    for (;;) {
+        printf("> ");
+        fflush(stdout);
+        interrupted = 0;
+        ssize_t n = getline(&line, &cap, stdin);
+        if (n < 0)
+            break; /* end of input, or Ctrl-C at the prompt */
+        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+            line[--n] = 0;
+        if (!strcmp(line, "/quit") || !strcmp(line, "/exit"))
+            break;
+        if (!strcmp(line, "/reset") || !strncmp(line, "/system ", 8)) {
+            if (line[1] == 's') {
+                free(sys);
+                sys = strdup(line + 8);
+            }
+            json_decref(hist);
+            hist = new_history(sys);
+            lms_session_reset(&s);
+            fprintf(stderr, "(conversation reset)\n");
+            continue;
+        }
+        if (n > 0)
+            turn(m, &s, tpl, hist, &gp, line);
+    }
+    printf("\n");
+    free(line);
+    free(sys);
+    json_decref(hist);
+    free(tpl);
+    lms_session_deinit(&s);
+    lms_ctx_destroy(c);
+    lms_model_free(m);
+    return 0;
+}

@@ -1,0 +1,230 @@
+/*
+ * cmd_serve.c - `lmserv serve`: the HTTP / WebSocket server on one model.
+ *
+ *   lmserv serve -m MODEL.gguf [--host 127.0.0.1] [--port 8080] [-t N]
+ *                [--parallel 4] [-c CTX] [--api-key KEY] [--max-body BYTES]
+ *                [--queue N] [--batch N] [--max-conns N] [--grace SECONDS]
+ *                [--alias NAME]
+ *
+ * Environment (flags win): INFERENCE_MODEL_NAME (model path),
+ * INFERENCE_HOST, INFERENCE_PORT, LMSERV_API_KEY.
+ *
+ * Threads: the main thread runs the server's event loop; a loader thread
+ * reads the model and starts the scheduler, then hands both over
+ * (lms_server_attach), so /health answers 503 "loading" from the first
+ * moment; a signal thread turns SIGINT/SIGTERM into lms_server_stop (a
+ * second signal stops at once). Every other thread has those signals
+ * blocked.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "app/args.h"
+#include "app/cli.h"
+#include "base/err.h"
+#include "serve/server.h"
+
+typedef struct serve_opts {
+    const char *model, *host, *api_key, *alias;
+    int64_t port, threads, parallel, n_ctx, max_body, queue, batch, max_conns;
+    double grace_s;
+} serve_opts;
+
+typedef struct loader {
+    const serve_opts *o;
+    lms_server *srv;
+    lms_model *model;          /* freed by main after the server */
+} loader;
+
+/* ---- options ------------------------------------------------------------------------ */
+
+static void defaults(serve_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->model = getenv("INFERENCE_MODEL_NAME");
+    o->host = getenv("INFERENCE_HOST") ? getenv("INFERENCE_HOST") : "127.0.0.1";
+    o->api_key = getenv("LMSERV_API_KEY");
+    o->port = 8080;
+    o->parallel = 4;
+    o->queue = 64;
+    o->batch = 512;
+    o->max_body = 1 << 20;
+    o->max_conns = 512;
+    o->grace_s = 10;
+}
+
+static bool int_flag(int argc, char **argv, int *i, serve_opts *o, bool *ok)
+{
+    static const struct { const char *flag, *alt; size_t off; int64_t lo, hi; } tab[] = {
+        {"--port", NULL, offsetof(serve_opts, port), 0, 65535},
+        {"-t", "--threads", offsetof(serve_opts, threads), 0, 1024},
+        {"--parallel", "-np", offsetof(serve_opts, parallel), 1, 1024},
+        {"-c", "--ctx", offsetof(serve_opts, n_ctx), 0, 1 << 24},
+        {"--max-body", NULL, offsetof(serve_opts, max_body), 1024, (int64_t)1 << 32},
+        {"--queue", NULL, offsetof(serve_opts, queue), 0, 1 << 20},
+        {"--batch", "-b", offsetof(serve_opts, batch), 1, 1 << 20},
+        {"--max-conns", NULL, offsetof(serve_opts, max_conns), 1, 60000},
+    };
+    const char *a = argv[*i];
+    for (size_t k = 0; k < sizeof tab / sizeof tab[0]; k++) {
+        if (strcmp(a, tab[k].flag) && !(tab[k].alt && !strcmp(a, tab[k].alt)))
+            continue;
+        const char *v = args_value(argc, argv, i);
+        *ok = v && args_int(a, v, tab[k].lo, tab[k].hi, (int64_t *)((char *)o + tab[k].off));
+        return true;
+    }
+    return false;
+}
+
+static int parse(int argc, char **argv, serve_opts *o)
+{
+    const char *env_port = getenv("INFERENCE_PORT");
+    if (env_port && !args_int("INFERENCE_PORT", env_port, 0, 65535, &o->port))
+        return -1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        bool ok = true;
+        const char **str = !strcmp(a, "-m") || !strcmp(a, "--model") ? &o->model
+                           : !strcmp(a, "--host")                    ? &o->host
+                           : !strcmp(a, "--api-key")                 ? &o->api_key
+                           : !strcmp(a, "--alias")                   ? &o->alias
+                                                                     : NULL;
+        if (str)
+            ok = (*str = args_value(argc, argv, &i)) != NULL;
+        else if (!strcmp(a, "--grace"))
+            ok = i + 1 < argc && args_float(a, argv[++i], 0.1, 3600, &o->grace_s);
+        else if (!int_flag(argc, argv, &i, o, &ok)) {
+            fprintf(stderr, "lmserv serve: unknown option '%s'\n", a);
+            return -1;
+        }
+        if (!ok)
+            return -1;
+    }
+    if (!o->model || !o->model[0]) {
+        fprintf(stderr, "lmserv serve: no model: pass -m MODEL.gguf or set INFERENCE_MODEL_NAME\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- loading ------------------------------------------------------------------------ */
+
+static void debug_delay(void)
+{
+    const char *d = getenv("LMSERV_DEBUG_LOAD_DELAY_MS"); /* tests: observe "loading" */
+    long ms = d ? atol(d) : 0;
+    if (ms > 0 && ms < 600000) {
+        struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static void *load_main(void *arg)
+{
+    loader *l = arg;
+    const serve_opts *o = l->o;
+    char err[512];
+    debug_delay();
+    lms_model *m = NULL;
+    lms_sched *sched = NULL;
+    int rc = lms_model_load(o->model, &m, err, sizeof err);
+    if (rc == 0) {
+        int32_t n_ctx = (int32_t)o->n_ctx;
+        if (n_ctx <= 0)
+            n_ctx = m->hp.n_ctx_train > 0 && m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
+        lms_sched_params sp = {.n_ctx = n_ctx, .n_parallel = (int32_t)o->parallel,
+                               .n_batch = (int32_t)o->batch, .max_queue = (int32_t)o->queue,
+                               .n_threads = (int32_t)o->threads};
+        rc = lms_sched_create(m, &sp, &sched, err, sizeof err);
+    }
+    if (rc == 0)
+        rc = lms_server_attach(l->srv, m, sched, err, sizeof err);
+    if (rc < 0) {
+        lms_sched_destroy(sched);
+        lms_model_free(m);
+        m = NULL;
+        char msg[640];
+        snprintf(msg, sizeof msg, "cannot serve '%s': %s", o->model, err);
+        lms_server_fail(l->srv, msg);
+    }
+    l->model = m;
+    return NULL;
+}
+
+/* ---- signals ------------------------------------------------------------------------ */
+
+static void *signal_main(void *arg)
+{
+    lms_server *srv = arg;
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGUSR1);
+    for (;;) {
+        int sig;
+        if (sigwait(&set, &sig) != 0 || sig == SIGUSR1)
+            return NULL; /* SIGUSR1: main is done */
+        lms_server_stop(srv);
+    }
+}
+
+static void block_signals(void)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+/* ---- command ------------------------------------------------------------------------ */
+
+static int start_server(const serve_opts *o, lms_server **srv)
+{
+    lms_server_params p = {
+        .host = o->host, .port = (int)o->port, .api_key = o->api_key,
+        .max_body_bytes = (size_t)o->max_body, .max_conns = (int)o->max_conns,
+        .grace_ms = o->grace_s * 1000.0, .model_path = o->model, .model_alias = o->alias,
+    };
+    char err[256];
+    if (lms_server_create(&p, srv, err, sizeof err) < 0) {
+        fprintf(stderr, "lmserv serve: %s\n", err);
+        return -1;
+    }
+    return 0;
+}
+
+int cmd_serve(int argc, char **argv)
+{
+    serve_opts o;
+    defaults(&o);
+    if (parse(argc, argv, &o) < 0)
+        return 2;
+    block_signals();
+    lms_server *srv;
+    if (start_server(&o, &srv) < 0)
+        return 1;
+    loader l = {.o = &o, .srv = srv};
+    pthread_t lt, st;
+    if (pthread_create(&lt, NULL, load_main, &l) != 0 ||
+        pthread_create(&st, NULL, signal_main, srv) != 0) {
+        fprintf(stderr, "lmserv serve: cannot start threads\n");
+        return 1; /* process exit reclaims the rest */
+    }
+    int rc = lms_server_run(srv);
+    pthread_join(lt, NULL);
+    pthread_kill(st, SIGUSR1);
+    pthread_join(st, NULL);
+    lms_server_destroy(srv);
+    lms_model_free(l.model);
+    fprintf(stderr, "lmserv: stopped\n");
+    return rc;
+}

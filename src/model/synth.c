@@ -1,0 +1,311 @@
+/*
+ * synth.c - seeded random models of real shapes (see synth.h).
+ *
+ * Weights: matrices N(0, 0.02^2) (token embedding too), norm weights 1.
+ * Vocabulary: a byte-level BPE (tokenizer.ggml.model "gpt2", pre "default")
+ * with the 256 byte tokens, merges for lower-case letter pairs and
+ * space+letter, the family's special tokens, then unused filler tokens up
+ * to the shape's vocabulary size; the chat template is the family's.
+ */
+#include "model/synth.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "model/gguf.h"
+#include "model/quant_plan.h"
+#include "model/template.h"
+
+static const lms_synth_shape shapes[] = {
+    /* name            arch     embd  lay head kv  hd   ff     vocab   ctx     base     eps  tied l3 */
+    {"tiny", "llama", 128, 4, 4, 2, 32, 384, 1024, 2048, 10000.0f, 1e-5f, 1, 0},
+    {"llama-3.2-1b", "llama", 2048, 16, 32, 8, 64, 8192, 128256, 131072, 500000.0f, 1e-5f, 1, 1},
+    {"llama-3.2-3b", "llama", 3072, 28, 24, 8, 128, 8192, 128256, 131072, 500000.0f, 1e-5f, 1, 1},
+    {"llama-3-8b", "llama", 4096, 32, 32, 8, 128, 14336, 128256, 8192, 500000.0f, 1e-5f, 0, 0},
+    {"qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 128, 3072, 151936, 40960, 1000000.0f, 1e-6f, 1, 0},
+    {"qwen2.5-0.5b", "qwen2", 896, 24, 14, 2, 64, 4864, 151936, 32768, 1000000.0f, 1e-6f, 1, 0},
+};
+
+const lms_synth_shape *lms_synth_find(const char *name)
+{
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        if (!strcmp(shapes[i].name, name))
+            return &shapes[i];
+    return NULL;
+}
+
+const char *lms_synth_names(void)
+{
+    return "tiny llama-3.2-1b llama-3.2-3b llama-3-8b qwen3-0.6b qwen2.5-0.5b";
+}
+
+/* ---- random numbers ------------------------------------------------------ */
+
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Normal sample number i of stream `seed` (counter based: rows can be
+ * filled in parallel and in any order with the same result). */
+static float normal_at(uint64_t seed, uint64_t i)
+{
+    uint64_t a = mix64(seed ^ (i * 0x9E3779B97F4A7C15ull)), b = mix64(a + 0x632BE59BD9B4E019ull);
+    double u1 = ((double)(a >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+    double u2 = (double)(b >> 11) * (1.0 / 9007199254740992.0);
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+/* ---- vocabulary ------------------------------------------------------------ */
+
+/* GPT-2's byte -> code point mapping, encoded as UTF-8 into out (<= 3 bytes). */
+static void byte_token(int b, char *out)
+{
+    int cp = b;
+    bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    if (!printable) {
+        int n = 0;
+        for (int x = 0; x < b; x++)
+            if (!((x >= '!' && x <= '~') || (x >= 0xA1 && x <= 0xAC) || (x >= 0xAE && x <= 0xFF)))
+                n++;
+        cp = 256 + n;
+    }
+    if (cp < 0x80) {
+        out[0] = (char)cp, out[1] = 0;
+    } else {
+        out[0] = (char)(0xC0 | (cp >> 6)), out[1] = (char)(0x80 | (cp & 0x3F)), out[2] = 0;
+    }
+}
+
+typedef struct vocab {
+    char **tok;
+    int32_t *type;
+    char **merges;
+    int32_t n, n_merges;
+    int32_t bos, eos, eot;
+} vocab;
+
+static void vocab_free(vocab *v)
+{
+    for (int32_t i = 0; i < v->n; i++)
+        free(v->tok[i]);
+    for (int32_t i = 0; i < v->n_merges; i++)
+        free(v->merges[i]);
+    free(v->tok);
+    free(v->type);
+    free(v->merges);
+}
+
+static int build_vocab(const lms_synth_shape *s, vocab *v)
+{
+    static const char *llama_sp[] = {"<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>",
+                                     "<|start_header_id|>", "<|end_header_id|>"};
+    static const char *qwen_sp[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+    bool qwen = strncmp(s->arch, "qwen", 4) == 0;
+    const char **sp = qwen ? qwen_sp : llama_sp;
+    int n_sp = qwen ? 3 : 5;
+    memset(v, 0, sizeof *v);
+    v->tok = calloc((size_t)s->n_vocab, sizeof *v->tok);
+    v->type = calloc((size_t)s->n_vocab, sizeof *v->type);
+    v->merges = calloc(26 * 27, sizeof *v->merges);
+    if (!v->tok || !v->type || !v->merges)
+        return LMS_ERR_NOMEM;
+    char a[4], b[4], buf[16];
+    for (int i = 0; i < 256; i++) {
+        byte_token(i, buf);
+        v->tok[v->n] = strdup(buf), v->type[v->n++] = 1;
+    }
+    byte_token(' ', a); /* "Ġ" */
+    for (int x = 0; x < 27 && v->n < s->n_vocab - n_sp; x++)
+        for (int y = 0; y < 26 && v->n < s->n_vocab - n_sp; y++) {
+            if (x < 26)
+                snprintf(a, sizeof a, "%c", 'a' + x);
+            else
+                byte_token(' ', a);
+            snprintf(b, sizeof b, "%c", 'a' + y);
+            snprintf(buf, sizeof buf, "%s %s", a, b);
+            v->merges[v->n_merges++] = strdup(buf);
+            snprintf(buf, sizeof buf, "%s%s", a, b);
+            v->tok[v->n] = strdup(buf), v->type[v->n++] = 1;
+        }
+    for (int i = 0; i < n_sp; i++)
+        v->tok[v->n] = strdup(sp[i]), v->type[v->n++] = 3;
+    v->bos = qwen ? v->n - 3 : v->n - 5;
+    v->eos = qwen ? v->n - 1 : v->n - 4;
+    v->eot = qwen ? v->n - 1 : v->n - 3;
+    while (v->n < s->n_vocab) {
+        snprintf(buf, sizeof buf, "[PAD%d]", v->n);
+        v->tok[v->n] = strdup(buf), v->type[v->n++] = 5;
+    }
+    for (int32_t i = 0; i < v->n; i++)
+        if (!v->tok[i])
+            return LMS_ERR_NOMEM;
+    return 0;
+}
+
+/* ---- metadata and tensors --------------------------------------------------- */
+
+static int write_meta(gguf_writer *w, const lms_synth_shape *s, const vocab *v,
+                      const lms_quant_plan *plan)
+{
+    char key[96];
+    const char *a = s->arch;
+    int rc = gguf_writer_set_str(w, "general.architecture", a);
+    rc |= gguf_writer_set_str(w, "general.name", s->name);
+    rc |= gguf_writer_set_u32(w, "general.file_type", (uint32_t)plan->ftype);
+    rc |= gguf_writer_set_u32(w, "general.quantization_version", 2);
+#define SET_U32(suffix, val) (snprintf(key, sizeof key, "%s." suffix, a), gguf_writer_set_u32(w, key, (uint32_t)(val)))
+#define SET_F32(suffix, val) (snprintf(key, sizeof key, "%s." suffix, a), gguf_writer_set_f32(w, key, (val)))
+    rc |= SET_U32("context_length", s->n_ctx);
+    rc |= SET_U32("embedding_length", s->n_embd);
+    rc |= SET_U32("block_count", s->n_layer);
+    rc |= SET_U32("feed_forward_length", s->n_ff);
+    rc |= SET_U32("attention.head_count", s->n_head);
+    rc |= SET_U32("attention.head_count_kv", s->n_head_kv);
+    rc |= SET_U32("attention.key_length", s->head_dim);
+    rc |= SET_U32("attention.value_length", s->head_dim);
+    rc |= SET_U32("rope.dimension_count", s->head_dim);
+    rc |= SET_U32("vocab_size", s->n_vocab);
+    rc |= SET_F32("rope.freq_base", s->rope_base);
+    rc |= SET_F32("attention.layer_norm_rms_epsilon", s->rms_eps);
+#undef SET_U32
+#undef SET_F32
+    rc |= gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
+    rc |= gguf_writer_set_str(w, "tokenizer.ggml.pre", "default");
+    rc |= gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v->tok, (uint64_t)v->n);
+    rc |= gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_VT_I32, v->type, (uint64_t)v->n);
+    rc |= gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", (const char *const *)v->merges,
+                                  (uint64_t)v->n_merges);
+    rc |= gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)v->bos);
+    rc |= gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)v->eos);
+    rc |= gguf_writer_set_u32(w, "tokenizer.ggml.eot_token_id", (uint32_t)v->eot);
+    rc |= gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", strcmp(a, "llama") == 0);
+    const char *tpl = lms_template_builtin(strcmp(a, "llama") == 0 ? "llama3" : "chatml");
+    if (tpl)
+        rc |= gguf_writer_set_str(w, "tokenizer.chat_template", tpl);
+    return rc ? LMS_ERR_NOMEM : 0;
+}
+
+typedef struct synth_ctx {
+    gguf_writer *w;
+    const lms_quant_plan *plan;
+    const lms_synth_shape *s;
+    uint64_t seed;
+    uint64_t stream;   /* tensor counter: each tensor has its own stream */
+} synth_ctx;
+
+static int add(synth_ctx *c, const char *name, int64_t ne0, int64_t ne1, float fill)
+{
+    size_t n = (size_t)ne0 * (size_t)(ne1 ? ne1 : 1);
+    float *x = malloc(n * sizeof *x);
+    if (!x)
+        return LMS_ERR_NOMEM;
+    uint64_t stream = mix64(c->seed + ++c->stream);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < (int64_t)n; i++)
+        x[i] = fill != 0.0f ? fill : 0.02f * normal_at(stream, (uint64_t)i);
+    int nd = ne1 ? 2 : 1;
+    int type = lms_quant_pick(c->plan, name, nd, ne0, c->s->n_layer, !c->s->tied);
+    size_t nb;
+    void *data = lms_quant_rows(x, ne0, ne1 ? ne1 : 1, type, &nb, NULL);
+    free(x);
+    if (!data)
+        return LMS_ERR_NOMEM;
+    int64_t ne[2] = {ne0, ne1};
+    int rc = gguf_writer_add_tensor(c->w, name, type, nd, ne, data, nb, false);
+    free(data);
+    return rc;
+}
+
+/* Llama 3 rope scaling (factor 32, low 1, high 4, original context 8192). */
+static int add_rope_freqs(synth_ctx *c)
+{
+    int n = c->s->head_dim / 2;
+    float *f = malloc((size_t)n * sizeof *f);
+    if (!f)
+        return LMS_ERR_NOMEM;
+    for (int i = 0; i < n; i++) {
+        double freq = pow(c->s->rope_base, -2.0 * i / c->s->head_dim);
+        double wavelen = 2 * M_PI / freq, lo = 8192.0 / 1.0, hi = 8192.0 / 4.0;
+        if (wavelen < hi)
+            f[i] = 1.0f;
+        else if (wavelen > lo)
+            f[i] = 32.0f;
+        else {
+            double smooth = (8192.0 / wavelen - 1.0) / (4.0 - 1.0);
+            f[i] = (float)(1.0 / ((1 - smooth) / 32.0 + smooth));
+        }
+    }
+    int64_t ne[1] = {n};
+    int rc = gguf_writer_add_tensor(c->w, "rope_freqs.weight", 0, 1, ne, f, (size_t)n * 4, false);
+    free(f);
+    return rc;
+}
+
+static int add_layer(synth_ctx *c, int il)
+{
+    const lms_synth_shape *s = c->s;
+    int64_t e = s->n_embd, q = (int64_t)s->n_head * s->head_dim, kv = (int64_t)s->n_head_kv * s->head_dim;
+    char name[96];
+    int rc = 0;
+#define T(suffix, ne0, ne1, fill) \
+    (snprintf(name, sizeof name, "blk.%d." suffix, il), rc = rc ? rc : add(c, name, ne0, ne1, fill))
+    T("attn_norm.weight", e, 0, 1.0f);
+    T("attn_q.weight", e, q, 0.0f);
+    T("attn_k.weight", e, kv, 0.0f);
+    T("attn_v.weight", e, kv, 0.0f);
+    T("attn_output.weight", q, e, 0.0f);
+    if (!strcmp(s->arch, "qwen2")) {
+        T("attn_q.bias", q, 0, 0.0f);
+        T("attn_k.bias", kv, 0, 0.0f);
+        T("attn_v.bias", kv, 0, 0.0f);
+    }
+    if (!strcmp(s->arch, "qwen3")) {
+        T("attn_q_norm.weight", s->head_dim, 0, 1.0f);
+        T("attn_k_norm.weight", s->head_dim, 0, 1.0f);
+    }
+    T("ffn_norm.weight", e, 0, 1.0f);
+    T("ffn_gate.weight", e, s->n_ff, 0.0f);
+    T("ffn_up.weight", e, s->n_ff, 0.0f);
+    T("ffn_down.weight", s->n_ff, e, 0.0f);
+#undef T
+    return rc;
+}
+
+int lms_synth_write(const lms_synth_shape *s, const char *type, uint64_t seed, const char *path,
+                    char *err, size_t errsz)
+{
+    const lms_quant_plan *plan = lms_quant_plan_find(type);
+    if (!plan)
+        return lms_errf(err, errsz, LMS_ERR_INVAL, "synth: unknown type '%s' (one of: %s)", type,
+                        lms_quant_plan_names());
+    vocab v;
+    gguf_writer *w = gguf_writer_create();
+    int rc = w ? build_vocab(s, &v) : LMS_ERR_NOMEM;
+    if (rc == 0)
+        rc = write_meta(w, s, &v, plan);
+    synth_ctx c = {.w = w, .plan = plan, .s = s, .seed = seed};
+    if (rc == 0)
+        rc = add(&c, "token_embd.weight", s->n_embd, s->n_vocab, 0.0f);
+    for (int il = 0; il < s->n_layer && rc == 0; il++)
+        rc = add_layer(&c, il);
+    if (rc == 0)
+        rc = add(&c, "output_norm.weight", s->n_embd, 0, 1.0f);
+    if (rc == 0 && !s->tied)
+        rc = add(&c, "output.weight", s->n_embd, s->n_vocab, 0.0f);
+    if (rc == 0 && s->llama3_rope)
+        rc = add_rope_freqs(&c);
+    if (rc == 0)
+        rc = gguf_writer_write(w, path, err, errsz);
+    else
+        lms_errf(err, errsz, rc, "synth: cannot build the model: %s", lms_strerror(rc));
+    if (w)
+        vocab_free(&v);
+    gguf_writer_destroy(w);
+    return rc;
+}
