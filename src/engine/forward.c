@@ -97,7 +97,7 @@ int lms_ctx_create(const lms_model *m, const lms_ctx_params *p, lms_ctx **out, c
     c->hidden = alloc_f32(n * e);
     c->scores = alloc_f32((size_t)c->n_threads * (size_t)p->n_ctx);
     c->qh = malloc((size_t)c->n_threads * hd * sizeof(uint16_t));
-    size_t qs = max_scratch(m, p->n_batch);
+    size_t qs = max_scratch(m, p->n_batch) * 3; /* Q, K, V may need three conversions */
     c->qbuf = aligned_alloc(64, (qs + 63) / 64 * 64);
     int32_t blocks = p->kv_blocks > 0 ? p->kv_blocks
                                       : (p->n_ctx + LMS_KV_BLOCK - 1) / LMS_KV_BLOCK * p->n_seq;
@@ -265,9 +265,10 @@ static void qkv(lms_ctx *c, const lms_layer *l, int il, const lms_batch *b)
     const lms_hparams *hp = &c->m->hp;
     const int64_t n = b->n_tokens, hd = hp->head_dim;
     const int64_t q = hp->n_head * hd, kv = hp->n_head_kv * hd;
-    matmul(c, &l->wq, c->xn, n, c->qb);
-    matmul(c, &l->wk, c->xn, n, c->kb);
-    matmul(c, &l->wv, c->xn, n, c->vb);
+    lms_mat mq = as_mat(&l->wq), mk = as_mat(&l->wk), mv = as_mat(&l->wv);
+    const lms_mat *ws[3] = {&mq, &mk, &mv};
+    float *ys[3] = {c->qb, c->kb, c->vb};
+    lms_matmul_n(ws, ys, 3, c->xn, n, c->qbuf);
     add_bias(c->qb, &l->bq, n, q);
     add_bias(c->kb, &l->bk, n, kv);
     add_bias(c->vb, &l->bv, n, kv);
@@ -305,8 +306,10 @@ static void layer(lms_ctx *c, int il, const lms_batch *b)
         c->x[i] += c->xn[i];
     for (int64_t t = 0; t < n; t++)
         rms_norm(c->x + t * e, l->ffn_norm.data, c->xn + t * e, e, hp->rms_eps);
-    matmul(c, &l->w_gate, c->xn, n, c->ga);
-    matmul(c, &l->w_up, c->xn, n, c->up);
+    lms_mat mg = as_mat(&l->w_gate), mu = as_mat(&l->w_up);
+    const lms_mat *ws[2] = {&mg, &mu};
+    float *ys[2] = {c->ga, c->up};
+    lms_matmul_n(ws, ys, 2, c->xn, n, c->qbuf);
     for (int64_t i = 0; i < n * f; i++)
         c->ga[i] = silu(c->ga[i]) * c->up[i];
     matmul(c, &l->w_down, c->ga, n, c->xn);

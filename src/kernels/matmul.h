@@ -21,12 +21,22 @@ typedef struct lms_mat {
     size_t row_bytes;
 } lms_mat;
 
-/* Bytes of scratch lms_matmul needs for n_tok rows of n_cols. */
+/* Most matrices one lms_matmul_n call takes. */
+#define LMS_MATMUL_MAX 4
+
+/* Bytes of scratch lms_matmul needs for n_tok rows of n_cols (one
+ * conversion; lms_matmul_n needs one per distinct vec_dot type). */
 size_t lms_matmul_scratch(int type, int64_t n_cols, int64_t n_tok);
 
 /* y[t][r] = sum_c W[r][c] * x[t][c]. `scratch` holds at least
  * lms_matmul_scratch() bytes, 64-byte aligned. */
 void lms_matmul(const lms_mat *w, const float *x, int64_t n_tok, float *y, void *scratch);
+
+/* Several products of the same x (Q/K/V, gate/up) in one parallel pass:
+ * ys[i] = ws[i]·x; all ws share n_cols; x is converted once per distinct
+ * vec_dot type. scratch: n_mats x lms_matmul_scratch() bytes. */
+void lms_matmul_n(const lms_mat *const *ws, float *const *ys, int n_mats, const float *x,
+                  int64_t n_tok, void *scratch);
 
 /* Converts one row of W to floats (embedding lookup). */
 void lms_mat_get_row(const lms_mat *w, int64_t row, float *out);

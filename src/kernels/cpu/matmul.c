@@ -27,37 +27,77 @@ size_t lms_matmul_scratch(int type, int64_t n_cols, int64_t n_tok)
     return (row + 63) / 64 * 64 * (size_t)n_tok;
 }
 
-void lms_matmul(const lms_mat *w, const float *x, int64_t n_tok, float *y, void *scratch)
+/* Converts x once per distinct vec_dot type among ws; prep[i] points at
+ * the rows matrix i reads, stride[i] is their byte stride. */
+static void prepare(const lms_mat *const *ws, int n, const float *x, int64_t n_tok,
+                    uint8_t *scratch, const uint8_t **prep, size_t *stride)
 {
     const lms_kernel_table *k = lms_kernels_get();
-    const lms_type_traits *tt = lms_type_get(w->type);
-    const int vt = tt->vec_dot_type;
-    const int64_t nc = w->n_cols, nr = w->n_rows;
-    const size_t xrow = (lms_row_size(vt, nc) + 63) / 64 * 64;
-    const lms_vec_dot_fn dot = k->vec_dot[w->type];
-    const uint8_t *xq = x ? (const uint8_t *)x : NULL;
-
-    if (vt != LMS_TYPE_F32) {
-        uint8_t *q = scratch;
-        lms_from_float_fn conv = k->from_float[vt];
+    int done_type[LMS_MATMUL_MAX];
+    const uint8_t *done_buf[LMS_MATMUL_MAX];
+    int n_done = 0;
+    size_t used = 0;
+    const int64_t nc = ws[0]->n_cols;
+    for (int i = 0; i < n; i++) {
+        const int vt = lms_type_get(ws[i]->type)->vec_dot_type;
+        const size_t xrow = (lms_row_size(vt, nc) + 63) / 64 * 64;
+        stride[i] = vt == LMS_TYPE_F32 ? (size_t)nc * sizeof(float) : xrow;
+        prep[i] = (const uint8_t *)x;
+        if (vt == LMS_TYPE_F32)
+            continue;
+        int d = 0;
+        while (d < n_done && done_type[d] != vt)
+            d++;
+        if (d == n_done) {
+            uint8_t *q = scratch + used;
+            used += xrow * (size_t)n_tok;
+            lms_from_float_fn conv = k->from_float[vt];
 #pragma omp parallel for schedule(static) if (n_tok > 4)
-        for (int64_t t = 0; t < n_tok; t++)
-            conv(x + t * nc, q + (size_t)t * xrow, nc);
-        xq = q;
+            for (int64_t t = 0; t < n_tok; t++)
+                conv(x + t * nc, q + (size_t)t * xrow, nc);
+            done_type[n_done] = vt;
+            done_buf[n_done++] = q;
+        }
+        prep[i] = done_buf[d];
     }
-    const size_t xstride = vt == LMS_TYPE_F32 ? (size_t)nc * sizeof(float) : xrow;
-    const int64_t n_tiles = (nr + TILE_ROWS - 1) / TILE_ROWS;
-    const bool par = (double)nr * (double)nc * (double)n_tok >= PARALLEL_MIN_MACS;
-#pragma omp parallel for schedule(static) if (par)
-    for (int64_t tile = 0; tile < n_tiles; tile++) {
-        int64_t r0 = tile * TILE_ROWS, r1 = r0 + TILE_ROWS < nr ? r0 + TILE_ROWS : nr;
+}
+
+void lms_matmul_n(const lms_mat *const *ws, float *const *ys, int n, const float *x, int64_t n_tok,
+                  void *scratch)
+{
+    const uint8_t *prep[LMS_MATMUL_MAX];
+    size_t stride[LMS_MATMUL_MAX];
+    int64_t first_tile[LMS_MATMUL_MAX + 1];
+    lms_vec_dot_fn dot[LMS_MATMUL_MAX];
+    double macs = 0;
+    prepare(ws, n, x, n_tok, scratch, prep, stride);
+    first_tile[0] = 0;
+    for (int i = 0; i < n; i++) {
+        dot[i] = lms_kernels_get()->vec_dot[ws[i]->type];
+        first_tile[i + 1] = first_tile[i] + (ws[i]->n_rows + TILE_ROWS - 1) / TILE_ROWS;
+        macs += (double)ws[i]->n_rows * (double)ws[i]->n_cols * (double)n_tok;
+    }
+    const int64_t nc = ws[0]->n_cols;
+#pragma omp parallel for schedule(static) if (macs >= PARALLEL_MIN_MACS)
+    for (int64_t tile = 0; tile < first_tile[n]; tile++) {
+        int m = 0;
+        while (tile >= first_tile[m + 1])
+            m++;
+        const lms_mat *w = ws[m];
+        int64_t r0 = (tile - first_tile[m]) * TILE_ROWS;
+        int64_t r1 = r0 + TILE_ROWS < w->n_rows ? r0 + TILE_ROWS : w->n_rows;
         for (int64_t t = 0; t < n_tok; t++) {
-            const void *xr = xq + (size_t)t * xstride;
-            float *yr = y + t * nr;
+            const void *xr = prep[m] + (size_t)t * stride[m];
+            float *yr = ys[m] + t * w->n_rows;
             for (int64_t r = r0; r < r1; r++)
-                dot(nc, &yr[r], (const uint8_t *)w->data + (size_t)r * w->row_bytes, xr);
+                dot[m](nc, &yr[r], (const uint8_t *)w->data + (size_t)r * w->row_bytes, xr);
         }
     }
+}
+
+void lms_matmul(const lms_mat *w, const float *x, int64_t n_tok, float *y, void *scratch)
+{
+    lms_matmul_n(&w, &y, 1, x, n_tok, scratch);
 }
 
 void lms_mat_get_row(const lms_mat *w, int64_t row, float *out)
