@@ -29,6 +29,8 @@
 #include "base/timeutil.h"
 #include "engine/forward.h"
 #include "model/tokenizer.h"
+#include "ops/fault.h"
+#include "ops/log.h"
 
 enum { ST_QUEUED, ST_PREFILL, ST_DECODE };
 
@@ -67,7 +69,10 @@ struct lms_sched {
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
+    pthread_cond_t hang_cv;  /* the test-only hang waits here */
     bool stop;
+    bool abandoned;          /* the owner gave up on this scheduler */
+    lms_watchdog_comp *wdc;
     /* protected by mu */
     sreq *q_head, *q_tail;
     int32_t n_queued;
@@ -380,17 +385,19 @@ static void admit(lms_sched *s)
     }
 }
 
-/* Fills the batch; returns the number of rows. */
-static int32_t build_batch(lms_sched *s)
+/* Fills the batch with at most `budget` rows (decodes always fit);
+ * returns the number of rows. */
+static int32_t build_batch(lms_sched *s, int32_t budget)
 {
     int32_t n = 0;
     for (int pass = 0; pass < 2; pass++) {
-        for (int32_t i = 0; i < s->n_run && n < s->p.n_batch; i++) {
+        int32_t cap = pass == 0 ? s->p.n_batch : budget;
+        for (int32_t i = 0; i < s->n_run && n < cap; i++) {
             sreq *q = s->run[i];
             if ((pass == 0) != (q->state == ST_DECODE))
                 continue;
             int32_t want = q->state == ST_DECODE ? 1 : q->n_prompt - q->n_past;
-            int32_t take = want < s->p.n_batch - n ? want : s->p.n_batch - n;
+            int32_t take = want < cap - n ? want : cap - n;
             for (int32_t j = 0; j < take; j++, n++) {
                 int32_t pos = q->n_past + j;
                 s->b_tok[n] = q->tokens[pos];
@@ -578,18 +585,65 @@ static void publish_stats(lms_sched *s, bool stepped)
     pthread_mutex_unlock(&s->mu);
 }
 
+/* Thermal protection: sleeps as the policy asks; returns the step's token
+ * budget (0 = paused, run nothing now). */
+static int32_t thermal_budget(lms_sched *s)
+{
+    if (!s->p.thermal)
+        return s->p.n_batch;
+    lms_thermal_out t;
+    lms_thermal_get(s->p.thermal, &t);
+    if (t.step_delay_ms > 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += t.step_delay_ms / 1000;
+        ts.tv_nsec += (long)(t.step_delay_ms % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L)
+            ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_mutex_lock(&s->mu);
+        if (!s->stop && !s->abandoned)
+            pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+        pthread_mutex_unlock(&s->mu);
+    }
+    int32_t b = (int32_t)(s->p.n_batch * t.token_factor);
+    return t.token_factor > 0 && b < 1 ? 1 : b;
+}
+
+/* The test-only fault hook: this step hangs until the scheduler is
+ * abandoned, as a stuck device or kernel would. */
+static void maybe_hang(lms_sched *s)
+{
+    if (!lms_fault_should_hang())
+        return;
+    lms_log(LMS_LOG_WARN, "fault_hang_step", "model", LMS_LOG_STR(s->m->name));
+    pthread_mutex_lock(&s->mu);
+    while (!s->abandoned && !s->stop)
+        pthread_cond_wait(&s->hang_cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+
 static void step(lms_sched *s)
 {
     apply_aborts(s);
+    int32_t budget = thermal_budget(s);
+    if (budget == 0) { /* paused: only aborts are served */
+        publish_stats(s, false);
+        return;
+    }
     admit(s);
-    int32_t n = build_batch(s);
+    int32_t n = build_batch(s, budget);
     if (n > 0) {
         pthread_mutex_lock(&s->mu);
         s->st.busy = true;
         pthread_mutex_unlock(&s->mu);
+        maybe_hang(s);
+        if (s->abandoned)
+            return; /* the owner has ended every request; touch none */
         lms_batch b = {.n_tokens = n, .tokens = s->b_tok, .pos = s->b_pos, .seq = s->b_seq,
                        .logits = s->b_lg, .embd = s->b_embd};
         int rc = lms_forward(s->ctx, &b, s->logits);
+        if (s->abandoned)
+            return;
         if (rc < 0)
             fail_all_running(s, rc);
         else
@@ -601,28 +655,48 @@ static void step(lms_sched *s)
 
 /* ---- thread and lifecycle ----------------------------------------------------- */
 
+static void free_all(lms_sched *s);
+
 static void *sched_main(void *arg)
 {
     lms_sched *s = arg;
     pthread_mutex_lock(&s->mu);
-    while (!s->stop) {
+    while (!s->stop && !s->abandoned) {
         bool aborts = s->n_aborts > 0;
         if (s->n_queued == 0 && s->n_run == 0 && !aborts) {
+            if (s->wdc)
+                lms_watchdog_busy(s->wdc, false);
             pthread_cond_wait(&s->cv, &s->mu); /* idle: no CPU use */
             continue;
         }
         s->st.n_running = s->n_run;
         s->st.n_queued = s->n_queued;
         pthread_mutex_unlock(&s->mu);
+        if (s->wdc)
+            lms_watchdog_busy(s->wdc, true);
         step(s);
+        if (s->wdc && !s->abandoned)
+            lms_watchdog_beat(s->wdc);
         pthread_mutex_lock(&s->mu);
         s->st.n_running = s->n_run;
         s->st.n_queued = s->n_queued;
         if (aborts && s->n_run == 0 && s->n_queued == 0)
             s->n_aborts = 0; /* aborts of finished ids */
     }
+    bool abandoned = s->abandoned;
     pthread_mutex_unlock(&s->mu);
+    if (abandoned)
+        free_all(s); /* nobody else holds s any more */
     return NULL;
+}
+
+static void on_stall(void *ud, const char *name, double stalled_ms)
+{
+    lms_sched *s = ud;
+    lms_log(LMS_LOG_ERROR, "step_stalled", "component", LMS_LOG_STR(name), "stalled_ms",
+            LMS_LOG_F64(stalled_ms));
+    if (s->p.on_stall)
+        s->p.on_stall(s->p.stall_ud, s);
 }
 
 static int alloc_buffers(lms_sched *s)
@@ -681,19 +755,42 @@ int lms_sched_create(lms_model *m, const lms_sched_params *p, lms_sched **out, c
         lms_errf(err, errsz, rc, "scheduler: out of memory");
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
+    pthread_cond_init(&s->hang_cv, NULL);
+    if (rc == 0 && p->watchdog) {
+        char name[160];
+        snprintf(name, sizeof name, "scheduler %s", m->name);
+        s->wdc = lms_watchdog_register(p->watchdog, name, p->stall_ms > 0 ? p->stall_ms : 60000,
+                                       on_stall, s);
+    }
     if (rc == 0 && pthread_create(&s->thread, NULL, sched_main, s) != 0)
         rc = lms_errf(err, errsz, LMS_ERR_NOMEM, "scheduler: cannot start its thread");
     if (rc < 0) {
-        free_buffers(s);
-        lms_ctx_destroy(s->ctx);
-        pthread_mutex_destroy(&s->mu);
-        pthread_cond_destroy(&s->cv);
-        free(s);
+        free_all(s);
         return rc;
     }
     s->st.kv_blocks_total = lms_ctx_kv(s->ctx)->n_blocks;
     *out = s;
     return 0;
+}
+
+/* Frees requests (without events), buffers, context and s itself. */
+static void free_all(lms_sched *s)
+{
+    while (s->n_run > 0)
+        sreq_free(s, s->run[--s->n_run]);
+    while (s->q_head) {
+        sreq *q = s->q_head;
+        s->q_head = q->next;
+        sreq_free(s, q);
+    }
+    if (s->wdc)
+        lms_watchdog_unregister(s->wdc);
+    free_buffers(s);
+    lms_ctx_destroy(s->ctx);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    pthread_cond_destroy(&s->hang_cv);
+    free(s);
 }
 
 void lms_sched_destroy(lms_sched *s)
@@ -703,6 +800,7 @@ void lms_sched_destroy(lms_sched *s)
     pthread_mutex_lock(&s->mu);
     s->stop = true;
     pthread_cond_signal(&s->cv);
+    pthread_cond_signal(&s->hang_cv);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
     while (s->n_run > 0) {
@@ -714,11 +812,37 @@ void lms_sched_destroy(lms_sched *s)
         s->q_head = q->next;
         finish(s, q, "abort", 0, NULL);
     }
-    free_buffers(s);
-    lms_ctx_destroy(s->ctx);
-    pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->cv);
-    free(s);
+    free_all(s);
+}
+
+/* Ends a request with an error event but leaves its memory to the
+ * scheduler thread (which may still be inside a step that reads it). */
+static void fail_in_place(sreq *q, const char *msg)
+{
+    lms_event *ev = new_event(q, LMS_EV_ERROR);
+    if (ev) {
+        stats_of(q, "error", &ev->stats);
+        ev->err = LMS_ERR_DEVICE;
+        snprintf(ev->message, sizeof ev->message, "%s", msg);
+        q->r.cb(q->r.user, ev);
+    }
+}
+
+void lms_sched_abandon(lms_sched *s, const char *msg)
+{
+    pthread_mutex_lock(&s->mu);
+    s->abandoned = true;
+    for (int32_t i = 0; i < s->n_run; i++)
+        fail_in_place(s->run[i], msg);
+    for (sreq *q = s->q_head; q; q = q->next)
+        fail_in_place(q, msg);
+    lms_log(LMS_LOG_ERROR, "scheduler_abandoned", "model", LMS_LOG_STR(s->m->name), "reason",
+            LMS_LOG_STR(msg));
+    pthread_t th = s->thread;
+    pthread_detach(th); /* before the unlock: the thread may free s right after it */
+    pthread_cond_broadcast(&s->cv);
+    pthread_cond_broadcast(&s->hang_cv);
+    pthread_mutex_unlock(&s->mu);
 }
 
 void lms_sched_get_stats(lms_sched *s, lms_sched_stats *out)

@@ -31,8 +31,12 @@
 #include "engine/sampler.h"
 #include "engine/stopstr.h"
 #include "model/model.h"
+#include "ops/thermal.h"
+#include "ops/watchdog.h"
 
 #define LMS_MAX_LOGPROBS 20
+
+typedef struct lms_sched lms_sched;
 
 typedef struct lms_sched_params {
     int32_t n_ctx;            /* max positions of one sequence (prompt + output) */
@@ -42,6 +46,13 @@ typedef struct lms_sched_params {
     int64_t kv_budget_bytes;  /* KV pool size; 0 = n_ctx * n_parallel cells */
     int32_t n_threads;        /* compute threads; 0 = all cores */
     bool no_prefix_cache;     /* disable prefix reuse */
+    lms_thermal *thermal;     /* borrowed: slow down / pause steps when hot (NULL: off) */
+    lms_watchdog *watchdog;   /* borrowed: report steps that stall (NULL: off) */
+    int stall_ms;             /* a step longer than this is a stall (0: 60000) */
+    /* Called on the watchdog thread when a step stalls; must not block (post a
+     * restart: lms_sched_abandon then a new scheduler). */
+    void (*on_stall)(void *ud, lms_sched *s);
+    void *stall_ud;
 } lms_sched_params;
 
 enum lms_event_type {
@@ -130,8 +141,6 @@ typedef struct lms_sched_stats {
     bool busy;                 /* a step is running */
 } lms_sched_stats;
 
-typedef struct lms_sched lms_sched;
-
 /* Creates the context (KV pool) and starts the scheduler thread. The model
  * is borrowed and must outlive the scheduler. */
 int lms_sched_create(lms_model *m, const lms_sched_params *p, lms_sched **out, char *err,
@@ -151,6 +160,11 @@ int lms_sched_submit(lms_sched *s, const lms_request *r, uint64_t *id, char *err
 void lms_sched_abort(lms_sched *s, uint64_t id);
 void lms_sched_get_stats(lms_sched *s, lms_sched_stats *out);
 const lms_model *lms_sched_model(const lms_sched *s);
+/* Gives up on a stalled scheduler: every queued and running request ends
+ * now with LMS_EV_ERROR carrying msg, and the scheduler thread frees
+ * everything and exits on its own whenever its stuck step returns. The
+ * caller must not use s afterwards (create a new scheduler instead). */
+void lms_sched_abandon(lms_sched *s, const char *msg);
 const lms_sched_params *lms_sched_params_of(const lms_sched *s);
 
 #endif

@@ -14,6 +14,8 @@
 #include "engine/sched.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
+#include "ops/fault.h"
+#include "ops/watchdog.h"
 #include "testutil.h"
 
 #define MAX_TOK 512
@@ -310,6 +312,52 @@ static void test_embeddings_and_stop(void **state)
     lms_sched_destroy(s);
 }
 
+static volatile int g_stalled;
+
+static void on_stall(void *ud, lms_sched *s)
+{
+    (void)ud, (void)s;
+    pthread_mutex_lock(&g_mu);
+    g_stalled = 1;
+    pthread_cond_broadcast(&g_cv);
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* A step that hangs (test-only fault hook) is noticed by the watchdog; the
+ * owner abandons the scheduler, its requests fail with an error, and a new
+ * scheduler serves the next request. */
+static void test_watchdog_restart(void **state)
+{
+    static result hung, next;
+    int32_t toks[64];
+    int n = tokenize(prompts[0], toks, 64);
+    lms_watchdog *wd = lms_watchdog_create(50);
+    lms_sched_params p = {.n_ctx = 256, .n_parallel = 2, .n_batch = 64, .max_queue = 8,
+                          .n_threads = 1, .watchdog = wd, .stall_ms = 300, .on_stall = on_stall};
+    lms_sched *s;
+    char err[256];
+    assert_int_equal(lms_sched_create(g_model, &p, &s, err, sizeof err), 0);
+    lms_fault_set("hang_step", 3);
+    submit(s, toks, n, 50, &hung);
+    pthread_mutex_lock(&g_mu);
+    while (!g_stalled)
+        pthread_cond_wait(&g_cv, &g_mu);
+    pthread_mutex_unlock(&g_mu);
+    lms_sched_abandon(s, "the engine stalled; restarting");
+    wait_done(&hung);
+    assert_int_equal(hung.end_type, LMS_EV_ERROR);
+    assert_int_equal(hung.n_tok, 2); /* two steps ran before the hang */
+    lms_fault_set("hang_step", 0);
+    assert_int_equal(lms_sched_create(g_model, &p, &s, err, sizeof err), 0);
+    submit(s, toks, n, 5, &next);
+    wait_done(&next);
+    assert_int_equal(next.end_type, LMS_EV_END);
+    assert_int_equal(next.n_tok, 5);
+    lms_sched_destroy(s);
+    usleep(20000); /* the abandoned thread exits on its own */
+    lms_watchdog_destroy(wd);
+}
+
 static int setup(void **state)
 {
     char err[256];
@@ -332,6 +380,7 @@ int main(void)
         cmocka_unit_test(test_batched_equals_solo), cmocka_unit_test(test_prefix_reuse),
         cmocka_unit_test(test_abort_every_state),   cmocka_unit_test(test_pool_exhaustion),
         cmocka_unit_test(test_refusals),            cmocka_unit_test(test_embeddings_and_stop),
+        cmocka_unit_test(test_watchdog_restart),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
