@@ -15,11 +15,16 @@ typedef struct bench_opts {
     int64_t pp, tg, threads, reps, depth, batch;
     int par[16];     /* --parallel levels */
     int n_par;
+    int64_t prefix;  /* --prefix N: TTFT with and without a cached N-token prefix */
     bool json;
 } bench_opts;
 
 /* Aggregate decode speed and TTFT of N concurrent requests (128 prompt +
  * 64 generated tokens each) through the scheduler, for each level. */
 int bench_parallel(lms_model *m, const bench_opts *o);
+
+/* TTFT of a request whose o->prefix-token prefix is not cached, then of
+ * one that shares it (prefix cache hit). */
+int bench_prefix(lms_model *m, const bench_opts *o);
 
 #endif

@@ -128,3 +128,58 @@ int bench_parallel(lms_model *m, const bench_opts *o)
     lms_sched_destroy(s);
     return rc;
 }
+
+/* One request through s; returns its TTFT in ms (or < 0). */
+static double one_ttft(lms_sched *s, const int32_t *toks, int32_t n, lms_req_stats *out)
+{
+    static par_state st;
+    static par_req req;
+    memset(&st, 0, sizeof st);
+    pthread_mutex_init(&st.mu, NULL);
+    pthread_cond_init(&st.cv, NULL);
+    req = (par_req){&st, 0, lms_now_ms()};
+    lms_request r = {.tokens = toks, .n_tokens = n, .max_tokens = 1, .sp = lms_sampler_defaults(),
+                     .ignore_eos = true, .cb = on_event, .user = &req};
+    uint64_t id;
+    char err[256];
+    if (lms_sched_submit(s, &r, &id, err, sizeof err) < 0) {
+        fprintf(stderr, "lmserv bench: %s\n", err);
+        return -1;
+    }
+    pthread_mutex_lock(&st.mu);
+    while (st.n_done < 1)
+        pthread_cond_wait(&st.cv, &st.mu);
+    pthread_mutex_unlock(&st.mu);
+    out->ttft_ms = st.ttft[0];
+    return st.ttft[0];
+}
+
+int bench_prefix(lms_model *m, const bench_opts *o)
+{
+    int32_t n = (int32_t)o->prefix, extra = 16;
+    int32_t *toks = malloc((size_t)(n + extra) * sizeof *toks);
+    lms_sched_params p = {.n_ctx = n + extra + 16, .n_parallel = 1, .n_batch = (int32_t)o->batch,
+                          .max_queue = 4, .n_threads = (int32_t)o->threads};
+    lms_sched *s;
+    char err[256];
+    if (!toks || lms_sched_create(m, &p, &s, err, sizeof err) < 0) {
+        free(toks);
+        return -1;
+    }
+    for (int32_t i = 0; i < n + extra; i++)
+        toks[i] = (int32_t)((uint32_t)(i * 2654435761u) % (uint32_t)m->hp.n_vocab);
+    lms_req_stats a, b;
+    double cold = one_ttft(s, toks, n, &a);
+    double warm = one_ttft(s, toks, n + extra, &b);
+    if (o->json)
+        printf("{\"test\":\"prefix%d\",\"model\":\"%s\",\"ttft_ms\":{\"uncached\":%.1f,"
+               "\"cached\":%.1f},\"ratio\":%.3f}\n",
+               n, m->name, cold, warm, cold > 0 ? warm / cold : 0);
+    else
+        printf("prefix %d: TTFT uncached %.1f ms, with the prefix cached (+%d new tokens) %.1f ms "
+               "(%.1f%%)\n",
+               n, cold, extra, warm, cold > 0 ? 100 * warm / cold : 0);
+    lms_sched_destroy(s);
+    free(toks);
+    return cold < 0 || warm < 0 ? -1 : 0;
+}

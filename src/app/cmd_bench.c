@@ -177,6 +177,8 @@ static int parse(int argc, char **argv, bench_opts *o)
             ok = args_int(a, argv[++i], 1, 8192, &o->batch);
         else if (!strcmp(a, "--depth") && v)
             ok = args_int(a, argv[++i], 0, 1 << 20, &o->depth);
+        else if (!strcmp(a, "--prefix") && v)
+            ok = args_int(a, argv[++i], 16, 1 << 20, &o->prefix);
         else if (!strcmp(a, "--parallel") && v)
             parse_par(o, argv[++i]);
         else if (!strcmp(a, "--json"))
@@ -190,7 +192,7 @@ static int parse(int argc, char **argv, bench_opts *o)
     }
     if (!o->model) {
         fprintf(stderr, "usage: lmserv bench -m MODEL [-p 512] [-n 128] [-t N] [-r 3] [-b 512] "
-                        "[--depth D] [--parallel 1,4,8,16] [--json]\n");
+                        "[--depth D] [--parallel 1,4,8,16] [--prefix N] [--json]\n");
         return -1;
     }
     return 0;
@@ -229,6 +231,8 @@ int cmd_bench(int argc, char **argv)
     free(logits);
     lms_ctx_destroy(c);
     int rc = o.n_par > 0 ? bench_parallel(m, &o) : 0;
+    if (rc == 0 && o.prefix > 0)
+        rc = bench_prefix(m, &o);
     lms_model_free(m);
     return rc < 0 ? 1 : 0;
 }
