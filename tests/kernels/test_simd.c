@@ -1,0 +1,444 @@
+/*
+ * test_simd.c - every SIMD kernel table against the scalar reference.
+ *
+ * For each ISA table this build has and this CPU runs (scalar, avx2,
+ * avx512, neon) and each weight type:
+ *   vec_dot    random blocks (every bit pattern of codes and sub-block
+ *              scales; super-block scales drawn from normal values, 0,
+ *              +-65504, subnormal halves and negatives), odd block counts,
+ *              activations of tiny to large magnitude and all-zero blocks,
+ *              must agree with the _ref kernel within 1e-5 of the sum of
+ *              the magnitudes of the terms (the float rounding the two
+ *              summation orders may differ by);
+ *   from_float the activation types' blocks must be identical byte for
+ *              byte, over ties, saturation, subnormals, inf and NaN;
+ *   to_float   identical floats.
+ * Runs under qemu for the NEON table (tools/check-neon).
+ */
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/fp16.h"
+#include "kernels/cpu/quant_ref.h"
+#include "kernels/kernels.h"
+#include "kernels/kernels_impl.h"
+#include "testutil.h"
+
+static const char *const k_isa_names[] = {"scalar", "avx2", "avx512", "neon"};
+
+static const int k_weight_types[] = {
+    LMS_TYPE_F32,  LMS_TYPE_F16,  LMS_TYPE_BF16, LMS_TYPE_Q4_0, LMS_TYPE_Q4_1,
+    LMS_TYPE_Q5_0, LMS_TYPE_Q5_1, LMS_TYPE_Q8_0, LMS_TYPE_Q2_K, LMS_TYPE_Q3_K,
+    LMS_TYPE_Q4_K, LMS_TYPE_Q5_K, LMS_TYPE_Q6_K,
+};
+#define N_WEIGHT_TYPES (int)(sizeof k_weight_types / sizeof k_weight_types[0])
+
+/* Where a block keeps its f16 super-block scales (-1: none). */
+typedef struct scale_fields {
+    int type;
+    int d, m; /* byte offsets of d and of m / dmin */
+} scale_fields;
+
+static const scale_fields k_scales[] = {
+    {LMS_TYPE_Q4_0, offsetof(lms_block_q4_0, d), -1},
+    {LMS_TYPE_Q4_1, offsetof(lms_block_q4_1, d), offsetof(lms_block_q4_1, m)},
+    {LMS_TYPE_Q5_0, offsetof(lms_block_q5_0, d), -1},
+    {LMS_TYPE_Q5_1, offsetof(lms_block_q5_1, d), offsetof(lms_block_q5_1, m)},
+    {LMS_TYPE_Q8_0, offsetof(lms_block_q8_0, d), -1},
+    {LMS_TYPE_Q2_K, offsetof(lms_block_q2_K, d), offsetof(lms_block_q2_K, dmin)},
+    {LMS_TYPE_Q3_K, offsetof(lms_block_q3_K, d), -1},
+    {LMS_TYPE_Q4_K, offsetof(lms_block_q4_K, d), offsetof(lms_block_q4_K, dmin)},
+    {LMS_TYPE_Q5_K, offsetof(lms_block_q5_K, d), offsetof(lms_block_q5_K, dmin)},
+    {LMS_TYPE_Q6_K, offsetof(lms_block_q6_K, d), -1},
+};
+
+static const scale_fields *scales_of(int type)
+{
+    for (size_t i = 0; i < sizeof k_scales / sizeof k_scales[0]; i++)
+        if (k_scales[i].type == type)
+            return &k_scales[i];
+    return NULL;
+}
+
+/* ---- random data --------------------------------------------------------------- */
+
+/* A finite half: mostly ordinary values, sometimes the extremes. `mode`
+ * 0 = ordinary, 1 = any extreme, 2 = zero. */
+static uint16_t rand_scale(uint64_t *seed, int mode)
+{
+    static const float extremes[] = {65504.0f,      -65504.0f, 5.9604645e-8f, -5.9604645e-8f,
+                                     6.1035156e-5f, 1e-5f,     0.0f,          -1.0f};
+    if (mode == 2)
+        return 0;
+    if (mode == 1) {
+        const int k = (int)(tu_rand_u64(seed) % (sizeof extremes / sizeof extremes[0]));
+        return lms_f32_to_f16(extremes[k]);
+    }
+    const float mag = tu_rand_f32(seed, -10.0f, 0.0f);
+    const float v = exp2f(mag) * (tu_rand_u64(seed) & 1 ? -1.0f : 1.0f);
+    return lms_f32_to_f16(v);
+}
+
+/* A half whose bits are random but never a signalling NaN (F16C and NEON
+ * quiet those on conversion, as documented). */
+static uint16_t rand_half_bits(uint64_t *seed)
+{
+    uint16_t h = (uint16_t)tu_rand_u64(seed);
+    if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff))
+        h |= 0x200;
+    return h;
+}
+
+/* n elements of a weight type: random bytes, then sane or extreme scales
+ * (mode as rand_scale; -1 picks per block). */
+static void rand_weights(uint64_t *seed, int type, void *buf, int64_t n, int mode)
+{
+    const lms_type_traits *tt = lms_type_get(type);
+    const size_t bytes = lms_row_size(type, n);
+    uint8_t *p = buf;
+    if (type == LMS_TYPE_F32) {
+        float *f = buf;
+        for (int64_t i = 0; i < n; i++)
+            f[i] = tu_rand_f32(seed, -2.0f, 2.0f);
+        return;
+    }
+    if (type == LMS_TYPE_F16 || type == LMS_TYPE_BF16) {
+        uint16_t *h = buf;
+        for (int64_t i = 0; i < n; i++) {
+            const float v = tu_rand_f32(seed, -2.0f, 2.0f);
+            h[i] = type == LMS_TYPE_F16 ? lms_f32_to_f16(v) : lms_f32_to_bf16(v);
+        }
+        return;
+    }
+    for (size_t i = 0; i < bytes; i++)
+        p[i] = (uint8_t)tu_rand_u64(seed);
+    const scale_fields *sf = scales_of(type);
+    for (int64_t b = 0; b < n / tt->blck_size; b++) {
+        uint8_t *blk = p + (size_t)b * tt->type_size;
+        const int md = mode >= 0 ? mode : (int)(tu_rand_u64(seed) % 8 == 0);
+        const uint16_t d = rand_scale(seed, md);
+        memcpy(blk + sf->d, &d, 2);
+        if (sf->m >= 0) {
+            const uint16_t m = rand_scale(seed, md);
+            memcpy(blk + sf->m, &m, 2);
+        }
+    }
+}
+
+/* n activations; each run of 256 gets an amplitude from tiny to large, or
+ * is all zero. */
+static void rand_acts(uint64_t *seed, float *x, int64_t n)
+{
+    static const float amps[] = {1.0f, 1.0f, 1.0f, 3.5f, 1e-3f, 1e3f, 1e-30f, 0.0f};
+    for (int64_t i = 0; i < n; i += 256) {
+        const float a = amps[tu_rand_u64(seed) % (sizeof amps / sizeof amps[0])];
+        for (int64_t j = i; j < n && j < i + 256; j++)
+            x[j] = a * tu_rand_f32(seed, -1.0f, 1.0f);
+    }
+}
+
+/* ---- magnitude of a dot product's terms ---------------------------------------- */
+
+/* Sum over elements of (|scaled code| + |offset|) * |activation|, in
+ * double: an upper bound on every partial sum either kernel forms. */
+static double term_magnitude(int type, int64_t n, const void *w, const void *xq)
+{
+    const lms_type_traits *tt = lms_type_get(type);
+    const int vt = tt->vec_dot_type;
+    float *xf = malloc((size_t)n * sizeof *xf);
+    float *wf = malloc((size_t)n * sizeof *wf);
+    double m = 0.0;
+    lms_kernels_ref()->to_float[vt](xq, xf, n);
+    if (!tt->is_quantized) {
+        lms_kernels_ref()->to_float[type](w, wf, n);
+        for (int64_t i = 0; i < n; i++)
+            m += fabs((double)wf[i] * xf[i]);
+    } else if (tt->blck_size == 32) {
+        static void (*const un[])(const void *, lms_lq_block *) = {
+            [LMS_TYPE_Q4_0] = lms_unpack_q4_0, [LMS_TYPE_Q4_1] = lms_unpack_q4_1,
+            [LMS_TYPE_Q5_0] = lms_unpack_q5_0, [LMS_TYPE_Q5_1] = lms_unpack_q5_1,
+            [LMS_TYPE_Q8_0] = lms_unpack_q8_0,
+        };
+        for (int64_t b = 0; b < n / 32; b++) {
+            lms_lq_block q;
+            un[type]((const uint8_t *)w + (size_t)b * tt->type_size, &q);
+            for (int j = 0; j < 32; j++)
+                m += (fabs((double)q.q[j] * q.d) + fabs(q.m)) * fabs(xf[b * 32 + j]);
+        }
+    } else {
+        static void (*const un[])(const void *, lms_kq_block *) = {
+            [LMS_TYPE_Q2_K] = lms_unpack_q2_K, [LMS_TYPE_Q3_K] = lms_unpack_q3_K,
+            [LMS_TYPE_Q4_K] = lms_unpack_q4_K, [LMS_TYPE_Q5_K] = lms_unpack_q5_K,
+            [LMS_TYPE_Q6_K] = lms_unpack_q6_K,
+        };
+        for (int64_t b = 0; b < n / LMS_QK_K; b++) {
+            lms_kq_block q;
+            un[type]((const uint8_t *)w + (size_t)b * tt->type_size, &q);
+            for (int e = 0; e < LMS_QK_K; e++) {
+                const int s = e / q.sub;
+                const double t =
+                    fabs((double)q.d * q.sc[s] * q.q[e]) + fabs((double)q.dmin * q.mn[s]);
+                m += t * fabs(xf[b * LMS_QK_K + e]);
+            }
+        }
+    }
+    free(xf);
+    free(wf);
+    return m;
+}
+
+/* ---- vec_dot ------------------------------------------------------------------------ */
+
+static int g_reported;
+
+static void report(const char *fmt, ...)
+{
+    if (g_reported++ >= 20)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+}
+
+/* One weight type, one ISA, one row length; returns the number of bad rows. */
+static int check_vec_dot(const lms_kernel_table *k, int type, int64_t n, int mode, uint64_t *seed)
+{
+    const lms_type_traits *tt = lms_type_get(type);
+    const int vt = tt->vec_dot_type;
+    void *w = malloc(lms_row_size(type, n)); /* exact: ASan sees over-reads */
+    void *xq = malloc(lms_row_size(vt, n));
+    float *x = malloc((size_t)n * sizeof *x);
+    int bad = 0;
+    for (int rep = 0; rep < 4; rep++) {
+        rand_weights(seed, type, w, n, mode);
+        rand_acts(seed, x, n);
+        lms_kernels_ref()->from_float[vt](x, xq, n);
+        float got = NAN, want = NAN;
+        k->vec_dot[type](n, &got, w, xq);
+        lms_kernels_ref()->vec_dot[type](n, &want, w, xq);
+        const double mag = term_magnitude(type, n, w, xq);
+        const double err = fabs((double)got - (double)want);
+        const bool ok = isfinite(mag) ? err <= 1e-5 * mag + 1e-37 : got == want;
+        if (!ok) {
+            report("vec_dot %s/%s n=%lld mode=%d: got %.9g want %.9g (|terms| %.3g)\n", k->isa,
+                   tt->name, (long long)n, mode, got, want, mag);
+            bad++;
+        }
+    }
+    free(w);
+    free(xq);
+    free(x);
+    return bad;
+}
+
+static void test_vec_dot(void **state)
+{
+    (void)state;
+    static const int64_t nblk[] = {1, 2, 3, 5, 8, 17, 33};
+    static const int64_t nplain[] = {1, 5, 8, 15, 16, 17, 31, 33, 64, 100, 127, 129, 1000, 4099};
+    uint64_t seed = 0x5eed1234;
+    int bad = 0, runs = 0;
+    for (size_t i = 0; i < sizeof k_isa_names / sizeof k_isa_names[0]; i++) {
+        const lms_kernel_table *k = lms_kernels_for_isa(k_isa_names[i]);
+        if (!k)
+            continue;
+        for (int t = 0; t < N_WEIGHT_TYPES; t++) {
+            const int type = k_weight_types[t];
+            const lms_type_traits *tt = lms_type_get(type);
+            if (tt->blck_size == 1) {
+                for (size_t j = 0; j < sizeof nplain / sizeof nplain[0]; j++, runs++)
+                    bad += check_vec_dot(k, type, nplain[j], 0, &seed);
+                continue;
+            }
+            for (size_t j = 0; j < sizeof nblk / sizeof nblk[0]; j++) {
+                const int64_t n = nblk[j] * tt->blck_size;
+                for (int mode = -1; mode <= 2; mode++, runs++)
+                    bad += check_vec_dot(k, type, n, mode, &seed);
+            }
+        }
+    }
+    fprintf(stderr, "vec_dot: %d row sets checked, %d bad rows\n", runs, bad);
+    assert_int_equal(bad, 0);
+}
+
+/* ---- from_float ------------------------------------------------------------------- */
+
+/* Inputs that exercise rounding and saturation: ties after scaling, huge,
+ * subnormal, signed zeros, inf, NaN, a single nonzero, equal magnitudes of
+ * both signs (Q8_K must keep the first). `kind` picks one. */
+static void special_acts(uint64_t *seed, float *x, int64_t n, int kind)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const float r = tu_rand_f32(seed, -1.0f, 1.0f);
+        switch (kind) {
+        case 0:
+            x[i] = r;
+            break;
+        case 1:
+            x[i] = (float)((int)(r * 127.0f)) + 0.5f;
+            break; /* ties near amax 127 */
+        case 2:
+            x[i] = r * 1e-39f;
+            break; /* subnormal floats */
+        case 3:
+            x[i] = r * 3e38f;
+            break;
+        case 4:
+            x[i] = i % 7 == 3 ? INFINITY : r;
+            break;
+        case 5:
+            x[i] = i % 5 == 1 ? NAN : r;
+            break;
+        case 6:
+            x[i] = i % 32 == 9 ? r : 0.0f * r;
+            break;
+        case 7:
+            x[i] = i % 3 == 0 ? -2.0f : (i % 3 == 1 ? 2.0f : r);
+            break;
+        case 8:
+            x[i] = r * 1e-30f;
+            break;
+        default:
+            x[i] = (float)i * 1e-3f - 0.5f;
+            break;
+        }
+    }
+    if (kind == 1 && n > 0)
+        x[0] = 127.0f; /* amax 127: id = 1, so every .5 is a tie */
+    if (kind == 4 && n > 5)
+        x[5] = -INFINITY;
+}
+
+static const int k_act_types[] = {LMS_TYPE_F16,  LMS_TYPE_BF16, LMS_TYPE_Q8_0,
+                                  LMS_TYPE_Q8_1, LMS_TYPE_Q8_K, LMS_TYPE_F32};
+
+static void test_from_float(void **state)
+{
+    (void)state;
+    uint64_t seed = 0xf00d;
+    int bad = 0, runs = 0;
+    for (size_t i = 0; i < sizeof k_isa_names / sizeof k_isa_names[0]; i++) {
+        const lms_kernel_table *k = lms_kernels_for_isa(k_isa_names[i]);
+        if (!k)
+            continue;
+        for (size_t t = 0; t < sizeof k_act_types / sizeof k_act_types[0]; t++) {
+            const int type = k_act_types[t];
+            const lms_type_traits *tt = lms_type_get(type);
+            for (int64_t nb = 1; nb <= 40; nb += nb < 4 ? 1 : 9) {
+                const int64_t n = tt->blck_size == 1 ? nb * 7 + 3 : nb * tt->blck_size;
+                const size_t bytes = lms_row_size(type, n);
+                float *x = malloc((size_t)n * sizeof *x);
+                uint8_t *got = malloc(bytes), *want = malloc(bytes);
+                for (int kind = 0; kind < 10; kind++, runs++) {
+                    special_acts(&seed, x, n, kind);
+                    memset(got, 0xAA, bytes);
+                    memset(want, 0x55, bytes);
+                    k->from_float[type](x, got, n);
+                    lms_kernels_ref()->from_float[type](x, want, n);
+                    if (memcmp(got, want, bytes) != 0) {
+                        size_t at = 0;
+                        while (got[at] == want[at])
+                            at++;
+                        report("from_float %s/%s n=%lld kind=%d: differs at byte %zu\n", k->isa,
+                               tt->name, (long long)n, kind, at);
+                        bad++;
+                    }
+                }
+                free(x);
+                free(got);
+                free(want);
+            }
+        }
+    }
+    fprintf(stderr, "from_float: %d rows checked, %d differ\n", runs, bad);
+    assert_int_equal(bad, 0);
+}
+
+/* ---- to_float ---------------------------------------------------------------------- */
+
+static void test_to_float(void **state)
+{
+    (void)state;
+    uint64_t seed = 0xbeef;
+    int bad = 0, runs = 0;
+    for (size_t i = 0; i < sizeof k_isa_names / sizeof k_isa_names[0]; i++) {
+        const lms_kernel_table *k = lms_kernels_for_isa(k_isa_names[i]);
+        if (!k)
+            continue;
+        for (int type = 0; type < LMS_TYPE_COUNT; type++) {
+            const lms_type_traits *tt = lms_type_get(type);
+            if (!tt || !k->to_float[type] || !lms_kernels_ref()->to_float[type])
+                continue;
+            for (int64_t nb = 1; nb <= 40; nb += 13) {
+                const int64_t n = tt->blck_size == 1 ? nb * 9 + 2 : nb * tt->blck_size;
+                const size_t bytes = lms_row_size(type, n);
+                uint8_t *src = malloc(bytes);
+                float *got = malloc((size_t)n * sizeof *got),
+                      *want = malloc((size_t)n * sizeof *want);
+                if (type == LMS_TYPE_F16 || type == LMS_TYPE_BF16) {
+                    uint16_t *h = (uint16_t *)src;
+                    for (int64_t e = 0; e < n; e++)
+                        h[e] = rand_half_bits(&seed);
+                } else if (type == LMS_TYPE_F32 || tt->vec_dot_type < 0) {
+                    /* F32 and the activation-only types: from real values */
+                    float *x = malloc((size_t)n * sizeof *x);
+                    rand_acts(&seed, x, n);
+                    lms_kernels_ref()->from_float[type](x, src, n);
+                    free(x);
+                } else {
+                    rand_weights(&seed, type, src, n, -1);
+                }
+                runs++;
+                k->to_float[type](src, got, n);
+                lms_kernels_ref()->to_float[type](src, want, n);
+                if (memcmp(got, want, (size_t)n * sizeof *got) != 0) {
+                    report("to_float %s/%s n=%lld differs\n", k->isa, tt->name, (long long)n);
+                    bad++;
+                }
+                free(src);
+                free(got);
+                free(want);
+            }
+        }
+    }
+    fprintf(stderr, "to_float: %d rows checked, %d differ\n", runs, bad);
+    assert_int_equal(bad, 0);
+}
+
+/* ---- which tables ran ------------------------------------------------------------------ */
+
+static void test_isas_present(void **state)
+{
+    (void)state;
+    fprintf(stderr, "kernel tables on this CPU:");
+    for (size_t i = 0; i < sizeof k_isa_names / sizeof k_isa_names[0]; i++)
+        if (lms_kernels_for_isa(k_isa_names[i]))
+            fprintf(stderr, " %s", k_isa_names[i]);
+    fprintf(stderr, " (default %s)\n", lms_kernels_get()->isa);
+    assert_non_null(lms_kernels_for_isa("scalar"));
+#if defined(LMS_HAVE_X86_KERNELS)
+    if (lms_cpu_has_avx2())
+        assert_non_null(lms_kernels_for_isa("avx2"));
+    if (lms_cpu_has_avx512())
+        assert_non_null(lms_kernels_for_isa("avx512"));
+#endif
+#if defined(LMS_HAVE_ARM_KERNELS)
+    if (lms_cpu_has_neon_dotprod())
+        assert_non_null(lms_kernels_for_isa("neon"));
+#endif
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_isas_present),
+        cmocka_unit_test(test_vec_dot),
+        cmocka_unit_test(test_from_float),
+        cmocka_unit_test(test_to_float),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
