@@ -1,0 +1,222 @@
+/*
+ * test_sampler.c - the sampling chain and the stop-string matcher.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "engine/sampler.h"
+#include "engine/stopstr.h"
+#include "testutil.h"
+
+#define NV 64
+
+static void fill(float *l, uint64_t seed)
+{
+    for (int i = 0; i < NV; i++)
+        l[i] = tu_rand_f32(&seed, -4.0f, 4.0f);
+}
+
+static lms_sampler_params greedy(void)
+{
+    lms_sampler_params p = lms_sampler_defaults();
+    p.temperature = 0;
+    return p;
+}
+
+static void test_greedy_and_prob(void **state)
+{
+    float l[NV];
+    fill(l, 7);
+    l[13] = 10.0f;
+    lms_sampler_params p = greedy();
+    lms_sampler *s = lms_sampler_create(&p, NV);
+    float prob;
+    assert_int_equal(lms_sampler_sample(s, l, &prob), 13);
+    double z = 0;
+    for (int i = 0; i < NV; i++)
+        z += exp(l[i]);
+    assert_float_equal(prob, exp(10.0) / z, 1e-5);
+    lms_token_prob top[3];
+    assert_int_equal(lms_sampler_top(s, top, 3), 3);
+    assert_int_equal(top[0].id, 13);
+    assert_true(top[0].logprob >= top[1].logprob && top[1].logprob >= top[2].logprob);
+    /* ties go to the lowest id */
+    for (int i = 0; i < NV; i++)
+        l[i] = 1.0f;
+    assert_int_equal(lms_sampler_sample(s, l, NULL), 0);
+    lms_sampler_destroy(s);
+}
+
+static void test_seed_reproducible(void **state)
+{
+    float l[NV];
+    fill(l, 11);
+    lms_sampler_params p = lms_sampler_defaults();
+    p.temperature = 1.0f;
+    p.top_k = 0;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    p.seed = 99;
+    int32_t a[50], b[50];
+    lms_sampler *s1 = lms_sampler_create(&p, NV), *s2 = lms_sampler_create(&p, NV);
+    int distinct = 0;
+    for (int i = 0; i < 50; i++) {
+        a[i] = lms_sampler_sample(s1, l, NULL);
+        b[i] = lms_sampler_sample(s2, l, NULL);
+        distinct += i > 0 && a[i] != a[i - 1];
+    }
+    assert_memory_equal(a, b, sizeof a);
+    assert_true(distinct > 5); /* it really samples */
+    lms_sampler_destroy(s1);
+    lms_sampler_destroy(s2);
+}
+
+static void test_top_k_top_p_min_p(void **state)
+{
+    float l[NV];
+    for (int i = 0; i < NV; i++)
+        l[i] = (float)i * 0.1f; /* the best is 63, then 62, ... */
+    lms_sampler_params p = lms_sampler_defaults();
+    p.temperature = 5.0f; /* flat: without filters anything could come */
+    p.top_k = 3;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    lms_sampler *s = lms_sampler_create(&p, NV);
+    for (int i = 0; i < 200; i++)
+        assert_true(lms_sampler_sample(s, l, NULL) >= 61);
+    lms_sampler_destroy(s);
+    /* top-p: one token holds 99% of the mass */
+    l[5] = 20.0f;
+    p.top_k = 0;
+    p.top_p = 0.9f;
+    s = lms_sampler_create(&p, NV);
+    for (int i = 0; i < 100; i++)
+        assert_int_equal(lms_sampler_sample(s, l, NULL), 5);
+    lms_sampler_destroy(s);
+    /* min-p: keep tokens within 1/10 of the best's probability */
+    for (int i = 0; i < NV; i++)
+        l[i] = i < 4 ? 0.0f : -10.0f;
+    p.top_p = 1.0f;
+    p.min_p = 0.1f;
+    s = lms_sampler_create(&p, NV);
+    for (int i = 0; i < 200; i++)
+        assert_true(lms_sampler_sample(s, l, NULL) < 4);
+    lms_sampler_destroy(s);
+}
+
+static void test_penalties(void **state)
+{
+    float l[NV] = {0};
+    l[1] = 2.0f;
+    l[2] = 1.9f;
+    lms_sampler_params p = greedy();
+    p.repeat_penalty = 1.5f; /* 2.0 / 1.5 < 1.9 */
+    lms_sampler *s = lms_sampler_create(&p, NV);
+    lms_sampler_accept(s, 1);
+    assert_int_equal(lms_sampler_sample(s, l, NULL), 2);
+    lms_sampler_destroy(s);
+    p.repeat_penalty = 1.0f;
+    p.frequency_penalty = 0.06f; /* twice seen: 2.0 - 0.12 < 1.9 */
+    s = lms_sampler_create(&p, NV);
+    lms_sampler_accept(s, 1);
+    assert_int_equal(lms_sampler_sample(s, l, NULL), 1);
+    lms_sampler_accept(s, 1);
+    assert_int_equal(lms_sampler_sample(s, l, NULL), 2);
+    lms_sampler_destroy(s);
+    /* the window forgets old tokens */
+    p.frequency_penalty = 0.0f;
+    p.presence_penalty = 0.5f;
+    p.penalty_last_n = 2;
+    s = lms_sampler_create(&p, NV);
+    lms_sampler_accept(s, 1);
+    lms_sampler_accept(s, 7);
+    lms_sampler_accept(s, 8);
+    assert_int_equal(lms_sampler_sample(s, l, NULL), 1);
+    lms_sampler_destroy(s);
+}
+
+static void test_param_checks(void **state)
+{
+    char err[128];
+    lms_sampler_params p = lms_sampler_defaults();
+    assert_int_equal(lms_sampler_params_check(&p, err, sizeof err), 0);
+    p.temperature = NAN;
+    assert_int_equal(lms_sampler_params_check(&p, err, sizeof err), LMS_ERR_INVAL);
+    assert_non_null(strstr(err, "temperature"));
+    p = lms_sampler_defaults();
+    p.top_p = 1.5f;
+    assert_int_equal(lms_sampler_params_check(&p, err, sizeof err), LMS_ERR_INVAL);
+    assert_non_null(strstr(err, "top_p"));
+    p = lms_sampler_defaults();
+    p.top_k = -1;
+    assert_int_equal(lms_sampler_params_check(&p, err, sizeof err), LMS_ERR_INVAL);
+    p = lms_sampler_defaults();
+    p.repeat_penalty = 0;
+    assert_int_equal(lms_sampler_params_check(&p, err, sizeof err), LMS_ERR_INVAL);
+}
+
+/* Feeds pieces; returns what was released, and whether a stop hit. */
+static bool feed_all(lms_stopstr *m, const char *const *pieces, int n, char *out)
+{
+    size_t len = 0;
+    bool hit = false;
+    for (int i = 0; i < n && !hit; i++) {
+        const char *o;
+        size_t no;
+        hit = lms_stopstr_feed(m, pieces[i], strlen(pieces[i]), &o, &no);
+        memcpy(out + len, o, no);
+        len += no;
+    }
+    if (!hit) {
+        const char *o;
+        size_t no;
+        lms_stopstr_flush(m, &o, &no);
+        memcpy(out + len, o, no);
+        len += no;
+    }
+    out[len] = 0;
+    return hit;
+}
+
+static void test_stop_strings(void **state)
+{
+    const char *stops[] = {"</end>", "STOP"};
+    char out[256];
+    lms_stopstr m;
+    /* a stop split over pieces is never shown, not even its first half */
+    assert_int_equal(lms_stopstr_init(&m, stops, 2), 0);
+    const char *p1[] = {"Hello <", "/en", "d> more"};
+    assert_true(feed_all(&m, p1, 3, out));
+    assert_string_equal(out, "Hello ");
+    lms_stopstr_deinit(&m);
+    /* a false start is released once it cannot be a stop */
+    assert_int_equal(lms_stopstr_init(&m, stops, 2), 0);
+    const char *p2[] = {"a </e", "x> b ST", "OR"};
+    assert_false(feed_all(&m, p2, 3, out));
+    assert_string_equal(out, "a </ex> b STOR");
+    lms_stopstr_deinit(&m);
+    /* no stops: pass through */
+    assert_int_equal(lms_stopstr_init(&m, NULL, 0), 0);
+    const char *p3[] = {"x", "y"};
+    assert_false(feed_all(&m, p3, 2, out));
+    assert_string_equal(out, "xy");
+    lms_stopstr_deinit(&m);
+    /* too many stops is an error */
+    const char *many[LMS_MAX_STOP + 1];
+    for (int i = 0; i <= LMS_MAX_STOP; i++)
+        many[i] = "s";
+    assert_int_equal(lms_stopstr_init(&m, many, LMS_MAX_STOP + 1), LMS_ERR_LIMIT);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_greedy_and_prob), cmocka_unit_test(test_seed_reproducible),
+        cmocka_unit_test(test_top_k_top_p_min_p), cmocka_unit_test(test_penalties),
+        cmocka_unit_test(test_param_checks), cmocka_unit_test(test_stop_strings),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
