@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "app/common.h"
 #include "model/model.h"
 
 typedef struct bench_opts {
@@ -17,6 +18,7 @@ typedef struct bench_opts {
     int n_par;
     int64_t prefix;  /* --prefix N: TTFT with and without a cached N-token prefix */
     bool json;
+    app_gpu_opts gpu;
 } bench_opts;
 
 /* Aggregate decode speed and TTFT of N concurrent requests (128 prompt +

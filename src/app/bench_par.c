@@ -115,7 +115,9 @@ int bench_parallel(lms_model *m, const bench_opts *o)
         max = o->par[i] > max ? o->par[i] : max;
     lms_sched_params p = {.n_ctx = PAR_PROMPT + PAR_GEN + 16, .n_parallel = max,
                           .n_batch = (int32_t)o->batch, .max_queue = 1024,
-                          .n_threads = (int32_t)o->threads, .no_prefix_cache = true};
+                          .n_threads = (int32_t)o->threads, .no_prefix_cache = true,
+                          .gpu_layers = o->gpu.gpu_layers, .vram_margin_mb = o->gpu.vram_margin_mb,
+                          .vram_budget_mb = o->gpu.vram_budget_mb};
     lms_sched *s;
     char err[256];
     if (lms_sched_create(m, &p, &s, err, sizeof err) < 0) {

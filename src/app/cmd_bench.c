@@ -163,6 +163,11 @@ static int parse(int argc, char **argv, bench_opts *o)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = true;
+        int g = app_gpu_arg(argc, argv, &i, &o->gpu);
+        if (g < 0)
+            return -1;
+        if (g > 0)
+            continue;
         if (!strcmp(a, "-m") && v)
             o->model = argv[++i];
         else if (!strcmp(a, "-p") && v)
@@ -192,7 +197,8 @@ static int parse(int argc, char **argv, bench_opts *o)
     }
     if (!o->model) {
         fprintf(stderr, "usage: lmserv bench -m MODEL [-p 512] [-n 128] [-t N] [-r 3] [-b 512] "
-                        "[--depth D] [--parallel 1,4,8,16] [--prefix N] [--json]\n");
+                        "[--depth D] [--parallel 1,4,8,16] [--prefix N] [--json] " APP_GPU_USAGE
+                        "\n");
         return -1;
     }
     return 0;
@@ -211,7 +217,7 @@ int cmd_bench(int argc, char **argv)
     lms_model *m;
     lms_ctx *c;
     int32_t n_ctx = (int32_t)(o.depth + (o.pp > o.tg ? o.pp : o.tg) + 16);
-    if (app_load(o.model, n_ctx, (int32_t)o.batch, (int32_t)o.threads, &m, &c) < 0)
+    if (app_load_gpu(o.model, n_ctx, (int32_t)o.batch, (int32_t)o.threads, &o.gpu, &m, &c) < 0)
         return 1;
     double peak = measure_bandwidth();
     if (!o.json)

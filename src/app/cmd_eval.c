@@ -18,8 +18,14 @@ int cmd_eval(int argc, char **argv)
     const char *model = NULL, *tokens = NULL, *out = NULL;
     int64_t threads = 0;
     bool all = false;
+    app_gpu_opts gpu = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        int g = app_gpu_arg(argc, argv, &i, &gpu);
+        if (g < 0)
+            return 2;
+        if (g > 0)
+            continue;
         if (!strcmp(a, "-m") && (model = args_value(argc, argv, &i)))
             continue;
         if (!strcmp(a, "--tokens") && (tokens = args_value(argc, argv, &i)))
@@ -49,7 +55,7 @@ int cmd_eval(int argc, char **argv)
     }
     lms_model *m;
     lms_ctx *c;
-    if (app_load(model, n < 16 ? 16 : n, n, (int32_t)threads, &m, &c) < 0) {
+    if (app_load_gpu(model, n < 16 ? 16 : n, n, (int32_t)threads, &gpu, &m, &c) < 0) {
         free(toks);
         return 1;
     }

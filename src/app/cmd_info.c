@@ -8,6 +8,7 @@
 
 #include "app/args.h"
 #include "app/cli.h"
+#include "app/common.h"
 #include "base/err.h"
 #include "kernels/kernels.h"
 #include "model/gguf.h"
@@ -86,7 +87,13 @@ int cmd_info(int argc, char **argv)
 {
     const char *path = NULL;
     int64_t n_ctx = 0;
+    app_gpu_opts gpu = {0};
     for (int i = 1; i < argc; i++) {
+        int g = app_gpu_arg(argc, argv, &i, &gpu);
+        if (g < 0)
+            return 2;
+        if (g > 0)
+            continue;
         if (!strcmp(argv[i], "-c") && i + 1 < argc) {
             if (!args_int("-c", argv[++i], 1, 1 << 22, &n_ctx))
                 return 2;
@@ -100,7 +107,7 @@ int cmd_info(int argc, char **argv)
         }
     }
     if (!path) {
-        fprintf(stderr, "usage: lmserv info MODEL [-c CTX]\n");
+        fprintf(stderr, "usage: lmserv info MODEL [-c CTX] " APP_GPU_USAGE "\n");
         return 2;
     }
     char err[512];
@@ -121,6 +128,31 @@ int cmd_info(int argc, char **argv)
         return 0;
     }
     print_model(m, n_ctx);
+    int rc = 0;
+    if (gpu.gpu_layers != 0) {
+        /* the plan of a real context (its allocations are what it reports) */
+        lms_ctx_params p = {.n_ctx = (int32_t)(n_ctx > 0 ? n_ctx
+                                               : m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096),
+                            .n_batch = 512, .n_seq = 1};
+        if (p.n_batch > p.n_ctx)
+            p.n_batch = p.n_ctx;
+        app_gpu_apply(&gpu, &p);
+        lms_ctx *c;
+        if (lms_ctx_create(m, &p, &c, err, sizeof err) < 0) {
+            fprintf(stderr, "lmserv info: %s\n", err);
+            rc = 1;
+        } else {
+            const lms_gpu_plan *pl = lms_ctx_gpu_plan(c);
+            char line[512];
+            if (pl)
+                lms_gpu_plan_format(pl, line, sizeof line);
+            else
+                snprintf(line, sizeof line, "gpu: none used (all %d layers on the CPU)",
+                         m->hp.n_layer);
+            printf("placement for a %d-token context, batch %d:\n  %s\n", p.n_ctx, p.n_batch, line);
+            lms_ctx_destroy(c);
+        }
+    }
     lms_model_free(m);
-    return 0;
+    return rc;
 }

@@ -25,6 +25,7 @@ typedef struct run_opts {
     int64_t n_predict, n_ctx, threads;
     bool chat, no_bos, ignore_eos;
     lms_sampler_params sp;
+    app_gpu_opts gpu;
 } run_opts;
 
 static volatile sig_atomic_t interrupted;
@@ -73,7 +74,11 @@ static int parse(int argc, char **argv, run_opts *o)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool ok;
-        if (parse_sampling(argc, argv, &i, &o->sp, &ok)) {
+        int g = app_gpu_arg(argc, argv, &i, &o->gpu);
+        if (g != 0) {
+            if (g < 0)
+                return -1;
+        } else if (parse_sampling(argc, argv, &i, &o->sp, &ok)) {
             if (!ok)
                 return -1;
         } else if (!strcmp(a, "-m")) {
@@ -110,7 +115,8 @@ static int parse(int argc, char **argv, run_opts *o)
     }
     if (!o->model || !o->prompt) {
         fprintf(stderr, "usage: lmserv run -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] "
-                        "[--top-p P] [--min-p P] [--seed S] [--repeat-penalty R] [--chat]\n");
+                        "[--top-p P] [--min-p P] [--seed S] [--repeat-penalty R] [--chat] "
+                        APP_GPU_USAGE "\n");
         return -1;
     }
     return 0;
@@ -131,7 +137,7 @@ int cmd_run(int argc, char **argv)
         return 2;
     lms_model *m;
     lms_ctx *c;
-    if (app_load(o.model, (int32_t)o.n_ctx, 512, (int32_t)o.threads, &m, &c) < 0)
+    if (app_load_gpu(o.model, (int32_t)o.n_ctx, 512, (int32_t)o.threads, &o.gpu, &m, &c) < 0)
         return 1;
     int32_t *toks = NULL, n = 0;
     char err[512];

@@ -7,10 +7,53 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <string.h>
+
+#include "app/args.h"
 #include "base/err.h"
+
+int app_gpu_arg(int argc, char **argv, int *i, app_gpu_opts *o)
+{
+    const char *a = argv[*i], *v;
+    int64_t n;
+    bool layers = !strcmp(a, "--gpu-layers"), margin = !strcmp(a, "--vram-margin-mb"),
+         budget = !strcmp(a, "--vram-budget-mb");
+    if (!layers && !margin && !budget)
+        return 0;
+    if (!(v = args_value(argc, argv, i)))
+        return -1;
+    if (layers && !strcmp(v, "auto"))
+        o->gpu_layers = LMS_GPU_LAYERS_AUTO;
+    else if (layers && !strcmp(v, "all"))
+        o->gpu_layers = LMS_GPU_LAYERS_ALL;
+    else if (!args_int(a, v, 0, 1 << 20, &n))
+        return -1;
+    else if (layers)
+        o->gpu_layers = (int32_t)n;
+    else if (margin)
+        o->vram_margin_mb = n > 0 ? (int32_t)n : 1; /* 0 would mean "default" */
+    else
+        o->vram_budget_mb = (int32_t)n;
+    return 1;
+}
+
+void app_gpu_apply(const app_gpu_opts *o, lms_ctx_params *p)
+{
+    if (!o)
+        return;
+    p->gpu_layers = o->gpu_layers;
+    p->vram_margin_mb = o->vram_margin_mb;
+    p->vram_budget_mb = o->vram_budget_mb;
+}
 
 int app_load(const char *path, int32_t n_ctx, int32_t n_batch, int32_t n_threads, lms_model **m,
              lms_ctx **c)
+{
+    return app_load_gpu(path, n_ctx, n_batch, n_threads, NULL, m, c);
+}
+
+int app_load_gpu(const char *path, int32_t n_ctx, int32_t n_batch, int32_t n_threads,
+                 const app_gpu_opts *gpu, lms_model **m, lms_ctx **c)
 {
     char err[512];
     int rc = lms_model_load(path, m, err, sizeof err);
@@ -24,11 +67,16 @@ int app_load(const char *path, int32_t n_ctx, int32_t n_batch, int32_t n_threads
                         .n_threads = n_threads};
     if (p.n_batch > n_ctx)
         p.n_batch = n_ctx;
+    app_gpu_apply(gpu, &p);
     rc = lms_ctx_create(*m, &p, c, err, sizeof err);
     if (rc < 0) {
         fprintf(stderr, "lmserv: %s\n", err);
         lms_model_free(*m);
         *m = NULL;
+    } else if (lms_ctx_gpu_plan(*c)) {
+        char line[512];
+        lms_gpu_plan_format(lms_ctx_gpu_plan(*c), line, sizeof line);
+        fprintf(stderr, "%s\n", line);
     }
     return rc;
 }

@@ -15,6 +15,26 @@
 int app_load(const char *path, int32_t n_ctx, int32_t n_batch, int32_t n_threads, lms_model **m,
              lms_ctx **c);
 
+/* GPU placement options shared by run, bench, eval and info:
+ *   --gpu-layers auto|all|N   --vram-margin-mb MB   --vram-budget-mb MB */
+typedef struct app_gpu_opts {
+    int32_t gpu_layers; /* 0 = CPU, N, LMS_GPU_LAYERS_AUTO, LMS_GPU_LAYERS_ALL */
+    int32_t vram_margin_mb, vram_budget_mb;
+} app_gpu_opts;
+
+#define APP_GPU_USAGE "[--gpu-layers auto|all|N] [--vram-margin-mb MB] [--vram-budget-mb MB]"
+
+/* If argv[*i] is one of the GPU options, parses it and its value (advancing
+ * *i): 1 when taken, 0 when not a GPU option, -1 (message printed) on a bad
+ * value. */
+int app_gpu_arg(int argc, char **argv, int *i, app_gpu_opts *o);
+/* Copies the options into context parameters. */
+void app_gpu_apply(const app_gpu_opts *o, lms_ctx_params *p);
+/* app_load with GPU placement (gpu may be NULL); prints the plan to stderr
+ * when the GPU is used. */
+int app_load_gpu(const char *path, int32_t n_ctx, int32_t n_batch, int32_t n_threads,
+                 const app_gpu_opts *gpu, lms_model **m, lms_ctx **c);
+
 /* Parses "1 2 3" (spaces, commas or newlines) into a malloc'd array.
  * Prints the error and returns < 0 on a bad list. */
 int app_parse_tokens(const char *s, int32_t **out, int32_t *n_out);

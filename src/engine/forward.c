@@ -18,6 +18,7 @@
 #include "engine/forward.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
@@ -26,21 +27,9 @@
 
 #include "base/err.h"
 #include "base/fp16.h"
+#include "engine/forward_int.h"
 #include "kernels/kernels.h"
 #include "kernels/matmul.h"
-
-struct lms_ctx {
-    const lms_model *m;
-    lms_ctx_params p;
-    lms_kv_cache kv;
-    int n_threads;
-    float *x, *xn, *qb, *kb, *vb, *att, *ga, *up; /* see the shapes above */
-    float *hidden;      /* [n_batch][e] normed rows that want logits */
-    float *scores;      /* [n_threads][n_ctx] attention weights */
-    uint16_t *qh;       /* [n_threads][hd] f16 query of one head */
-    void *qbuf;         /* activation conversion scratch */
-    int32_t n_hidden;
-};
 
 static float *alloc_f32(size_t n)
 {
@@ -61,6 +50,37 @@ static size_t max_scratch(const lms_model *m, int64_t n)
         }
     }
     return best;
+}
+
+/* GPU placement when asked for; a CPU-only build refuses GPU layers. */
+static int gpu_setup(lms_ctx *c, int32_t blocks, char *err, size_t errsz)
+{
+    if (c->p.gpu_layers == 0)
+        return 0;
+#ifdef LMS_HAVE_CUDA
+    return fwd_gpu_create(c, blocks, err, errsz);
+#else
+    (void)blocks;
+    if (c->p.gpu_layers == LMS_GPU_LAYERS_AUTO)
+        return 0;
+    return lms_errf(err, errsz, LMS_ERR_UNSUPPORTED,
+                    "--gpu-layers: built without CUDA (configure with -DLMS_CUDA=ON)");
+#endif
+}
+
+void lms_gpu_plan_format(const lms_gpu_plan *p, char *buf, size_t n)
+{
+    const double mib = 1 << 20;
+    snprintf(buf, n,
+             "gpu: %s, %d/%d layers%s on the GPU; VRAM planned: weights %.1f MiB, KV %.1f MiB, "
+             "scratch %.1f MiB (total %.1f MiB of %.1f usable = %.1f free - margin); allocated "
+             "%.1f MiB",
+             p->device, p->n_layer_gpu, p->n_layer, p->output_gpu ? " + output" : "",
+             (double)p->weights_bytes / mib, (double)p->kv_bytes / mib,
+             (double)p->scratch_bytes / mib,
+             (double)(p->weights_bytes + p->kv_bytes + p->scratch_bytes) / mib,
+             (double)p->usable_bytes / mib, (double)p->free_bytes / mib,
+             (double)p->allocated_bytes / mib);
 }
 
 int lms_ctx_create(const lms_model *m, const lms_ctx_params *p, lms_ctx **out, char *err,
@@ -103,8 +123,17 @@ int lms_ctx_create(const lms_model *m, const lms_ctx_params *p, lms_ctx **out, c
                                       : (p->n_ctx + LMS_KV_BLOCK - 1) / LMS_KV_BLOCK * p->n_seq;
     int rc = LMS_ERR_NOMEM;
     if (c->x && c->xn && c->qb && c->kb && c->vb && c->att && c->ga && c->up && c->hidden &&
-        c->scores && c->qh && c->qbuf)
-        rc = lms_kv_cache_init(&c->kv, hp->n_layer, (int32_t)kv, blocks);
+        c->scores && c->qh && c->qbuf) {
+        rc = gpu_setup(c, blocks, err, errsz);
+        if (rc < 0) {
+            lms_ctx_destroy(c);
+            return rc;
+        }
+        /* the host pool holds the CPU layers only (at least one, for its
+         * block bookkeeping) */
+        int32_t host_layers = hp->n_layer - c->n_gpu;
+        rc = lms_kv_cache_init(&c->kv, host_layers > 0 ? host_layers : 1, (int32_t)kv, blocks);
+    }
     if (rc < 0) {
         lms_ctx_destroy(c);
         return lms_errf(err, errsz, rc, "context: cannot allocate %zu MiB of KV cache and buffers",
@@ -118,6 +147,9 @@ void lms_ctx_destroy(lms_ctx *c)
 {
     if (!c)
         return;
+#ifdef LMS_HAVE_CUDA
+    fwd_gpu_destroy(c);
+#endif
     lms_kv_cache_deinit(&c->kv);
     void *bufs[] = {c->x, c->xn, c->qb, c->kb, c->vb, c->att, c->ga, c->up, c->hidden,
                     c->scores, c->qh, c->qbuf};
@@ -130,6 +162,7 @@ lms_kv_cache *lms_ctx_kv(lms_ctx *c) { return &c->kv; }
 const lms_ctx_params *lms_ctx_params_of(const lms_ctx *c) { return &c->p; }
 const lms_model *lms_ctx_model(const lms_ctx *c) { return c->m; }
 const float *lms_ctx_hidden(const lms_ctx *c) { return c->hidden; }
+const lms_gpu_plan *lms_ctx_gpu_plan(const lms_ctx *c) { return c->gpu ? &c->plan : NULL; }
 
 /* ---- element-wise pieces ----------------------------------------------- */
 
@@ -213,7 +246,7 @@ static void attend_head(lms_ctx *c, int il, const lms_kv_seq *s, int32_t pos, co
     float mx = -INFINITY;
     for (int32_t j = 0; j <= pos; j++) {
         float sj;
-        dot16(hd, &sj, lms_kv_k(&c->kv, s, il, j) + (size_t)kvh * hd, qh);
+        dot16(hd, &sj, lms_kv_k(&c->kv, s, il - c->n_gpu, j) + (size_t)kvh * hd, qh);
         w[j] = sj * scale;
         mx = w[j] > mx ? w[j] : mx;
     }
@@ -226,7 +259,7 @@ static void attend_head(lms_ctx *c, int il, const lms_kv_seq *s, int32_t pos, co
     memset(out, 0, (size_t)hd * sizeof *out);
     for (int32_t j = 0; j <= pos; j++) {
         const float wj = lms_f16_to_f32(lms_f32_to_f16(w[j] * inv));
-        const uint16_t *vr = lms_kv_v(&c->kv, s, il, j) + (size_t)kvh * hd;
+        const uint16_t *vr = lms_kv_v(&c->kv, s, il - c->n_gpu, j) + (size_t)kvh * hd;
         for (int d = 0; d < hd; d++)
             out[d] += wj * lms_f16_to_f32(vr[d]);
     }
@@ -283,8 +316,8 @@ static void qkv(lms_ctx *c, const lms_layer *l, int il, const lms_batch *b)
                 rms_norm(kt + h * hd, l->k_norm.data, kt + h * hd, hd, hp->rms_eps);
         rope(hp, ff, qt, hp->n_head, b->pos[t]);
         rope(hp, ff, kt, hp->n_head_kv, b->pos[t]);
-        uint16_t *kc = lms_kv_k(&c->kv, b->seq[t], il, b->pos[t]);
-        uint16_t *vc = lms_kv_v(&c->kv, b->seq[t], il, b->pos[t]);
+        uint16_t *kc = lms_kv_k(&c->kv, b->seq[t], il - c->n_gpu, b->pos[t]);
+        uint16_t *vc = lms_kv_v(&c->kv, b->seq[t], il - c->n_gpu, b->pos[t]);
         for (int64_t i = 0; i < kv; i++) {
             kc[i] = lms_f32_to_f16(kt[i]);
             vc[i] = lms_f32_to_f16(c->vb[t * kv + i]);
@@ -344,7 +377,11 @@ int lms_forward(lms_ctx *c, const lms_batch *b, float *logits)
     lms_mat emb = as_mat(&m->tok_embd);
     for (int64_t t = 0; t < n; t++)
         lms_mat_get_row(&emb, b->tokens[t], c->x + t * e);
-    for (int il = 0; il < m->hp.n_layer; il++)
+#ifdef LMS_HAVE_CUDA
+    if (c->gpu && (rc = fwd_gpu_layers(c, b)) < 0)
+        return rc;
+#endif
+    for (int il = c->n_gpu; il < m->hp.n_layer; il++)
         layer(c, il, b);
     for (int64_t t = 0; t < n; t++)
         if (b->seq[t]->n_pos < b->pos[t] + 1)
@@ -363,7 +400,12 @@ int lms_forward(lms_ctx *c, const lms_batch *b, float *logits)
         n_out++;
     }
     c->n_hidden = n_out;
-    if (logits && n_lg > 0)
+    if (logits && n_lg > 0) {
+#ifdef LMS_HAVE_CUDA
+        if (c->gpu && fwd_gpu_has_output(c))
+            return fwd_gpu_output(c, c->xn, n_lg, logits);
+#endif
         matmul(c, &m->output, c->xn, n_lg, logits);
+    }
     return 0;
 }

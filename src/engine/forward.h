@@ -24,7 +24,30 @@ typedef struct lms_ctx_params {
     int32_t n_seq;     /* sequences the KV pool is sized for */
     int32_t n_threads; /* compute threads (0 = all cores) */
     int32_t kv_blocks; /* KV pool size in blocks; 0 = n_seq full contexts */
+    /* GPU placement (CUDA builds; see forward_int.h). The first gpu_layers
+     * layers and their K/V go to the GPU, the rest stay on the CPU. */
+    int32_t gpu_layers;     /* 0 = CPU only, N, or LMS_GPU_LAYERS_AUTO / _ALL */
+    int32_t vram_margin_mb; /* free VRAM left untouched; 0 = default (500) */
+    int32_t vram_budget_mb; /* treat the card as having this much free; 0 = as is */
 } lms_ctx_params;
+
+#define LMS_GPU_LAYERS_AUTO (-1) /* as many layers as fit in free VRAM */
+#define LMS_GPU_LAYERS_ALL (-2)  /* every layer; fails at load if they do not fit */
+#define LMS_VRAM_MARGIN_MB_DEFAULT 500
+
+/* Where a context put the model: filled when a context uses the GPU. */
+typedef struct lms_gpu_plan {
+    char device[96];
+    int32_t n_layer;         /* layers of the model */
+    int32_t n_layer_gpu;     /* of which on the GPU: [0, n_layer_gpu) */
+    bool output_gpu;         /* output head on the GPU */
+    size_t free_bytes;       /* free VRAM seen (after --vram-budget-mb) */
+    size_t usable_bytes;     /* free minus the margin */
+    size_t weights_bytes;    /* planned: layer weights (+ head) on the GPU */
+    size_t kv_bytes;         /* planned: K/V blocks of the GPU layers */
+    size_t scratch_bytes;    /* planned: activations, matmul and attention scratch */
+    size_t allocated_bytes;  /* actually allocated on the device */
+} lms_gpu_plan;
 
 typedef struct lms_batch {
     int32_t n_tokens;
@@ -50,6 +73,11 @@ const lms_model *lms_ctx_model(const lms_ctx *c);
  * batch order, to `logits` (may be NULL when no row wants any). Also
  * advances each sequence's n_pos past its largest position. */
 int lms_forward(lms_ctx *c, const lms_batch *b, float *logits);
+
+/* The GPU placement of a context, or NULL when it runs on the CPU only. */
+const lms_gpu_plan *lms_ctx_gpu_plan(const lms_ctx *c);
+/* One line describing a plan ("gpu: NAME, 32/32 layers + output, ..."). */
+void lms_gpu_plan_format(const lms_gpu_plan *p, char *buf, size_t n);
 
 /* Final-normed hidden states of the last forward's rows that wanted logits
  * or embeddings, in batch order ([n][n_embd]); valid until the next call. */

@@ -749,7 +749,9 @@ int lms_sched_create(lms_model *m, const lms_sched_params *p, lms_sched **out, c
     if (s->p.n_batch < s->p.n_parallel)
         s->p.n_batch = s->p.n_parallel; /* every decoding sequence fits a step */
     lms_ctx_params cp = {.n_ctx = p->n_ctx, .n_batch = s->p.n_batch, .n_seq = p->n_parallel,
-                         .n_threads = p->n_threads, .kv_blocks = pool_blocks(p, &m->hp)};
+                         .n_threads = p->n_threads, .kv_blocks = pool_blocks(p, &m->hp),
+                         .gpu_layers = p->gpu_layers, .vram_margin_mb = p->vram_margin_mb,
+                         .vram_budget_mb = p->vram_budget_mb};
     int rc = lms_ctx_create(m, &cp, &s->ctx, err, errsz);
     if (rc == 0 && (rc = alloc_buffers(s)) < 0)
         lms_errf(err, errsz, rc, "scheduler: out of memory");

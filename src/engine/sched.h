@@ -46,6 +46,8 @@ typedef struct lms_sched_params {
     int64_t kv_budget_bytes;  /* KV pool size; 0 = n_ctx * n_parallel cells */
     int32_t n_threads;        /* compute threads; 0 = all cores */
     bool no_prefix_cache;     /* disable prefix reuse */
+    int32_t gpu_layers;       /* GPU placement, as lms_ctx_params (0 = CPU only) */
+    int32_t vram_margin_mb, vram_budget_mb;
     lms_thermal *thermal;     /* borrowed: slow down / pause steps when hot (NULL: off) */
     lms_watchdog *watchdog;   /* borrowed: report steps that stall (NULL: off) */
     int stall_ms;             /* a step longer than this is a stall (0: 60000) */

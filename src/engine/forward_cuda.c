@@ -1,0 +1,528 @@
+/*
+ * forward_cuda.c - the GPU part of the forward pass: placement of the first
+ * layers (and, where it fits, the output head) on the GPU, and the per-step
+ * run of those layers. Compiled only with LMS_CUDA.
+ *
+ * Placement (the plan), decided once when the context is made:
+ *
+ *   free     = free VRAM after the CUDA context and cuBLAS exist,
+ *              capped by --vram-budget-mb (to simulate a smaller card)
+ *   usable   = free - margin (--vram-margin-mb, default 500)
+ *   fixed    = scratch: activations for n_batch tokens, the f16 weight
+ *              tile and activations of the prompt path, cuBLAS workspace,
+ *              attention partials, the head's logits chunk, batch metadata
+ *   layer i  = its weights (as stored: quantized blocks stay quantized)
+ *              + its K/V blocks (pool blocks x 16 x n_kv_dim x 2 x f16)
+ *   auto     = the longest prefix of layers with fixed + sum <= usable;
+ *              then the output head if it still fits
+ *   N / all  = that many layers; refused at load when they do not fit
+ *
+ * Everything is allocated here, at load, so a step never allocates device
+ * memory and cannot fail for lack of it.
+ *
+ * A step: the embeddings are looked up on the CPU (forward.c), uploaded
+ * once through a pinned buffer together with the batch metadata (positions
+ * and block tables); layers [0, n_gpu) run on the device stream; the
+ * residual comes back once. The CPU layers follow; the final norm is on
+ * the CPU, and the head runs on the GPU (normed rows up, logits down in
+ * chunks) when it was placed there.
+ *
+ * Owner: the thread that owns the lms_ctx.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "engine/forward_int.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/kernels.h"
+
+#define HEAD_CHUNK 64 /* logits rows computed per head pass on the GPU */
+#define ALIGN 256
+
+typedef struct gpu_layer {
+    lcu_mat wq, wk, wv, wo, w_gate, w_up, w_down;
+    const float *attn_norm, *ffn_norm, *bq, *bk, *bv, *q_norm, *k_norm; /* device, or NULL */
+    void *mem;                                                          /* one block per layer */
+    size_t mem_bytes;
+    uint16_t *k, *v; /* this layer's K/V pool: [n_blocks][16][n_kv_dim] f16 */
+} gpu_layer;
+
+struct fwd_gpu {
+    lcu *g;
+    gpu_layer *layers; /* [n_gpu] */
+    lcu_mat output;
+    void *out_mem;
+    size_t out_bytes;
+    bool has_output;
+    float *freq_factors; /* device copy of rope_freqs, or NULL */
+    size_t freq_bytes;
+    uint16_t *kv_mem;    /* K and V of all GPU layers */
+    size_t kv_bytes;
+    float *act;          /* device activations, carved below */
+    size_t act_bytes;
+    float *x, *xn, *qb, *kb, *vb, *att, *ga, *up, *logits;
+    int32_t *meta;       /* device: pos, tbl_off, tbl */
+    int32_t *meta_h;     /* pinned host twin */
+    size_t meta_n;       /* ints */
+    float *x_h;          /* pinned [n_batch][e] */
+    float *logits_h;     /* pinned [HEAD_CHUNK][n_vocab] */
+    lcu_attn_shape shape;
+};
+
+static size_t align_up(size_t n)
+{
+    return (n + ALIGN - 1) / ALIGN * ALIGN;
+}
+
+static size_t weight_bytes(const lms_weight *w)
+{
+    return w->data ? align_up(w->row_bytes * (size_t)(w->ne[1] > 0 ? w->ne[1] : 1)) : 0;
+}
+
+/* The weights of layer il, in the order they are uploaded. */
+static void layer_weights(const lms_layer *l, const lms_weight *ws[14])
+{
+    const lms_weight *list[14] = {&l->wq,     &l->wk,        &l->wv,     &l->wo,    &l->w_gate,
+                                  &l->w_up,   &l->w_down,    &l->attn_norm, &l->ffn_norm, &l->bq,
+                                  &l->bk,     &l->bv,        &l->q_norm, &l->k_norm};
+    memcpy(ws, list, sizeof list);
+}
+
+static size_t layer_bytes(const lms_layer *l)
+{
+    const lms_weight *ws[14];
+    layer_weights(l, ws);
+    size_t b = 0;
+    for (int i = 0; i < 14; i++)
+        b += weight_bytes(ws[i]);
+    return b;
+}
+
+/* Whether every tensor of the layer has a GPU kernel (matrices of a
+ * supported type, vectors in f32). */
+static bool layer_supported(const lms_layer *l)
+{
+    const lms_weight *ws[14];
+    layer_weights(l, ws);
+    for (int i = 0; i < 14; i++) {
+        if (!ws[i]->data)
+            continue;
+        if (i < 7 ? !lcu_type_supported(ws[i]->type) : ws[i]->type != LMS_TYPE_F32)
+            return false;
+    }
+    return l->attn_norm.data && l->ffn_norm.data;
+}
+
+typedef struct sizes {
+    size_t act, meta_n, scratch, kv_layer, max_cols, max_rows;
+} sizes;
+
+static void compute_sizes(const lms_ctx *c, int32_t n_blocks, sizes *z)
+{
+    const lms_model *m = c->m;
+    const lms_hparams *hp = &m->hp;
+    size_t n = (size_t)c->p.n_batch, e = (size_t)hp->n_embd, hd = (size_t)hp->head_dim;
+    size_t q = (size_t)hp->n_head * hd, kv = (size_t)hp->n_head_kv * hd, f = (size_t)hp->n_ff;
+    size_t wide = e > q ? e : q;
+    wide = wide > f ? wide : f;
+    size_t head_rows = n < HEAD_CHUNK ? n : HEAD_CHUNK;
+    z->act = align_up(n * e * 4) + align_up(n * wide * 4) + 2 * align_up(n * q * 4) +
+             2 * align_up(n * kv * 4) + 2 * align_up(n * f * 4) +
+             align_up(head_rows * (size_t)hp->n_vocab * 4);
+    size_t n_seq = (size_t)(c->p.n_seq < c->p.n_batch ? c->p.n_seq : c->p.n_batch);
+    z->meta_n = 2 * n + n_seq * ((size_t)c->p.n_ctx / LMS_KV_BLOCK + 2);
+    size_t max_cols = (size_t)hp->n_embd, max_rows = (size_t)hp->n_vocab;
+    max_cols = max_cols > f ? max_cols : f;
+    max_cols = max_cols > q ? max_cols : q;
+    max_rows = max_rows > f ? max_rows : f;
+    z->max_cols = max_cols;
+    z->max_rows = max_rows;
+    z->scratch = z->act + align_up(z->meta_n * 4) +
+                 lcu_scratch_bytes((int64_t)max_cols, (int64_t)max_rows, (int64_t)n, hp->n_head,
+                                   hp->head_dim);
+    z->kv_layer = (size_t)n_blocks * LMS_KV_BLOCK * kv * 2 * sizeof(uint16_t);
+}
+
+/* Fills c->plan: how many layers, whether the head. */
+static int make_plan(lms_ctx *c, size_t free_bytes, const sizes *z, char *err, size_t errsz)
+{
+    const lms_model *m = c->m;
+    const int32_t nl = m->hp.n_layer;
+    lms_gpu_plan *pl = &c->plan;
+    size_t margin = (size_t)(c->p.vram_margin_mb > 0 ? c->p.vram_margin_mb
+                                                     : LMS_VRAM_MARGIN_MB_DEFAULT) << 20;
+    if (c->p.vram_budget_mb > 0 && ((size_t)c->p.vram_budget_mb << 20) < free_bytes)
+        free_bytes = (size_t)c->p.vram_budget_mb << 20;
+    pl->n_layer = nl;
+    pl->free_bytes = free_bytes;
+    pl->usable_bytes = free_bytes > margin ? free_bytes - margin : 0;
+    size_t used = z->scratch, usable = pl->usable_bytes;
+    int32_t want = c->p.gpu_layers == LMS_GPU_LAYERS_ALL    ? nl
+                   : c->p.gpu_layers == LMS_GPU_LAYERS_AUTO ? nl
+                   : (c->p.gpu_layers < nl ? c->p.gpu_layers : nl);
+    bool is_auto = c->p.gpu_layers == LMS_GPU_LAYERS_AUTO;
+    int32_t k = 0;
+    size_t w = 0;
+    while (k < want && layer_supported(&m->layers[k])) {
+        size_t lb = layer_bytes(&m->layers[k]);
+        if (is_auto && used + lb + z->kv_layer > usable)
+            break;
+        used += lb + z->kv_layer;
+        w += lb;
+        k++;
+    }
+    if (!is_auto && k < want && !layer_supported(&m->layers[k]))
+        return lms_errf(err, errsz, LMS_ERR_UNSUPPORTED,
+                        "--gpu-layers: layer %d has a tensor type the CUDA kernels lack", k);
+    if (!is_auto && used > usable)
+        return lms_errf(err, errsz, LMS_ERR_NOMEM,
+                        "--gpu-layers: %d layers need %.0f MiB of VRAM, %.0f MiB usable (%.0f MiB "
+                        "free minus a %.0f MiB margin); use fewer layers or --gpu-layers auto",
+                        k, (double)used / (1 << 20), (double)usable / (1 << 20),
+                        (double)free_bytes / (1 << 20), (double)margin / (1 << 20));
+    if (is_auto && k == 0) {
+        pl->n_layer_gpu = 0;
+        return 0;
+    }
+    size_t ob = weight_bytes(&m->output);
+    pl->output_gpu = lcu_type_supported(m->output.type) && used + ob <= usable;
+    if (pl->output_gpu) {
+        used += ob;
+        w += ob;
+    }
+    pl->n_layer_gpu = k;
+    pl->weights_bytes = w;
+    pl->kv_bytes = z->kv_layer * (size_t)k;
+    pl->scratch_bytes = z->scratch;
+    return 0;
+}
+
+/* Copies a host tensor into device memory at *cursor. */
+static const void *put(fwd_gpu *gp, const lms_weight *w, char **cursor)
+{
+    if (!w->data)
+        return NULL;
+    size_t b = w->row_bytes * (size_t)(w->ne[1] > 0 ? w->ne[1] : 1);
+    void *dst = *cursor;
+    if (lcu_upload(gp->g, dst, w->data, b) < 0)
+        return NULL;
+    *cursor += align_up(b);
+    return dst;
+}
+
+static lcu_mat as_lmat(const lms_weight *w, const void *dev)
+{
+    lcu_mat m = {dev, w->type, w->ne[0], w->ne[1], w->row_bytes};
+    return m;
+}
+
+static int upload_layer(fwd_gpu *gp, const lms_layer *l, gpu_layer *dl, char *err, size_t errsz)
+{
+    dl->mem_bytes = layer_bytes(l);
+    if (!(dl->mem = lcu_alloc(gp->g, dl->mem_bytes, err, errsz)))
+        return LMS_ERR_NOMEM;
+    char *cur = dl->mem;
+    dl->wq = as_lmat(&l->wq, put(gp, &l->wq, &cur));
+    dl->wk = as_lmat(&l->wk, put(gp, &l->wk, &cur));
+    dl->wv = as_lmat(&l->wv, put(gp, &l->wv, &cur));
+    dl->wo = as_lmat(&l->wo, put(gp, &l->wo, &cur));
+    dl->w_gate = as_lmat(&l->w_gate, put(gp, &l->w_gate, &cur));
+    dl->w_up = as_lmat(&l->w_up, put(gp, &l->w_up, &cur));
+    dl->w_down = as_lmat(&l->w_down, put(gp, &l->w_down, &cur));
+    dl->attn_norm = put(gp, &l->attn_norm, &cur);
+    dl->ffn_norm = put(gp, &l->ffn_norm, &cur);
+    dl->bq = put(gp, &l->bq, &cur);
+    dl->bk = put(gp, &l->bk, &cur);
+    dl->bv = put(gp, &l->bv, &cur);
+    dl->q_norm = put(gp, &l->q_norm, &cur);
+    dl->k_norm = put(gp, &l->k_norm, &cur);
+    /* the mapped file is pageable: wait, so a later failure is reported here */
+    return lcu_sync(gp->g, err, errsz);
+}
+
+static int alloc_buffers(lms_ctx *c, fwd_gpu *gp, const sizes *z, int32_t n_blocks, char *err,
+                         size_t errsz)
+{
+    const lms_hparams *hp = &c->m->hp;
+    size_t n = (size_t)c->p.n_batch, e = (size_t)hp->n_embd, hd = (size_t)hp->head_dim;
+    size_t q = (size_t)hp->n_head * hd, kv = (size_t)hp->n_head_kv * hd, f = (size_t)hp->n_ff;
+    size_t wide = e > q ? e : q;
+    wide = wide > f ? wide : f;
+    gp->act_bytes = z->act;
+    if (!(gp->act = lcu_alloc(gp->g, gp->act_bytes, err, errsz)))
+        return LMS_ERR_NOMEM;
+    char *cur = (char *)gp->act;
+    float **bufs[] = {&gp->x, &gp->xn, &gp->qb, &gp->att, &gp->kb, &gp->vb, &gp->ga, &gp->up};
+    size_t lens[] = {n * e, n * wide, n * q, n * q, n * kv, n * kv, n * f, n * f};
+    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+        *bufs[i] = (float *)cur;
+        cur += align_up(lens[i] * 4);
+    }
+    gp->logits = (float *)cur;
+    gp->meta_n = z->meta_n;
+    if (!(gp->meta = lcu_alloc(gp->g, z->meta_n * 4, err, errsz)))
+        return LMS_ERR_NOMEM;
+    int rc = lcu_reserve(gp->g, (int64_t)z->max_cols, (int64_t)z->max_rows, (int64_t)n,
+                         hp->n_head, hp->head_dim, err, errsz);
+    if (rc < 0)
+        return rc;
+    gp->kv_bytes = z->kv_layer * (size_t)c->n_gpu;
+    if (c->n_gpu > 0 && !(gp->kv_mem = lcu_alloc(gp->g, gp->kv_bytes, err, errsz)))
+        return LMS_ERR_NOMEM;
+    size_t per = (size_t)n_blocks * LMS_KV_BLOCK * kv;
+    for (int32_t il = 0; il < c->n_gpu; il++) {
+        gp->layers[il].k = gp->kv_mem + (size_t)il * 2 * per;
+        gp->layers[il].v = gp->kv_mem + (size_t)il * 2 * per + per;
+    }
+    size_t head_rows = n < HEAD_CHUNK ? n : HEAD_CHUNK;
+    gp->meta_h = lcu_host_alloc(z->meta_n * 4);
+    gp->x_h = lcu_host_alloc(n * e * 4);
+    gp->logits_h = lcu_host_alloc(head_rows * (size_t)hp->n_vocab * 4);
+    if (!gp->meta_h || !gp->x_h || !gp->logits_h)
+        return lms_errf(err, errsz, LMS_ERR_NOMEM, "cuda: cannot allocate pinned host buffers");
+    return 0;
+}
+
+static void free_gpu(fwd_gpu *gp, int32_t n_gpu)
+{
+    if (!gp)
+        return;
+    if (gp->g) {
+        for (int32_t il = 0; gp->layers && il < n_gpu; il++)
+            lcu_free(gp->g, gp->layers[il].mem, gp->layers[il].mem_bytes);
+        lcu_free(gp->g, gp->out_mem, gp->out_bytes);
+        lcu_free(gp->g, gp->kv_mem, gp->kv_bytes);
+        lcu_free(gp->g, gp->act, gp->act_bytes);
+        lcu_free(gp->g, gp->meta, gp->meta_n * 4);
+        lcu_free(gp->g, gp->freq_factors, gp->freq_bytes);
+        lcu_destroy(gp->g);
+    }
+    lcu_host_free(gp->meta_h);
+    lcu_host_free(gp->x_h);
+    lcu_host_free(gp->logits_h);
+    free(gp->layers);
+    free(gp);
+}
+
+static int create(lms_ctx *c, fwd_gpu *gp, int32_t n_blocks, char *err, size_t errsz)
+{
+    const lms_model *m = c->m;
+    const lms_hparams *hp = &m->hp;
+    lcu_info info;
+    int rc = lcu_create(-1, &gp->g, &info, err, errsz);
+    if (rc < 0)
+        return rc;
+    snprintf(c->plan.device, sizeof c->plan.device, "%s", info.name);
+    if (hp->head_dim > LCU_HEAD_DIM_MAX || hp->n_head % hp->n_head_kv != 0)
+        return lms_errf(err, errsz, LMS_ERR_UNSUPPORTED, "cuda: head_dim %d is not supported",
+                        hp->head_dim);
+    sizes z;
+    compute_sizes(c, n_blocks, &z);
+    size_t free_b = 0, total_b = 0;
+    lcu_mem_info(gp->g, &free_b, &total_b);
+    if ((rc = make_plan(c, free_b, &z, err, errsz)) < 0)
+        return rc;
+    c->n_gpu = c->plan.n_layer_gpu;
+    if (c->n_gpu == 0 && !c->plan.output_gpu)
+        return 0;
+    if (!(gp->layers = calloc((size_t)c->n_gpu + 1, sizeof *gp->layers)))
+        return LMS_ERR_NOMEM;
+    if ((rc = alloc_buffers(c, gp, &z, n_blocks, err, errsz)) < 0)
+        return rc;
+    for (int32_t il = 0; il < c->n_gpu; il++)
+        if ((rc = upload_layer(gp, &m->layers[il], &gp->layers[il], err, errsz)) < 0)
+            return rc;
+    if (c->plan.output_gpu) {
+        gp->out_bytes = weight_bytes(&m->output);
+        if (!(gp->out_mem = lcu_alloc(gp->g, gp->out_bytes, err, errsz)))
+            return LMS_ERR_NOMEM;
+        char *cur = gp->out_mem;
+        gp->output = as_lmat(&m->output, put(gp, &m->output, &cur));
+        gp->has_output = true;
+    }
+    if (m->rope_freqs.data) {
+        gp->freq_bytes = (size_t)m->rope_freqs.ne[0] * 4;
+        if (!(gp->freq_factors = lcu_alloc(gp->g, gp->freq_bytes, err, errsz)))
+            return LMS_ERR_NOMEM;
+        lcu_upload(gp->g, gp->freq_factors, m->rope_freqs.data, gp->freq_bytes);
+    }
+    if ((rc = lcu_sync(gp->g, err, errsz)) < 0)
+        return rc;
+    gp->shape = (lcu_attn_shape){hp->n_head,
+                                 hp->n_head_kv,
+                                 hp->head_dim,
+                                 hp->n_rot,
+                                 hp->rope_type == LMS_ROPE_NEOX,
+                                 hp->rope_base,
+                                 hp->rope_freq_scale,
+                                 hp->rms_eps,
+                                 gp->freq_factors};
+    c->plan.allocated_bytes = lcu_allocated(gp->g);
+    return 0;
+}
+
+int fwd_gpu_create(lms_ctx *c, int32_t n_blocks, char *err, size_t errsz)
+{
+    fwd_gpu *gp = calloc(1, sizeof *gp);
+    if (!gp)
+        return lms_errf(err, errsz, LMS_ERR_NOMEM, "context: out of memory");
+    memset(&c->plan, 0, sizeof c->plan);
+    c->n_gpu = 0;
+    int rc = create(c, gp, n_blocks, err, errsz);
+    if (rc < 0 || (c->n_gpu == 0 && !gp->has_output)) {
+        free_gpu(gp, c->n_gpu);
+        c->n_gpu = 0;
+        c->gpu = NULL;
+        if (rc < 0 && c->p.gpu_layers == LMS_GPU_LAYERS_AUTO) {
+            /* auto falls back to the CPU; an explicit request fails */
+            fprintf(stderr, "lmserv: %s; running on the CPU\n", err);
+            return 0;
+        }
+        if (rc == 0 && c->p.gpu_layers == LMS_GPU_LAYERS_AUTO)
+            fprintf(stderr, "lmserv: no layer fits in the usable VRAM (%.0f MiB); running on the "
+                            "CPU\n",
+                    (double)c->plan.usable_bytes / (1 << 20));
+        return rc;
+    }
+    c->gpu = gp;
+    return 0;
+}
+
+void fwd_gpu_destroy(lms_ctx *c)
+{
+    free_gpu(c->gpu, c->n_gpu);
+    c->gpu = NULL;
+}
+
+/* ---- a step ------------------------------------------------------------------------ */
+
+/* Positions, per-token table offsets and the block tables of the batch's
+ * sequences, into the pinned buffer; then one upload. */
+static int upload_batch(lms_ctx *c, const lms_batch *b, lcu_batch *db, int32_t *max_npos)
+{
+    fwd_gpu *gp = c->gpu;
+    const int32_t n = b->n_tokens;
+    int32_t *pos = gp->meta_h, *off = pos + n, *tbl = off + n;
+    size_t used = 2 * (size_t)n;
+    *max_npos = 0;
+    for (int32_t t = 0; t < n; t++) {
+        pos[t] = b->pos[t];
+        *max_npos = b->pos[t] + 1 > *max_npos ? b->pos[t] + 1 : *max_npos;
+        int32_t u = 0;
+        while (u < t && b->seq[u] != b->seq[t])
+            u++;
+        if (u < t) {
+            off[t] = off[u];
+            continue;
+        }
+        /* a sequence's table up to the highest position it has in the batch */
+        int32_t hi = b->pos[t];
+        for (int32_t v = t + 1; v < n; v++)
+            if (b->seq[v] == b->seq[t] && b->pos[v] > hi)
+                hi = b->pos[v];
+        size_t nb = (size_t)hi / LMS_KV_BLOCK + 1;
+        if (used + nb > gp->meta_n)
+            return LMS_ERR_LIMIT;
+        off[t] = (int32_t)(used - 2 * (size_t)n);
+        memcpy(tbl + off[t], b->seq[t]->blocks, nb * sizeof *tbl);
+        used += nb;
+    }
+    if (lcu_upload(gp->g, gp->meta, gp->meta_h, used * 4) < 0)
+        return LMS_ERR_DEVICE;
+    *db = (lcu_batch){n, gp->meta, gp->meta + n, gp->meta + 2 * n};
+    return 0;
+}
+
+static int gpu_layer_run(lms_ctx *c, int il, const lcu_batch *db, int n_split)
+{
+    fwd_gpu *gp = c->gpu;
+    lcu *g = gp->g;
+    const lms_hparams *hp = &c->m->hp;
+    const gpu_layer *l = &gp->layers[il];
+    const int64_t n = db->n_tok, e = hp->n_embd, f = hp->n_ff;
+    const int64_t q = (int64_t)hp->n_head * hp->head_dim, kv = (int64_t)hp->n_head_kv * hp->head_dim;
+    int rc = 0;
+    lcu_rms_norm(g, gp->x, l->attn_norm, gp->xn, n, e, hp->rms_eps);
+    rc |= lcu_matmul(g, &l->wq, gp->xn, n, gp->qb, false);
+    rc |= lcu_matmul(g, &l->wk, gp->xn, n, gp->kb, false);
+    rc |= lcu_matmul(g, &l->wv, gp->xn, n, gp->vb, false);
+    lcu_add_bias(g, gp->qb, l->bq, n, q);
+    lcu_add_bias(g, gp->kb, l->bk, n, kv);
+    lcu_add_bias(g, gp->vb, l->bv, n, kv);
+    lcu_qkv_post(g, db, &gp->shape, gp->qb, gp->kb, gp->vb, l->q_norm, l->k_norm, l->k, l->v);
+    lcu_attention(g, db, &gp->shape, gp->qb, l->k, l->v, gp->att, n_split);
+    rc |= lcu_matmul(g, &l->wo, gp->att, n, gp->x, true); /* x += Wo·att */
+    lcu_rms_norm(g, gp->x, l->ffn_norm, gp->xn, n, e, hp->rms_eps);
+    rc |= lcu_matmul(g, &l->w_gate, gp->xn, n, gp->ga, false);
+    rc |= lcu_matmul(g, &l->w_up, gp->xn, n, gp->up, false);
+    lcu_swiglu(g, gp->ga, gp->up, n * f);
+    rc |= lcu_matmul(g, &l->w_down, gp->ga, n, gp->x, true); /* x += Wdown·h */
+    return rc ? LMS_ERR_DEVICE : 0;
+}
+
+/* Splits of the positions per head: enough blocks to fill the GPU on long
+ * contexts, one split for short ones. */
+static int choose_split(int32_t n_tok, int32_t max_npos)
+{
+    int cap = lcu_attn_max_split(n_tok);
+    int per = n_tok <= LCU_MATVEC_MAX ? 128 : 512;
+    int s = (max_npos + per - 1) / per;
+    return s < 1 ? 1 : (s > cap ? cap : s);
+}
+
+int fwd_gpu_layers(lms_ctx *c, const lms_batch *b)
+{
+    fwd_gpu *gp = c->gpu;
+    if (c->n_gpu == 0)
+        return 0;
+    const size_t bytes = (size_t)b->n_tokens * (size_t)c->m->hp.n_embd * sizeof(float);
+    lcu_batch db;
+    int32_t max_npos;
+    int rc = upload_batch(c, b, &db, &max_npos);
+    if (rc < 0)
+        return rc;
+    memcpy(gp->x_h, c->x, bytes);
+    if (lcu_upload(gp->g, gp->x, gp->x_h, bytes) < 0)
+        return LMS_ERR_DEVICE;
+    const int n_split = choose_split(b->n_tokens, max_npos);
+    for (int il = 0; il < c->n_gpu && rc == 0; il++)
+        rc = gpu_layer_run(c, il, &db, n_split);
+    if (rc == 0 && lcu_download(gp->g, gp->x_h, gp->x, bytes) < 0)
+        rc = LMS_ERR_DEVICE;
+    char err[256];
+    if (lcu_sync(gp->g, err, sizeof err) < 0) {
+        fprintf(stderr, "lmserv: %s\n", err);
+        return LMS_ERR_DEVICE;
+    }
+    if (rc == 0)
+        memcpy(c->x, gp->x_h, bytes);
+    return rc;
+}
+
+bool fwd_gpu_has_output(const lms_ctx *c)
+{
+    return c->gpu && c->gpu->has_output;
+}
+
+int fwd_gpu_output(lms_ctx *c, const float *xn, int32_t n, float *logits)
+{
+    fwd_gpu *gp = c->gpu;
+    const size_t e = (size_t)c->m->hp.n_embd, nv = (size_t)c->m->hp.n_vocab;
+    for (int32_t r0 = 0; r0 < n; r0 += HEAD_CHUNK) {
+        int32_t k = n - r0 < HEAD_CHUNK ? n - r0 : HEAD_CHUNK;
+        memcpy(gp->x_h, xn + (size_t)r0 * e, (size_t)k * e * sizeof(float));
+        if (lcu_upload(gp->g, gp->xn, gp->x_h, (size_t)k * e * sizeof(float)) < 0 ||
+            lcu_matmul(gp->g, &gp->output, gp->xn, k, gp->logits, false) < 0 ||
+            lcu_download(gp->g, gp->logits_h, gp->logits, (size_t)k * nv * sizeof(float)) < 0)
+            return LMS_ERR_DEVICE;
+        char err[256];
+        if (lcu_sync(gp->g, err, sizeof err) < 0) {
+            fprintf(stderr, "lmserv: %s\n", err);
+            return LMS_ERR_DEVICE;
+        }
+        memcpy(logits + (size_t)r0 * nv, gp->logits_h, (size_t)k * nv * sizeof(float));
+    }
+    return 0;
+}

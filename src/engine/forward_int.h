@@ -1,0 +1,49 @@
+/*
+ * forward_int.h - internal to the engine's forward pass: the context
+ * structure, shared by forward.c (CPU layers) and forward_cuda.c (the
+ * layers and output head placed on the GPU).
+ *
+ * Placement: layers [0, n_gpu) run on the GPU with their K/V blocks in
+ * device memory; layers [n_gpu, n_layer) run on the CPU with theirs in the
+ * host pool, whose layer index is therefore il - n_gpu. Both pools use the
+ * same block ids: the block tables and prefix cache (kv_cache.c) are the
+ * host's, and the device pool mirrors its layout per layer.
+ */
+#ifndef LMS_FORWARD_INT_H
+#define LMS_FORWARD_INT_H
+
+#include "engine/forward.h"
+
+typedef struct fwd_gpu fwd_gpu; /* forward_cuda.c */
+
+struct lms_ctx {
+    const lms_model *m;
+    lms_ctx_params p;
+    lms_kv_cache kv; /* host K/V of the CPU layers [n_gpu, n_layer) */
+    int n_threads;
+    float *x, *xn, *qb, *kb, *vb, *att, *ga, *up; /* see forward.c's shapes */
+    float *hidden;      /* [n_batch][e] normed rows that want logits */
+    float *scores;      /* [n_threads][n_ctx] attention weights */
+    uint16_t *qh;       /* [n_threads][hd] f16 query of one head */
+    void *qbuf;         /* activation conversion scratch */
+    int32_t n_hidden;
+    int32_t n_gpu;      /* layers on the GPU (0: CPU only) */
+    fwd_gpu *gpu;       /* NULL when nothing is on the GPU */
+    lms_gpu_plan plan;  /* valid when gpu != NULL */
+};
+
+#ifdef LMS_HAVE_CUDA
+/* Plans the placement from free VRAM and c->p, allocates device memory and
+ * uploads the chosen layers; sets c->n_gpu, c->gpu and c->plan. With
+ * gpu_layers auto and no usable device, leaves everything on the CPU
+ * (and says why on stderr). n_blocks: the KV pool size in blocks. */
+int fwd_gpu_create(lms_ctx *c, int32_t n_blocks, char *err, size_t errsz);
+void fwd_gpu_destroy(lms_ctx *c);
+/* Runs layers [0, n_gpu) over c->x (n_tokens rows) in place. */
+int fwd_gpu_layers(lms_ctx *c, const lms_batch *b);
+/* Whether the output head is on the GPU, and logits of n normed rows. */
+bool fwd_gpu_has_output(const lms_ctx *c);
+int fwd_gpu_output(lms_ctx *c, const float *xn, int32_t n, float *logits);
+#endif
+
+#endif

@@ -1,0 +1,295 @@
+/*
+ * cu_device.cu - device selection, error messages, memory, copies, scratch
+ * reservation and CUDA graphs of the CUDA backend (see cuda_backend.h).
+ *
+ * Errors from the runtime are turned into messages a user can act on:
+ * no device or no driver, a driver older than the CUDA runtime we were
+ * built with, out of device memory (with the size asked for).
+ */
+#include <stdarg.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kernels/cuda/cu_int.cuh"
+
+static int fail(char *err, size_t errsz, const char *fmt, ...)
+{
+    if (err && errsz) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errsz, fmt, ap);
+        va_end(ap);
+    }
+    return -9; /* LMS_ERR_DEVICE */
+}
+
+/* The message for a runtime error, with what to do about the common ones. */
+static const char *explain(cudaError_t e)
+{
+    switch (e) {
+    case cudaErrorNoDevice:
+        return "no CUDA device found";
+    case cudaErrorInsufficientDriver:
+        return "the NVIDIA driver is older than this build's CUDA runtime: update the driver";
+    case cudaErrorMemoryAllocation:
+        return "out of device memory";
+    case cudaErrorInitializationError:
+        return "the CUDA driver could not be initialised (is the driver loaded?)";
+    case cudaErrorNoKernelImageForDevice:
+        return "this build has no kernels for the device's architecture";
+    default:
+        return cudaGetErrorString(e);
+    }
+}
+
+extern "C" int lcu_create(int device, lcu **out, lcu_info *info, char *err, size_t errsz)
+{
+    int n = 0, drv0 = 0;
+    if (cudaDriverGetVersion(&drv0) != cudaSuccess || drv0 == 0)
+        return fail(err, errsz, "cuda: no NVIDIA driver found (no GPU on this machine?)");
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess)
+        return fail(err, errsz, "cuda: %s", explain(e));
+    if (n == 0)
+        return fail(err, errsz, "cuda: no CUDA device found");
+    if (device < 0)
+        device = 0;
+    if (device >= n)
+        return fail(err, errsz, "cuda: device %d requested, %d present", device, n);
+    int drv = 0, rt = 0;
+    cudaDriverGetVersion(&drv);
+    cudaRuntimeGetVersion(&rt);
+    if (drv < rt)
+        return fail(err, errsz,
+                    "cuda: the driver supports CUDA %d.%d but this build needs %d.%d: update the "
+                    "NVIDIA driver",
+                    drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
+    if ((e = cudaSetDevice(device)) != cudaSuccess)
+        return fail(err, errsz, "cuda: device %d: %s", device, explain(e));
+    lcu *g = (lcu *)calloc(1, sizeof *g);
+    if (!g)
+        return fail(err, errsz, "cuda: out of host memory");
+    g->device = device;
+    const char *mv = getenv("LMS_CUDA_MV_ROWS");
+    g->mv_rows = mv ? atoi(mv) : 0;
+    if ((e = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+        free(g);
+        return fail(err, errsz, "cuda: cannot create a stream: %s", explain(e));
+    }
+    if (cublasCreate(&g->blas) != CUBLAS_STATUS_SUCCESS) {
+        cudaStreamDestroy(g->stream);
+        free(g);
+        return fail(err, errsz, "cuda: cannot initialise cuBLAS (out of device memory?)");
+    }
+    cublasSetStream(g->blas, g->stream);
+    cublasSetMathMode(g->blas, CUBLAS_DEFAULT_MATH);
+    if (info) {
+        cudaDeviceProp p;
+        memset(info, 0, sizeof *info);
+        if (cudaGetDeviceProperties(&p, device) == cudaSuccess) {
+            snprintf(info->name, sizeof info->name, "%s", p.name);
+            info->cc_major = p.major;
+            info->cc_minor = p.minor;
+            info->n_sm = p.multiProcessorCount;
+        }
+        info->driver_version = drv;
+        info->runtime_version = rt;
+        cudaMemGetInfo(&info->free_bytes, &info->total_bytes);
+    }
+    *out = g;
+    return 0;
+}
+
+extern "C" void lcu_destroy(lcu *g)
+{
+    if (!g)
+        return;
+    cudaStreamSynchronize(g->stream);
+    for (int i = 0; i < LCU_GRAPH_SLOTS; i++) {
+        if (g->exec[i])
+            cudaGraphExecDestroy(g->exec[i]);
+        if (g->graph[i])
+            cudaGraphDestroy(g->graph[i]);
+    }
+    cudaFree(g->w16);
+    cudaFree(g->x16);
+    cudaFree(g->blas_ws);
+    cudaFree(g->attn_part);
+    cublasDestroy(g->blas);
+    cudaStreamDestroy(g->stream);
+    free(g);
+}
+
+extern "C" int lcu_mem_info(lcu *g, size_t *free_bytes, size_t *total_bytes)
+{
+    (void)g;
+    return cudaMemGetInfo(free_bytes, total_bytes) == cudaSuccess ? 0 : -9;
+}
+
+extern "C" void *lcu_alloc(lcu *g, size_t bytes, char *err, size_t errsz)
+{
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); /* clear it: an OOM here is reported, not sticky */
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        fail(err, errsz, "cuda: cannot allocate %.1f MiB of device memory (%.1f MiB free): %s",
+             (double)bytes / (1 << 20), (double)fr / (1 << 20), explain(e));
+        return NULL;
+    }
+    g->allocated += bytes;
+    return p;
+}
+
+extern "C" void lcu_free(lcu *g, void *p, size_t bytes)
+{
+    if (!p)
+        return;
+    cudaFree(p);
+    g->allocated -= bytes;
+}
+
+extern "C" size_t lcu_allocated(const lcu *g)
+{
+    return g->allocated + g->w16_bytes + g->x16_bytes + g->blas_ws_bytes + g->attn_part_bytes;
+}
+
+extern "C" void *lcu_host_alloc(size_t bytes)
+{
+    void *p = NULL;
+    if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+extern "C" void lcu_host_free(void *p)
+{
+    if (p)
+        cudaFreeHost(p);
+}
+
+extern "C" int lcu_upload(lcu *g, void *dst, const void *src, size_t bytes)
+{
+    return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g->stream) == cudaSuccess ? 0
+                                                                                             : -9;
+}
+
+extern "C" int lcu_download(lcu *g, void *dst, const void *src, size_t bytes)
+{
+    return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g->stream) == cudaSuccess ? 0
+                                                                                             : -9;
+}
+
+extern "C" int lcu_sync(lcu *g, char *err, size_t errsz)
+{
+    cudaError_t e = cudaStreamSynchronize(g->stream);
+    if (e == cudaSuccess)
+        e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return fail(err, errsz, "cuda: %s", explain(e));
+    return 0;
+}
+
+/* ---- scratch ------------------------------------------------------------------ */
+
+#define LCU_W16_TILE ((size_t)32 << 20) /* bytes of one dequantized f16 weight tile */
+#define LCU_BLAS_WS ((size_t)32 << 20)
+
+static size_t w16_bytes(int64_t max_cols, int64_t max_rows, int64_t n_tok)
+{
+    if (n_tok <= LCU_MATVEC_MAX)
+        return 0;
+    size_t full = (size_t)max_cols * (size_t)max_rows * 2;
+    size_t min_tile = (size_t)max_cols * 2 * 256; /* at least 256 rows per tile */
+    size_t b = full < LCU_W16_TILE ? full : LCU_W16_TILE;
+    return b > min_tile ? b : (min_tile < full ? min_tile : full);
+}
+
+/* Attention partials: the most (tokens x splits) any batch up to n_tok uses. */
+static size_t part_bytes(int64_t n_tok, int n_head, int head_dim)
+{
+    int64_t small = n_tok < LCU_MATVEC_MAX ? n_tok : LCU_MATVEC_MAX;
+    int64_t a = small * lcu_attn_max_split(small), b = n_tok * lcu_attn_max_split(n_tok);
+    return (size_t)(a > b ? a : b) * (size_t)n_head * (size_t)(head_dim + 2) * sizeof(float);
+}
+
+extern "C" size_t lcu_scratch_bytes(int64_t max_cols, int64_t max_rows, int64_t n_tok, int n_head,
+                                    int head_dim)
+{
+    size_t x16 = n_tok > LCU_MATVEC_MAX ? (size_t)n_tok * (size_t)max_cols * 2 : 0;
+    size_t ws = n_tok > LCU_MATVEC_MAX ? LCU_BLAS_WS : 0;
+    return w16_bytes(max_cols, max_rows, n_tok) + x16 + ws + part_bytes(n_tok, n_head, head_dim);
+}
+
+extern "C" int lcu_reserve(lcu *g, int64_t max_cols, int64_t max_rows, int64_t n_tok, int n_head,
+                           int head_dim, char *err, size_t errsz)
+{
+    g->max_tok = n_tok;
+    size_t sz[4] = {w16_bytes(max_cols, max_rows, n_tok),
+                    n_tok > LCU_MATVEC_MAX ? (size_t)n_tok * (size_t)max_cols * 2 : 0,
+                    n_tok > LCU_MATVEC_MAX ? LCU_BLAS_WS : 0, part_bytes(n_tok, n_head, head_dim)};
+    void **dst[4] = {(void **)&g->w16, (void **)&g->x16, &g->blas_ws, (void **)&g->attn_part};
+    size_t *rec[4] = {&g->w16_bytes, &g->x16_bytes, &g->blas_ws_bytes, &g->attn_part_bytes};
+    for (int i = 0; i < 4; i++) {
+        if (!sz[i])
+            continue;
+        cudaError_t e = cudaMalloc(dst[i], sz[i]);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            return fail(err, errsz, "cuda: cannot allocate %.1f MiB of scratch: %s",
+                        (double)sz[i] / (1 << 20), explain(e));
+        }
+        *rec[i] = sz[i];
+    }
+    if (g->blas_ws)
+        cublasSetWorkspace(g->blas, g->blas_ws, g->blas_ws_bytes);
+    return 0;
+}
+
+/* ---- graphs ------------------------------------------------------------------- */
+
+extern "C" int lcu_graph_begin(lcu *g)
+{
+    return cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess ? 0
+                                                                                              : -9;
+}
+
+extern "C" int lcu_graph_end(lcu *g, int slot)
+{
+    cudaGraph_t graph = NULL;
+    if (cudaStreamEndCapture(g->stream, &graph) != cudaSuccess || !graph) {
+        cudaGetLastError();
+        return -9;
+    }
+    if (slot < 0 || slot >= LCU_GRAPH_SLOTS) {
+        cudaGraphDestroy(graph);
+        return -2;
+    }
+    cudaGraphExec_t exec = NULL;
+    if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
+        cudaGetLastError();
+        cudaGraphDestroy(graph);
+        return -9;
+    }
+    if (g->exec[slot])
+        cudaGraphExecDestroy(g->exec[slot]);
+    if (g->graph[slot])
+        cudaGraphDestroy(g->graph[slot]);
+    g->graph[slot] = graph;
+    g->exec[slot] = exec;
+    return 0;
+}
+
+extern "C" bool lcu_graph_ready(const lcu *g, int slot)
+{
+    return slot >= 0 && slot < LCU_GRAPH_SLOTS && g->exec[slot] != NULL;
+}
+
+extern "C" int lcu_graph_launch(lcu *g, int slot)
+{
+    return cudaGraphLaunch(g->exec[slot], g->stream) == cudaSuccess ? 0 : -9;
+}

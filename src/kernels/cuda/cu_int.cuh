@@ -1,0 +1,61 @@
+/*
+ * cu_int.cuh - internal to the CUDA backend: the lcu object, error checks
+ * and small device helpers shared by the .cu files.
+ */
+#ifndef LMS_CU_INT_CUH
+#define LMS_CU_INT_CUH
+
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "kernels/cuda/cuda_backend.h"
+
+#define LCU_GRAPH_SLOTS 8
+
+struct lcu {
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    size_t allocated;        /* bytes of device memory held through lcu_alloc */
+    /* scratch, sized by lcu_reserve */
+    __half *w16;             /* dequantized weight tile */
+    size_t w16_bytes;
+    __half *x16;             /* activations converted to f16 */
+    size_t x16_bytes;
+    void *blas_ws;           /* cuBLAS workspace (so it never allocates) */
+    size_t blas_ws_bytes;
+    float *attn_part;        /* [n_tok][n_head][max_split][head_dim + 2] */
+    size_t attn_part_bytes;
+    int64_t max_tok;
+    int mv_rows;             /* rows per warp of the decode kernels; 0 = by size
+                                (LMS_CUDA_MV_ROWS=1|2|4 forces one, for tuning) */
+    cudaGraph_t graph[LCU_GRAPH_SLOTS];
+    cudaGraphExec_t exec[LCU_GRAPH_SLOTS];
+};
+
+/* Launch check: a launch error is remembered by the runtime and reported
+ * at the next lcu_sync, so kernels need no error path of their own. */
+static inline int64_t lcu_cdiv(int64_t a, int64_t b)
+{
+    return (a + b - 1) / b;
+}
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+#endif

@@ -1,0 +1,158 @@
+/*
+ * cu_ops.cu - the element-wise and per-row kernels of a layer: RMSNorm,
+ * bias and residual adds, SwiGLU, and the Q/K/V epilogue (per-head norms,
+ * RoPE, K/V written to the paged f16 cache).
+ *
+ * Formulas are forward.c's (llama.cpp's): RMSNorm x * 1/sqrt(mean(x^2) +
+ * eps) * w; RoPE angle pos * base^(-2i/n_rot) * freq_scale / factor[i],
+ * pairs (2i, 2i+1) for "norm" and (i, i + n_rot/2) for "neox".
+ */
+#include "kernels/cuda/cu_int.cuh"
+
+__global__ void rms_norm_k(const float *__restrict__ x, const float *__restrict__ w,
+                           float *__restrict__ out, int64_t n, float eps)
+{
+    __shared__ float part[32];
+    const float *xr = x + blockIdx.x * n;
+    float *yr = out + blockIdx.x * n;
+    float s = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+        s = fmaf(xr[i], xr[i], s);
+    s = warp_sum(s);
+    if ((threadIdx.x & 31) == 0)
+        part[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.0f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0)
+            part[0] = v;
+    }
+    __syncthreads();
+    const float scale = 1.0f / sqrtf(part[0] / (float)n + eps);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+        yr[i] = xr[i] * scale * (w ? w[i] : 1.0f);
+}
+
+extern "C" void lcu_rms_norm(lcu *g, const float *x, const float *w, float *out, int64_t n_rows,
+                             int64_t n, float eps)
+{
+    if (n_rows > 0)
+        rms_norm_k<<<(unsigned)n_rows, 256, 0, g->stream>>>(x, w, out, n, eps);
+}
+
+__global__ void add_bias_k(float *y, const float *b, int64_t n_tok, int64_t n)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n_tok * n)
+        y[i] += b[i % n];
+}
+
+extern "C" void lcu_add_bias(lcu *g, float *y, const float *b, int64_t n_tok, int64_t n)
+{
+    if (b && n_tok * n > 0)
+        add_bias_k<<<(unsigned)lcu_cdiv(n_tok * n, 256), 256, 0, g->stream>>>(y, b, n_tok, n);
+}
+
+__global__ void add_k(float *x, const float *y, int64_t n)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        x[i] += y[i];
+}
+
+extern "C" void lcu_add(lcu *g, float *x, const float *y, int64_t n)
+{
+    if (n > 0)
+        add_k<<<(unsigned)lcu_cdiv(n, 256), 256, 0, g->stream>>>(x, y, n);
+}
+
+__global__ void swiglu_k(float *ga, const float *up, int64_t n)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float a = ga[i];
+        ga[i] = a / (1.0f + expf(-a)) * up[i];
+    }
+}
+
+extern "C" void lcu_swiglu(lcu *g, float *ga, const float *up, int64_t n)
+{
+    if (n > 0)
+        swiglu_k<<<(unsigned)lcu_cdiv(n, 256), 256, 0, g->stream>>>(ga, up, n);
+}
+
+/* ---- Q/K/V epilogue -------------------------------------------------------------- */
+
+#define QKV_WARPS 8
+
+/* One block per token; warp w handles heads w, w + 8, ... of q, then k,
+ * then v (v is only stored). The head is staged in shared memory. */
+__global__ void __launch_bounds__(32 * QKV_WARPS)
+    qkv_post_k(lcu_batch b, lcu_attn_shape s, float *__restrict__ q, const float *__restrict__ k,
+               const float *__restrict__ v, const float *__restrict__ q_norm,
+               const float *__restrict__ k_norm, uint16_t *__restrict__ kc,
+               uint16_t *__restrict__ vc)
+{
+    __shared__ float sh[QKV_WARPS][LCU_HEAD_DIM_MAX];
+    const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int hd = s.head_dim, kvd = s.n_head_kv * hd;
+    const int32_t pos = b.pos[t];
+    const int32_t blk = b.tbl[b.tbl_off[t] + pos / 16];
+    const size_t cell = ((size_t)blk * 16 + (size_t)(pos % 16)) * (size_t)kvd;
+    float *buf = sh[warp];
+    const float theta_scale = powf(s.rope_base, -2.0f / (float)s.n_rot);
+    for (int h = warp; h < s.n_head + 2 * s.n_head_kv; h += QKV_WARPS) {
+        const bool is_q = h < s.n_head, is_v = h >= s.n_head + s.n_head_kv;
+        const int hk = is_q ? h : (is_v ? h - s.n_head - s.n_head_kv : h - s.n_head);
+        const float *src = is_q ? q + ((size_t)t * s.n_head + h) * hd
+                                : (is_v ? v : k) + (size_t)t * kvd + (size_t)hk * hd;
+        if (is_v) {
+            for (int d = lane; d < hd; d += 32)
+                vc[cell + (size_t)hk * hd + d] = __half_as_ushort(__float2half_rn(src[d]));
+            continue;
+        }
+        for (int d = lane; d < hd; d += 32)
+            buf[d] = src[d];
+        const float *nw = is_q ? q_norm : k_norm;
+        if (nw) {
+            float ss = 0.0f;
+            for (int d = lane; d < hd; d += 32)
+                ss = fmaf(buf[d], buf[d], ss);
+            ss = warp_sum(ss);
+            const float sc = 1.0f / sqrtf(ss / (float)hd + s.rms_eps);
+            for (int d = lane; d < hd; d += 32)
+                buf[d] = buf[d] * sc * nw[d];
+        }
+        __syncwarp();
+        for (int i = lane; i < s.n_rot / 2; i += 32) {
+            const float ff = s.freq_factors ? s.freq_factors[i] : 1.0f;
+            const float theta = (float)pos * powf(theta_scale, (float)i);
+            const float a = s.rope_freq_scale * (theta / ff);
+            const float c = cosf(a), sn = sinf(a);
+            const int ia = s.rope_neox ? i : 2 * i, ib = s.rope_neox ? i + s.n_rot / 2 : 2 * i + 1;
+            const float x0 = buf[ia], x1 = buf[ib];
+            buf[ia] = x0 * c - x1 * sn;
+            buf[ib] = x0 * sn + x1 * c;
+        }
+        __syncwarp();
+        if (is_q) {
+            float *dst = q + ((size_t)t * s.n_head + h) * hd;
+            for (int d = lane; d < hd; d += 32)
+                dst[d] = buf[d];
+        } else {
+            for (int d = lane; d < hd; d += 32)
+                kc[cell + (size_t)hk * hd + d] = __half_as_ushort(__float2half_rn(buf[d]));
+        }
+        __syncwarp();
+    }
+}
+
+extern "C" void lcu_qkv_post(lcu *g, const lcu_batch *b, const lcu_attn_shape *s, float *q,
+                             const float *k, const float *v, const float *q_norm,
+                             const float *k_norm, uint16_t *kc, uint16_t *vc)
+{
+    if (b->n_tok > 0)
+        qkv_post_k<<<(unsigned)b->n_tok, 32 * QKV_WARPS, 0, g->stream>>>(*b, *s, q, k, v, q_norm,
+                                                                         k_norm, kc, vc);
+}

@@ -1,0 +1,147 @@
+/*
+ * cuda_backend.h - the CUDA backend as a plain C API: device set-up and
+ * errors, device and pinned memory, and the kernels one transformer layer
+ * needs. No CUDA type appears here, so engine code in C includes it.
+ *
+ * Central idea: one `lcu` per execution context owns a CUDA stream, a
+ * cuBLAS handle and every scratch buffer the kernels use; all of it is
+ * allocated when the context is made (lcu_reserve), so a forward step
+ * never allocates device memory and cannot run out of it. Every kernel
+ * call below is asynchronous on that stream; lcu_sync waits and turns a
+ * deferred device error into a message.
+ *
+ * Matrices follow the CPU convention (kernels/matmul.h): W is row-major
+ * [n_rows][n_cols] in its GGUF type, x is [n_tok][n_cols] f32, y is
+ * [n_tok][n_rows] f32. Products of up to LCU_MATVEC_MAX tokens run as
+ * matrix-vector kernels that dequantize each weight once into registers
+ * and use it for every token (decode); larger batches dequantize tiles of
+ * W to f16 and multiply on the tensor cores through cuBLAS (prefill).
+ *
+ * Called by engine/forward_cuda.c only. Built when LMS_CUDA is ON.
+ */
+#ifndef LMS_CUDA_BACKEND_H
+#define LMS_CUDA_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LCU_MATVEC_MAX 8 /* batches up to this many tokens use matrix-vector kernels */
+#define LCU_HEAD_DIM_MAX 256
+
+typedef struct lcu lcu;
+
+typedef struct lcu_info {
+    char name[96];
+    int cc_major, cc_minor;
+    int n_sm;
+    int driver_version;  /* CUDA version the driver supports, e.g. 13000 */
+    int runtime_version; /* CUDA runtime we were built with */
+    size_t free_bytes, total_bytes;
+} lcu_info;
+
+/* A weight matrix on the device (data is a device pointer). */
+typedef struct lcu_mat {
+    const void *data;
+    int type; /* enum lms_type */
+    int64_t n_cols, n_rows;
+    size_t row_bytes;
+} lcu_mat;
+
+/* ---- device, errors, memory ------------------------------------------------- */
+
+/* Opens device `device` (-1: the first). Errors name the cause: no device
+ * or driver, a driver older than the runtime, out of memory. */
+int lcu_create(int device, lcu **out, lcu_info *info, char *err, size_t errsz);
+void lcu_destroy(lcu *g);
+int lcu_mem_info(lcu *g, size_t *free_bytes, size_t *total_bytes);
+
+/* Device memory; NULL with a message on failure. lcu_allocated() is the sum
+ * of what this lcu holds (for the plan report). */
+void *lcu_alloc(lcu *g, size_t bytes, char *err, size_t errsz);
+void lcu_free(lcu *g, void *p, size_t bytes);
+size_t lcu_allocated(const lcu *g);
+/* Page-locked host memory for transfers (NULL on failure). */
+void *lcu_host_alloc(size_t bytes);
+void lcu_host_free(void *p);
+
+/* Copies on the stream (asynchronous when host memory is pinned). */
+int lcu_upload(lcu *g, void *dst_dev, const void *src_host, size_t bytes);
+int lcu_download(lcu *g, void *dst_host, const void *src_dev, size_t bytes);
+/* Waits for the stream; < 0 with a message if any queued work failed. */
+int lcu_sync(lcu *g, char *err, size_t errsz);
+
+/* Scratch the kernels need for batches of up to n_tok tokens over the
+ * given matrices (largest n_cols, n_rows), attention of n_tok queries
+ * with `n_head` heads of `head_dim`; lcu_reserve allocates it. */
+size_t lcu_scratch_bytes(int64_t max_cols, int64_t max_rows, int64_t n_tok, int n_head,
+                         int head_dim);
+int lcu_reserve(lcu *g, int64_t max_cols, int64_t max_rows, int64_t n_tok, int n_head,
+                int head_dim, char *err, size_t errsz);
+
+/* Whether the matrix kernels take this weight type. */
+bool lcu_type_supported(int type);
+
+/* ---- kernels (asynchronous on the lcu's stream) -------------------------------- */
+
+/* y = W·x, or y += W·x when `accumulate`. */
+int lcu_matmul(lcu *g, const lcu_mat *w, const float *x, int64_t n_tok, float *y, bool accumulate);
+
+/* out[r] = x[r] / rms(x[r]) * w (w may be NULL), n_rows rows of n. */
+void lcu_rms_norm(lcu *g, const float *x, const float *w, float *out, int64_t n_rows, int64_t n,
+                  float eps);
+/* y[t][i] += b[i]. */
+void lcu_add_bias(lcu *g, float *y, const float *b, int64_t n_tok, int64_t n);
+/* x[i] += y[i]. */
+void lcu_add(lcu *g, float *x, const float *y, int64_t n);
+/* ga[i] = silu(ga[i]) * up[i]. */
+void lcu_swiglu(lcu *g, float *ga, const float *up, int64_t n);
+
+/* Per-step batch description on the device: for token t its position and
+ * the offset in `tbl` of its sequence's block table. */
+typedef struct lcu_batch {
+    int32_t n_tok;
+    const int32_t *pos;     /* device [n_tok] */
+    const int32_t *tbl_off; /* device [n_tok] */
+    const int32_t *tbl;     /* device block ids */
+} lcu_batch;
+
+typedef struct lcu_attn_shape {
+    int n_head, n_head_kv, head_dim;
+    int n_rot, rope_neox;
+    float rope_base, rope_freq_scale, rms_eps;
+    const float *freq_factors; /* device [n_rot/2] or NULL */
+} lcu_attn_shape;
+
+/* Optional per-head RMSNorm of q and k (q_norm/k_norm device or NULL),
+ * RoPE of q (in place) and k, and k, v stored as f16 into the paged cache
+ * layer `kc`/`vc` ([n_blocks][16][n_head_kv*head_dim]). */
+void lcu_qkv_post(lcu *g, const lcu_batch *b, const lcu_attn_shape *s, float *q, const float *k,
+                  const float *v, const float *q_norm, const float *k_norm, uint16_t *kc,
+                  uint16_t *vc);
+/* out[t][h] = softmax(q·K / sqrt(hd)) V over positions [0, pos[t]] of the
+ * token's sequence; the positions are split over `n_split` blocks per
+ * head (flash-decoding) and merged. n_split <= lcu_attn_max_split(). */
+void lcu_attention(lcu *g, const lcu_batch *b, const lcu_attn_shape *s, const float *q,
+                   const uint16_t *kc, const uint16_t *vc, float *out, int n_split);
+int lcu_attn_max_split(int64_t n_tok);
+
+/* ---- CUDA graphs for repeated steps -------------------------------------------- */
+
+/* Starts capturing the stream's work; lcu_graph_end instantiates it into
+ * slot `slot` (0..7). lcu_graph_launch replays a slot. Returns < 0 if
+ * capture is not possible (the caller then runs the kernels directly). */
+int lcu_graph_begin(lcu *g);
+int lcu_graph_end(lcu *g, int slot);
+bool lcu_graph_ready(const lcu *g, int slot);
+int lcu_graph_launch(lcu *g, int slot);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
