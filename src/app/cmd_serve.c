@@ -27,6 +27,7 @@
 #include "app/args.h"
 #include "app/cli.h"
 #include "base/err.h"
+#include "ops/log.h"
 #include "serve/server.h"
 
 typedef struct serve_opts {
@@ -225,6 +226,6 @@ int cmd_serve(int argc, char **argv)
     pthread_join(st, NULL);
     lms_server_destroy(srv);
     lms_model_free(l.model);
-    fprintf(stderr, "lmserv: stopped\n");
+    lms_log(LMS_LOG_INFO, "server_stopped", "exit", LMS_LOG_I64(rc));
     return rc;
 }

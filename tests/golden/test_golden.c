@@ -139,7 +139,7 @@ static void check_case(runner *r, const golden_model *gm, const char *cs, float 
 {
     char rel[256];
     int32_t n, n_gen;
-    size_t n_ref;
+    size_t n_ref = 0;
     snprintf(rel, sizeof rel, "golden/%s/%s.tokens.txt", gm->name, cs);
     int32_t *toks = read_ids(tu_data_path(rel), &n);
     snprintf(rel, sizeof rel, "golden/%s/%s.greedy_ids.txt", gm->name, cs);

@@ -1,0 +1,286 @@
+/*
+ * api_embeddings.c - POST /v1/embeddings: one scheduler task per input
+ * (embedding = true, mean pooling, unit length), one response when all
+ * are in.
+ *
+ * `input` is a string, an array of strings, an array of token ids or an
+ * array of such arrays. `encoding_format` "float" (default) or "base64"
+ * (little-endian float32, what the official clients ask for by default).
+ * An input that fails fails the whole request; the other tasks are left to
+ * finish (their results are dropped) rather than tracked for abort.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve/serve_int.h"
+
+#define MAX_INPUTS 256
+
+typedef struct embd_job {
+    int refs;                  /* live tasks + the submitting code */
+    int n_in, n_done;
+    bool base64, replied;
+    bool failed;
+    reqerr err;
+    uint64_t *ids;             /* [n_in] task ids */
+    float **vec;               /* [n_in][n_embd] */
+    int32_t n_embd;
+    int32_t *n_tok;            /* [n_in] prompt tokens */
+} embd_job;
+
+static void job_unref(embd_job *j)
+{
+    if (--j->refs > 0)
+        return;
+    for (int i = 0; i < j->n_in; i++)
+        free(j->vec[i]);
+    free(j->vec);
+    free(j->ids);
+    free(j->n_tok);
+    free(j);
+}
+
+static void b64(sbuf *out, const unsigned char *p, size_t n)
+{
+    static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for (size_t i = 0; i < n; i += 3) {
+        unsigned v = (unsigned)p[i] << 16;
+        if (i + 1 < n)
+            v |= (unsigned)p[i + 1] << 8;
+        if (i + 2 < n)
+            v |= p[i + 2];
+        char q[4] = {tab[(v >> 18) & 63], tab[(v >> 12) & 63],
+                     i + 1 < n ? tab[(v >> 6) & 63] : '=', i + 2 < n ? tab[v & 63] : '='};
+        sbuf_add(out, q, 4);
+    }
+}
+
+static json_t *vector_json(const embd_job *j, const float *v)
+{
+    if (j->base64) {
+        sbuf b = {0};
+        b64(&b, (const unsigned char *)v, (size_t)j->n_embd * sizeof *v); /* x86/arm: LE */
+        json_t *s = json_stringn(b.p ? b.p : "", b.n);
+        sbuf_free(&b);
+        return s;
+    }
+    json_t *a = json_array();
+    for (int32_t k = 0; k < j->n_embd; k++)
+        json_array_append_new(a, json_real_safe(v[k]));
+    return a;
+}
+
+static void reply(conn *c, embd_job *j)
+{
+    j->replied = true;
+    if (j->failed) {
+        http_reply_err(c, &j->err);
+        return;
+    }
+    json_t *data = json_array();
+    int64_t n_tok = 0;
+    for (int i = 0; i < j->n_in; i++) {
+        json_t *d = json_object();
+        json_object_set_new(d, "object", json_string("embedding"));
+        json_object_set_new(d, "index", json_integer(i));
+        json_object_set_new(d, "embedding", vector_json(j, j->vec[i]));
+        json_array_append_new(data, d);
+        n_tok += j->n_tok[i];
+    }
+    json_t *o = json_object();
+    json_object_set_new(o, "object", json_string("list"));
+    json_object_set_new(o, "data", data);
+    json_object_set_new(o, "model", json_string_lossy(c->srv->model_id, strlen(c->srv->model_id)));
+    json_t *u = json_object();
+    json_object_set_new(u, "prompt_tokens", json_integer(n_tok));
+    json_object_set_new(u, "total_tokens", json_integer(n_tok));
+    json_object_set_new(o, "usage", u);
+    http_reply_json(c, 200, o);
+}
+
+static void fail(embd_job *j, int status, const char *msg)
+{
+    if (!j->failed)
+        reqerr_set(&j->err, status, "input", "%s", msg);
+    j->failed = true;
+}
+
+static void embd_on_event(task *t, const lms_event *ev, double t_ms)
+{
+    embd_job *j = t->state;
+    (void)t_ms;
+    int i = 0;
+    while (i < j->n_in && j->ids[i] != ev->id)
+        i++;
+    if (i == j->n_in)
+        return;
+    if (ev->type == LMS_EV_EMBD && ev->embd && ev->n_embd == j->n_embd && !j->vec[i]) {
+        j->vec[i] = malloc((size_t)j->n_embd * sizeof(float));
+        if (j->vec[i])
+            memcpy(j->vec[i], ev->embd, (size_t)j->n_embd * sizeof(float));
+        j->n_tok[i] = ev->stats.n_prompt;
+        return;
+    }
+    if (ev->type == LMS_EV_ERROR)
+        fail(j, 500, ev->message);
+    else if (ev->type == LMS_EV_END) {
+        j->n_tok[i] = ev->stats.n_prompt;
+        if (!j->vec[i])
+            fail(j, 503, "the embedding was not computed (aborted or out of memory)");
+    } else
+        return;
+    if (++j->n_done == j->n_in && !j->replied)
+        reply(t->c, j);
+}
+
+static void embd_destroy(task *t)
+{
+    job_unref(t->state);
+}
+
+static const task_ops embd_ops = {embd_on_event, embd_destroy};
+
+/* ---- input -------------------------------------------------------------------------- */
+
+static int ids_of(const json_t *a, size_t idx, int32_t **out, int32_t *n_out, reqerr *e)
+{
+    size_t n = json_array_size(a);
+    if (n == 0 || n > (1u << 24))
+        return reqerr_set(e, 400, "input", "input[%zu] must hold 1 to 16777216 token ids", idx);
+    int32_t *v = malloc(n * sizeof *v);
+    if (!v)
+        return reqerr_set(e, 503, NULL, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const json_t *x = json_array_get(a, i);
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > INT32_MAX) {
+            free(v);
+            return reqerr_set(e, 400, "input", "input token %zu must be a token id", i);
+        }
+        v[i] = (int32_t)json_integer_value(x);
+    }
+    *out = v;
+    *n_out = (int32_t)n;
+    return 0;
+}
+
+/* Tokens of input item k (a string or an array of ids). */
+static int item_tokens(conn *c, const json_t *x, size_t k, int32_t **out, int32_t *n, reqerr *e)
+{
+    if (json_is_string(x)) {
+        if (json_string_length(x) == 0)
+            return reqerr_set(e, 400, "input", "input[%zu] is an empty string", k);
+        return chatfmt_text_tokens(c->srv->model, json_string_value(x), json_string_length(x),
+                                   true, out, n, e);
+    }
+    if (json_is_array(x))
+        return ids_of(x, k, out, n, e);
+    return reqerr_set(e, 400, "input", "input[%zu] must be a string or an array of token ids", k);
+}
+
+/* The input as a list of items: a lone string or id array becomes one. */
+static json_t *input_items(const json_t *body, reqerr *e)
+{
+    const json_t *in = json_object_get(body, "input");
+    if (json_is_string(in) || (json_is_array(in) && json_is_integer(json_array_get(in, 0)))) {
+        json_t *a = json_array();
+        json_array_append(a, (json_t *)in);
+        return a;
+    }
+    if (!json_is_array(in) || json_array_size(in) == 0) {
+        reqerr_set(e, 400, "input", "'input' must be a string, an array of strings or token ids");
+        return NULL;
+    }
+    if (json_array_size(in) > MAX_INPUTS) {
+        reqerr_set(e, 400, "input", "at most %d inputs per request", MAX_INPUTS);
+        return NULL;
+    }
+    return json_incref((json_t *)in);
+}
+
+static int parse_format(const json_t *body, embd_job *j, int *pooling, reqerr *e)
+{
+    const char *fmt = NULL, *pool = NULL;
+    if (reqparse_str(body, "encoding_format", &fmt, e) < 0 ||
+        reqparse_str(body, "pooling", &pool, e) < 0)
+        return -1;
+    if (fmt && strcmp(fmt, "float") && strcmp(fmt, "base64"))
+        return reqerr_set(e, 400, "encoding_format", "'encoding_format' must be \"float\" or "
+                          "\"base64\"");
+    j->base64 = fmt && !strcmp(fmt, "base64");
+    if (pool && strcmp(pool, "mean") && strcmp(pool, "last"))
+        return reqerr_set(e, 400, "pooling", "'pooling' must be \"mean\" or \"last\"");
+    *pooling = pool && !strcmp(pool, "last") ? LMS_POOL_LAST : LMS_POOL_MEAN;
+    return 0;
+}
+
+static embd_job *job_new(int n, int32_t n_embd)
+{
+    embd_job *j = calloc(1, sizeof *j);
+    if (!j)
+        return NULL;
+    j->refs = 1;
+    j->n_in = n;
+    j->n_embd = n_embd;
+    j->ids = calloc((size_t)n, sizeof *j->ids);
+    j->vec = calloc((size_t)n, sizeof *j->vec);
+    j->n_tok = calloc((size_t)n, sizeof *j->n_tok);
+    if (!j->ids || !j->vec || !j->n_tok) {
+        job_unref(j);
+        return NULL;
+    }
+    return j;
+}
+
+/* Submits every item; on failure cancels those already submitted. */
+static int submit_all(conn *c, const json_t *items, embd_job *j, int pooling, reqerr *e)
+{
+    task *first = c->tasks; /* tasks are pushed in front: ours come before this */
+    size_t k;
+    const json_t *x;
+    json_array_foreach(items, k, x)
+    {
+        int32_t *toks = NULL, n = 0;
+        if (item_tokens(c, x, k, &toks, &n, e) < 0)
+            goto fail;
+        lms_request r = {.tokens = toks, .n_tokens = n, .sp = lms_sampler_defaults(),
+                         .embedding = true, .pooling = pooling};
+        j->refs++;
+        task *t = task_submit(c, &r, &embd_ops, j, e);
+        free(toks);
+        if (!t) {
+            j->refs--;
+            goto fail;
+        }
+        j->ids[k] = t->id;
+    }
+    return 0;
+fail:
+    while (c->tasks && c->tasks != first)
+        task_cancel(c->tasks);
+    return -1;
+}
+
+int api_embeddings(conn *c, json_t *body)
+{
+    lms_server *s = c->srv;
+    reqerr e;
+    if (!s->sched) {
+        reqerr_set(&e, 503, NULL, "the model is still loading");
+        e.code = "model_loading";
+        return http_reply_err(c, &e);
+    }
+    if (api_check_model(c, body, &e) < 0)
+        return http_reply_err(c, &e);
+    json_t *items = input_items(body, &e);
+    if (!items)
+        return http_reply_err(c, &e);
+    embd_job *j = job_new((int)json_array_size(items), s->model->hp.n_embd);
+    int pooling = LMS_POOL_MEAN;
+    int rc = j ? parse_format(body, j, &pooling, &e) : reqerr_set(&e, 503, NULL, "out of memory");
+    if (rc == 0)
+        rc = submit_all(c, items, j, pooling, &e);
+    json_decref(items);
+    if (j)
+        job_unref(j);
+    return rc < 0 ? http_reply_err(c, &e) : 0;
+}

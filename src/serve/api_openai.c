@@ -1,0 +1,566 @@
+/*
+ * api_openai.c - POST /v1/chat/completions and /v1/completions, streamed
+ * (Server-Sent Events) and not. Shapes follow docs/OPENAI.md; the official
+ * client libraries must work unchanged.
+ *
+ * A request becomes one scheduler task whose state is a `gen_job`. The
+ * stream starts as soon as the scheduler accepts the request (chat sends
+ * the assistant role chunk at once); each token event becomes one chunk;
+ * the end event brings the finish reason and usage:
+ *
+ *   data: {chunk: delta role}          chat only
+ *   data: {chunk: delta content}...    one per token event with text
+ *   data: {chunk: delta {}, finish_reason}
+ *   data: {chunk: choices [], usage}   with stream_options.include_usage
+ *   data: [DONE]
+ *
+ * Without stream the text and logprobs accumulate and one response goes
+ * out at the end. An error after the stream started is sent as
+ * `data: {"error":{...}}` followed by [DONE].
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/timeutil.h"
+#include "model/tokenizer.h"
+#include "serve/serve_int.h"
+
+enum { JOB_CHAT, JOB_COMPL };
+
+typedef struct gen_job {
+    int kind;
+    bool stream, include_usage;
+    int logprobs;              /* -1 none, else alternatives per token (0..20) */
+    char id[48];
+    int64_t created;
+    sbuf text;                 /* non-streamed answer */
+    json_t *lp;                /* non-streamed logprobs (chat: content array; legacy object) */
+    size_t text_off;           /* legacy logprobs text_offset */
+    char *echo;                /* completions: prompt text to echo, or NULL */
+} gen_job;
+
+/* ---- logprobs ------------------------------------------------------------------- */
+
+static json_t *piece_bytes(const char *p, int n)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++)
+        json_array_append_new(a, json_integer((unsigned char)p[i]));
+    return a;
+}
+
+/* Text of one token (bytes; may be part of a character). */
+static int token_piece(const lms_model *m, int32_t id, char *buf, size_t cap)
+{
+    int n = lms_token_to_piece(m->tok, id, false, buf, cap);
+    return n < 0 ? 0 : n;
+}
+
+static json_t *chat_lp_item(const lms_model *m, int32_t id, float lp, bool with_top)
+{
+    char piece[512];
+    int n = token_piece(m, id, piece, sizeof piece);
+    json_t *o = json_object();
+    json_object_set_new(o, "token", json_string_lossy(piece, (size_t)n));
+    json_object_set_new(o, "logprob", json_real_safe(lp));
+    json_object_set_new(o, "bytes", piece_bytes(piece, n));
+    if (with_top)
+        json_object_set_new(o, "top_logprobs", json_array());
+    return o;
+}
+
+static json_t *chat_lp_entry(const lms_model *m, const lms_event *ev)
+{
+    json_t *o = chat_lp_item(m, ev->token, ev->logprob, true);
+    json_t *top = json_object_get(o, "top_logprobs");
+    for (int i = 0; i < ev->n_top && i < LMS_MAX_LOGPROBS; i++)
+        json_array_append_new(top, chat_lp_item(m, ev->top[i].id, ev->top[i].logprob, false));
+    return o;
+}
+
+/* Legacy completions logprobs: parallel arrays, appended token by token. */
+static void legacy_lp_add(json_t *lp, const lms_model *m, const lms_event *ev, size_t offset)
+{
+    char piece[512];
+    int n = token_piece(m, ev->token, piece, sizeof piece);
+    json_array_append_new(json_object_get(lp, "tokens"), json_string_lossy(piece, (size_t)n));
+    json_array_append_new(json_object_get(lp, "token_logprobs"), json_real_safe(ev->logprob));
+    json_array_append_new(json_object_get(lp, "text_offset"), json_integer((json_int_t)offset));
+    json_t *top = json_object();
+    for (int i = 0; i < ev->n_top && i < LMS_MAX_LOGPROBS; i++) {
+        n = token_piece(m, ev->top[i].id, piece, sizeof piece - 1);
+        sbuf key = {0};
+        sbuf_add_utf8(&key, piece, (size_t)n);
+        json_object_set_new(top, key.p ? key.p : "", json_real_safe(ev->top[i].logprob));
+        sbuf_free(&key);
+    }
+    json_array_append_new(json_object_get(lp, "top_logprobs"), top);
+}
+
+static json_t *legacy_lp_new(void)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "tokens", json_array());
+    json_object_set_new(o, "token_logprobs", json_array());
+    json_object_set_new(o, "top_logprobs", json_array());
+    json_object_set_new(o, "text_offset", json_array());
+    return o;
+}
+
+/* ---- chunks -------------------------------------------------------------------------- */
+
+static json_t *chunk_new(const gen_job *j, const lms_server *s)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "id", json_string(j->id));
+    const char *object = j->kind == JOB_CHAT ? "chat.completion.chunk" : "text_completion";
+    json_object_set_new(o, "object", json_string(object));
+    json_object_set_new(o, "created", json_integer(j->created));
+    json_object_set_new(o, "model", json_string_lossy(s->model_id, strlen(s->model_id)));
+    if (j->include_usage)
+        json_object_set_new(o, "usage", json_null());
+    return o;
+}
+
+/* One choice of a chunk; text may be NULL (final chunk). Steals lp. */
+static json_t *chunk_choice(const gen_job *j, const char *text, size_t n, const char *role,
+                            const char *finish, json_t *lp)
+{
+    json_t *ch = json_object();
+    json_object_set_new(ch, "index", json_integer(0));
+    if (j->kind == JOB_CHAT) {
+        json_t *delta = json_object();
+        if (role)
+            json_object_set_new(delta, "role", json_string(role));
+        if (text)
+            json_object_set_new(delta, "content", json_string_lossy(text, n));
+        json_object_set_new(ch, "delta", delta);
+    } else {
+        json_object_set_new(ch, "text", json_string_lossy(text ? text : "", text ? n : 0));
+    }
+    json_object_set_new(ch, "logprobs", lp ? lp : json_null());
+    json_object_set_new(ch, "finish_reason", finish ? json_string(finish) : json_null());
+    return ch;
+}
+
+static int sse_send(conn *c, json_t *j)
+{
+    size_t n;
+    char *s = j ? json_dump_compact(j, &n) : NULL;
+    json_decref(j);
+    if (!s)
+        return -1;
+    sbuf b = {0};
+    sbuf_adds(&b, "data: ");
+    sbuf_add(&b, s, n);
+    sbuf_adds(&b, "\n\n");
+    free(s);
+    int rc = b.oom ? -1 : http_stream_write(c, b.p, b.n);
+    sbuf_free(&b);
+    return rc;
+}
+
+static int sse_choice(conn *c, const gen_job *j, json_t *choice)
+{
+    json_t *o = chunk_new(j, c->srv);
+    json_t *arr = json_array();
+    json_array_append_new(arr, choice);
+    json_object_set_new(o, "choices", arr);
+    return sse_send(c, o);
+}
+
+static json_t *usage_json(const lms_req_stats *st)
+{
+    json_t *u = json_object();
+    json_object_set_new(u, "prompt_tokens", json_integer(st->n_prompt));
+    json_object_set_new(u, "completion_tokens", json_integer(st->n_gen));
+    json_object_set_new(u, "total_tokens", json_integer(st->n_prompt + st->n_gen));
+    json_t *det = json_object();
+    json_object_set_new(det, "cached_tokens", json_integer(st->n_cached));
+    json_object_set_new(u, "prompt_tokens_details", det);
+    return u;
+}
+
+static const char *finish_reason(const char *f)
+{
+    if (!f || !strcmp(f, "stop"))
+        return "stop";
+    if (!strcmp(f, "length") || !strcmp(f, "deadline"))
+        return "length";
+    return NULL; /* aborted: not a normal end */
+}
+
+/* ---- events ------------------------------------------------------------------------ */
+
+static void on_token(task *t, gen_job *j, const lms_event *ev)
+{
+    const lms_model *m = t->c->srv->model;
+    bool lp = j->logprobs >= 0 && ev->token >= 0;
+    if (j->stream) {
+        if (ev->text_len == 0 && !lp)
+            return;
+        json_t *l = NULL;
+        if (lp && j->kind == JOB_CHAT) {
+            l = json_object();
+            json_t *content = json_array();
+            json_array_append_new(content, chat_lp_entry(m, ev));
+            json_object_set_new(l, "content", content);
+        } else if (lp) {
+            l = legacy_lp_new();
+            legacy_lp_add(l, m, ev, j->text_off);
+        }
+        j->text_off += ev->text_len;
+        sse_choice(t->c, j, chunk_choice(j, ev->text, ev->text_len, NULL, NULL, l));
+        return;
+    }
+    if (lp && j->kind == JOB_CHAT)
+        json_array_append_new(j->lp, chat_lp_entry(m, ev));
+    else if (lp)
+        legacy_lp_add(j->lp, m, ev, j->text.n);
+    sbuf_add(&j->text, ev->text, ev->text_len);
+}
+
+/* An end that is not a normal finish: an engine error, or an abort (only
+ * the server aborts a request whose client is still there). */
+static void end_error(const conn *c, const lms_event *ev, reqerr *e)
+{
+    if (ev->type == LMS_EV_ERROR)
+        reqerr_set(e, 500, NULL, "%s", ev->message);
+    else
+        reqerr_set(e, 503, NULL, "%s", c->srv->state == SRV_DRAINING
+                                           ? "the server is shutting down"
+                                           : "the generation was aborted");
+}
+
+static void stream_end(task *t, gen_job *j, const lms_event *ev)
+{
+    conn *c = t->c;
+    if (ev->type == LMS_EV_ERROR || !finish_reason(ev->stats.finish)) {
+        reqerr e;
+        end_error(c, ev, &e);
+        sse_send(c, reqerr_json(&e));
+    } else {
+        sse_choice(c, j, chunk_choice(j, j->kind == JOB_CHAT ? NULL : "", 0, NULL,
+                                      finish_reason(ev->stats.finish), NULL));
+        if (j->include_usage) {
+            json_t *o = chunk_new(j, c->srv);
+            json_object_set_new(o, "choices", json_array());
+            json_object_set_new(o, "usage", usage_json(&ev->stats));
+            sse_send(c, o);
+        }
+    }
+    http_stream_write(c, "data: [DONE]\n\n", 14);
+    http_stream_end(c);
+}
+
+static json_t *full_response(conn *c, gen_job *j, const lms_event *ev)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "id", json_string(j->id));
+    json_object_set_new(o, "object",
+                        json_string(j->kind == JOB_CHAT ? "chat.completion" : "text_completion"));
+    json_object_set_new(o, "created", json_integer(j->created));
+    json_object_set_new(o, "model", json_string_lossy(c->srv->model_id, strlen(c->srv->model_id)));
+    json_t *ch = json_object();
+    json_object_set_new(ch, "index", json_integer(0));
+    json_t *text = json_string_lossy(j->text.p ? j->text.p : "", j->text.n);
+    if (j->kind == JOB_CHAT) {
+        json_t *msg = json_object();
+        json_object_set_new(msg, "role", json_string("assistant"));
+        json_object_set_new(msg, "content", text);
+        json_object_set_new(ch, "message", msg);
+    } else {
+        json_object_set_new(ch, "text", text);
+    }
+    json_t *lp = json_null();
+    if (j->logprobs >= 0 && j->kind == JOB_CHAT) {
+        lp = json_object();
+        json_object_set(lp, "content", j->lp);
+    } else if (j->logprobs >= 0) {
+        lp = json_incref(j->lp);
+    }
+    json_object_set_new(ch, "logprobs", lp);
+    json_object_set_new(ch, "finish_reason", json_string(finish_reason(ev->stats.finish)));
+    json_t *arr = json_array();
+    json_array_append_new(arr, ch);
+    json_object_set_new(o, "choices", arr);
+    json_object_set_new(o, "usage", usage_json(&ev->stats));
+    return o;
+}
+
+static void gen_on_event(task *t, const lms_event *ev, double t_ms)
+{
+    gen_job *j = t->state;
+    (void)t_ms;
+    if (ev->type == LMS_EV_TOKEN) {
+        on_token(t, j, ev);
+    } else if (ev->type == LMS_EV_END || ev->type == LMS_EV_ERROR) {
+        if (j->stream) {
+            stream_end(t, j, ev);
+        } else if (ev->type == LMS_EV_ERROR || !finish_reason(ev->stats.finish)) {
+            reqerr e;
+            end_error(t->c, ev, &e);
+            http_reply_err(t->c, &e);
+        } else {
+            http_reply_json(t->c, 200, full_response(t->c, j, ev));
+        }
+    }
+}
+
+static void gen_destroy(task *t)
+{
+    gen_job *j = t->state;
+    sbuf_free(&j->text);
+    json_decref(j->lp);
+    free(j->echo);
+    free(j);
+}
+
+static const task_ops gen_ops = {gen_on_event, gen_destroy};
+
+/* ---- requests ------------------------------------------------------------------------ */
+
+int api_check_model(conn *c, const json_t *body, reqerr *e)
+{
+    const char *model = NULL;
+    if (reqparse_str(body, "model", &model, e) < 0)
+        return -1;
+    if (model && !server_model_matches(c->srv, model)) {
+        reqerr_set(e, 404, "model", "the model '%.200s' does not exist; this server serves '%s'",
+                   model, c->srv->model_id);
+        e->type = "invalid_request_error";
+        e->code = "model_not_found";
+        return -1;
+    }
+    return 0;
+}
+
+/* Fields shared by chat and completions. */
+static int parse_common(conn *c, const json_t *body, gen_job *j, genparams *gp, reqerr *e)
+{
+    if (api_check_model(c, body, e) < 0)
+        return -1;
+    int64_t n;
+    const json_t *so = NULL;
+    if (reqparse_bool(body, "stream", &j->stream, e) < 0 ||
+        reqparse_obj(body, "stream_options", &so, e) < 0 ||
+        (so && reqparse_bool(so, "include_usage", &j->include_usage, e) < 0) ||
+        reqparse_int(body, "n", 1, 1, &n, e) < 0 || reqparse_int(body, "best_of", 1, 1, &n, e) < 0)
+        return -1;
+    if (!j->stream)
+        j->include_usage = false;
+    return reqparse_gen(body, gp, e);
+}
+
+static int parse_chat(conn *c, const json_t *body, gen_job *j, genparams *gp, int32_t **toks,
+                      int32_t *n_toks, reqerr *e)
+{
+    bool lp = false;
+    int64_t top = 0;
+    if (reqparse_bool(body, "logprobs", &lp, e) < 0 ||
+        reqparse_int(body, "top_logprobs", 0, LMS_MAX_LOGPROBS, &top, e) < 0)
+        return -1;
+    const json_t *tl = json_object_get(body, "top_logprobs");
+    if (tl && !json_is_null(tl) && !lp)
+        return reqerr_set(e, 400, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    j->logprobs = lp ? (int)top : -1;
+    const json_t *tools = json_object_get(body, "tools");
+    if (tools && !json_is_null(tools) && !json_is_array(tools))
+        return reqerr_set(e, 400, "tools", "'tools' must be an array");
+    const json_t *rf = NULL;
+    const char *rft = NULL;
+    if (reqparse_obj(body, "response_format", &rf, e) < 0 ||
+        (rf && reqparse_str(rf, "type", &rft, e) < 0))
+        return -1;
+    if (rft && strcmp(rft, "text") != 0)
+        return reqerr_set(e, 400, "response_format", "response_format '%.40s' is not supported yet",
+                          rft);
+    json_t *msgs = chatfmt_messages(json_object_get(body, "messages"), "messages", e);
+    if (!msgs)
+        return -1;
+    int rc = chatfmt_tokens(&c->srv->fmt, c->srv->model, msgs,
+                            json_is_array(tools) ? tools : NULL, toks, n_toks, e);
+    json_decref(msgs);
+    return rc;
+}
+
+/* prompt: a string, [string], [ids] or [[ids]] (one prompt per request). */
+static int parse_prompt(conn *c, const json_t *body, bool echo, gen_job *j, int32_t **toks,
+                        int32_t *n_toks, reqerr *e)
+{
+    const json_t *p = json_object_get(body, "prompt");
+    if (json_is_array(p) && json_array_size(p) == 1 &&
+        (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
+        p = json_array_get(p, 0);
+    if (json_is_string(p)) {
+        if (echo && !(j->echo = strdup(json_string_value(p))))
+            return reqerr_set(e, 503, NULL, "out of memory");
+        return chatfmt_text_tokens(c->srv->model, json_string_value(p), json_string_length(p),
+                                   true, toks, n_toks, e);
+    }
+    if (!json_is_array(p) || json_array_size(p) == 0)
+        return reqerr_set(e, 400, "prompt", "'prompt' must be a string or an array of token ids "
+                          "(one prompt per request)");
+    if (echo)
+        return reqerr_set(e, 400, "echo", "'echo' needs a text prompt");
+    size_t n = json_array_size(p);
+    if (n > (1u << 24))
+        return reqerr_set(e, 413, "prompt", "the prompt is too long");
+    int32_t *v = malloc(n * sizeof *v);
+    if (!v)
+        return reqerr_set(e, 503, NULL, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const json_t *x = json_array_get(p, i);
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > INT32_MAX) {
+            free(v);
+            return reqerr_set(e, 400, "prompt", "prompt[%zu] must be a token id", i);
+        }
+        v[i] = (int32_t)json_integer_value(x);
+    }
+    *toks = v;
+    *n_toks = (int32_t)n;
+    return 0;
+}
+
+static int parse_completion(conn *c, const json_t *body, gen_job *j, int32_t **toks,
+                            int32_t *n_toks, reqerr *e)
+{
+    int64_t lp = -1;
+    bool echo = false;
+    if (reqparse_int(body, "logprobs", 0, LMS_MAX_LOGPROBS, &lp, e) < 0 ||
+        reqparse_bool(body, "echo", &echo, e) < 0)
+        return -1;
+    j->logprobs = (int)lp;
+    if (echo && j->logprobs >= 0)
+        return reqerr_set(e, 400, "echo", "'echo' with 'logprobs' is not supported");
+    return parse_prompt(c, body, echo, j, toks, n_toks, e);
+}
+
+static void job_ids(lms_server *s, gen_job *j)
+{
+    snprintf(j->id, sizeof j->id, "%s-%016llx", j->kind == JOB_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long long)server_rand(s));
+    j->created = lms_wall_s();
+}
+
+/* Submits and starts the response; on failure replies with the error. */
+static int start(conn *c, gen_job *j, const genparams *gp, const int32_t *toks, int32_t n_toks)
+{
+    lms_request r = {
+        .tokens = toks, .n_tokens = n_toks, .sp = gp->sp, .max_tokens = gp->max_tokens,
+        .stop = (const char *const *)gp->stop, .n_stop = gp->n_stop, .ignore_eos = gp->ignore_eos,
+        .n_logprobs = j->logprobs > 0 ? j->logprobs : 0,
+    };
+    reqerr e;
+    task *t = task_submit(c, &r, &gen_ops, j, &e);
+    if (!t) {
+        gen_destroy(&(task){.state = j});
+        return http_reply_err(c, &e);
+    }
+    if (!j->stream) {
+        if (j->echo)
+            sbuf_adds(&j->text, j->echo);
+        return 0;
+    }
+    http_stream_begin(c, 200, "text/event-stream");
+    if (j->kind == JOB_CHAT)
+        sse_choice(c, j, chunk_choice(j, "", 0, "assistant", NULL, NULL));
+    else if (j->echo)
+        sse_choice(c, j, chunk_choice(j, j->echo, strlen(j->echo), NULL, NULL, NULL));
+    return 0;
+}
+
+static int api_generate(conn *c, json_t *body, int kind)
+{
+    lms_server *s = c->srv;
+    reqerr e;
+    if (!s->sched) {
+        reqerr_set(&e, 503, NULL, "the model is still loading");
+        e.code = "model_loading";
+        return http_reply_err(c, &e);
+    }
+    gen_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        reqerr_set(&e, 503, NULL, "out of memory");
+        return http_reply_err(c, &e);
+    }
+    j->kind = kind;
+    j->logprobs = -1;
+    genparams gp;
+    genparams_init(&gp, server_rand(s));
+    int32_t *toks = NULL, n_toks = 0;
+    int rc = parse_common(c, body, j, &gp, &e);
+    if (rc == 0)
+        rc = kind == JOB_CHAT ? parse_chat(c, body, j, &gp, &toks, &n_toks, &e)
+                              : parse_completion(c, body, j, &toks, &n_toks, &e);
+    if (rc == 0 && !j->stream && j->logprobs >= 0)
+        j->lp = kind == JOB_CHAT ? json_array() : legacy_lp_new();
+    if (rc == 0) {
+        job_ids(s, j);
+        rc = start(c, j, &gp, toks, n_toks);
+    } else {
+        gen_destroy(&(task){.state = j});
+        rc = http_reply_err(c, &e);
+    }
+    free(toks);
+    genparams_deinit(&gp);
+    return rc;
+}
+
+int api_chat(conn *c, json_t *body)
+{
+    return api_generate(c, body, JOB_CHAT);
+}
+
+int api_completions(conn *c, json_t *body)
+{
+    return api_generate(c, body, JOB_COMPL);
+}
+
+/* ---- models ------------------------------------------------------------------------- */
+
+static json_t *model_obj(const lms_server *s)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "id", json_string_lossy(s->model_id, strlen(s->model_id)));
+    json_object_set_new(o, "object", json_string("model"));
+    json_object_set_new(o, "created", json_integer(s->t_start_wall));
+    json_object_set_new(o, "owned_by", json_string("lmserv"));
+    if (s->model) {
+        const lms_sched_params *sp = lms_sched_params_of(s->sched);
+        json_t *meta = json_object();
+        json_object_set_new(meta, "arch", json_string_lossy(s->model->hp.arch,
+                                                            strlen(s->model->hp.arch)));
+        json_object_set_new(meta, "n_ctx", json_integer(sp->n_ctx));
+        json_object_set_new(meta, "n_ctx_train", json_integer(s->model->hp.n_ctx_train));
+        json_object_set_new(meta, "n_embd", json_integer(s->model->hp.n_embd));
+        json_object_set_new(meta, "n_vocab", json_integer(s->model->hp.n_vocab));
+        json_object_set_new(o, "meta", meta);
+    }
+    return o;
+}
+
+int api_models(conn *c, const char *id)
+{
+    lms_server *s = c->srv;
+    reqerr e;
+    if (!s->model) {
+        reqerr_set(&e, 503, NULL, "the model is still loading");
+        e.code = "model_loading";
+        return http_reply_err(c, &e);
+    }
+    if (id) {
+        if (server_model_matches(s, id))
+            return http_reply_json(c, 200, model_obj(s));
+        reqerr_set(&e, 404, "model", "the model '%.200s' does not exist", id);
+        e.type = "invalid_request_error";
+        e.code = "model_not_found";
+        return http_reply_err(c, &e);
+    }
+    json_t *o = json_object();
+    json_object_set_new(o, "object", json_string("list"));
+    json_t *data = json_array();
+    json_array_append_new(data, model_obj(s));
+    json_object_set_new(o, "data", data);
+    return http_reply_json(c, 200, o);
+}

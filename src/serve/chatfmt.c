@@ -1,0 +1,220 @@
+/*
+ * chatfmt.c - from an OpenAI `messages` array to prompt tokens: checking
+ * and normalizing the messages (content parts joined into text, the
+ * "developer" role read as "system"), rendering them with the model's chat
+ * template (parsed once when the model is attached), and tokenizing.
+ *
+ * The template comes from the model file (tokenizer.chat_template) or, for
+ * models without one, the documented default (template.h). Rendering runs
+ * on the event-loop thread, so its time and output are bounded tighter
+ * than the library defaults.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "model/tokenizer.h"
+#include "serve/serve_int.h"
+
+static const lms_template_limits render_limits = {
+    .max_loop_iters = 200000,
+    .max_depth = 32,
+    .max_output_bytes = 8u << 20,
+    .max_memory_bytes = 64u << 20,
+    .max_time_ms = 1000,
+};
+
+static char *special_text(const lms_model *m, int32_t id)
+{
+    if (id < 0)
+        return NULL;
+    const char *t = lms_token_text(m->tok, id);
+    return t && t[0] ? strdup(t) : NULL;
+}
+
+int chatfmt_init(chatfmt *cf, const lms_model *m, char *err, size_t errsz)
+{
+    memset(cf, 0, sizeof *cf);
+    const char *src = NULL;
+    cf->model_has_own = gguf_get_str(m->gguf, "tokenizer.chat_template", &src) >= 0 && src &&
+                        src[0];
+    if (!cf->model_has_own)
+        src = lms_template_builtin(LMS_TEMPLATE_DEFAULT);
+    if (!src)
+        return lms_errf(err, errsz, LMS_ERR_NOTFOUND, "no chat template available");
+    int rc = lms_template_parse(src, strlen(src), &cf->tpl, err, errsz);
+    if (rc < 0)
+        return rc;
+    cf->bos = special_text(m, lms_tokenizer_bos(m->tok));
+    cf->eos = special_text(m, lms_tokenizer_eos(m->tok));
+    return 0;
+}
+
+void chatfmt_deinit(chatfmt *cf)
+{
+    lms_template_destroy(cf->tpl);
+    free(cf->bos);
+    free(cf->eos);
+    memset(cf, 0, sizeof *cf);
+}
+
+/* ---- messages ----------------------------------------------------------------- */
+
+/* Joins the text parts of a content array; NULL with e filled on a part
+ * we cannot take. */
+static json_t *join_parts(const json_t *parts, const char *field, size_t idx, reqerr *e)
+{
+    sbuf b = {0};
+    size_t i;
+    const json_t *part;
+    json_array_foreach(parts, i, part)
+    {
+        const char *type = json_string_value(json_object_get(part, "type"));
+        const json_t *text = json_object_get(part, "text");
+        if (!json_is_object(part) || !type) {
+            reqerr_set(e, 400, field, "%s[%zu].content[%zu] must be an object with a 'type'",
+                       field, idx, i);
+            goto fail;
+        }
+        if (strcmp(type, "text") != 0 || !json_is_string(text)) {
+            reqerr_set(e, 400, field, "%s[%zu].content[%zu]: content parts of type '%.40s' are not "
+                       "supported (only 'text' with a string 'text')", field, idx, i, type);
+            goto fail;
+        }
+        if ((i > 0 && sbuf_add(&b, "\n", 1) < 0) ||
+            sbuf_add(&b, json_string_value(text), json_string_length(text)) < 0) {
+            reqerr_set(e, 503, NULL, "out of memory");
+            goto fail;
+        }
+    }
+    json_t *s = json_stringn(b.p ? b.p : "", b.n);
+    sbuf_free(&b);
+    return s;
+fail:
+    sbuf_free(&b);
+    return NULL;
+}
+
+static json_t *norm_message(const json_t *msg, const char *field, size_t i, reqerr *e)
+{
+    if (!json_is_object(msg)) {
+        reqerr_set(e, 400, field, "%s[%zu] must be an object", field, i);
+        return NULL;
+    }
+    const json_t *role = json_object_get(msg, "role");
+    if (!json_is_string(role)) {
+        reqerr_set(e, 400, field, "%s[%zu].role must be a string", field, i);
+        return NULL;
+    }
+    const json_t *content = json_object_get(msg, "content");
+    json_t *text;
+    if (!content || json_is_null(content) || json_is_string(content))
+        text = content ? json_copy((json_t *)content) : json_null();
+    else if (json_is_array(content))
+        text = join_parts(content, field, i, e);
+    else {
+        reqerr_set(e, 400, field, "%s[%zu].content must be a string or an array of parts",
+                   field, i);
+        return NULL;
+    }
+    if (!text)
+        return NULL;
+    json_t *out = json_deep_copy(msg);
+    if (!out) {
+        json_decref(text);
+        reqerr_set(e, 503, NULL, "out of memory");
+        return NULL;
+    }
+    json_object_set_new(out, "content", text);
+    if (!strcmp(json_string_value(role), "developer"))
+        json_object_set_new(out, "role", json_string("system"));
+    return out;
+}
+
+json_t *chatfmt_messages(const json_t *messages, const char *field, reqerr *e)
+{
+    if (!messages || json_is_null(messages)) {
+        reqerr_set(e, 400, field, "'%s' is required", field);
+        return NULL;
+    }
+    if (!json_is_array(messages)) {
+        reqerr_set(e, 400, field, "'%s' must be an array of messages", field);
+        return NULL;
+    }
+    if (json_array_size(messages) == 0) {
+        reqerr_set(e, 400, field, "'%s' must not be empty", field);
+        return NULL;
+    }
+    json_t *out = json_array();
+    size_t i;
+    const json_t *msg;
+    json_array_foreach(messages, i, msg)
+    {
+        json_t *n = norm_message(msg, field, i, e);
+        if (!n) {
+            json_decref(out);
+            return NULL;
+        }
+        json_array_append_new(out, n);
+    }
+    return out;
+}
+
+/* ---- tokens ----------------------------------------------------------------------- */
+
+static int tokenize(const lms_model *m, const char *text, size_t len, bool add_special,
+                    bool parse_special, int32_t **out, int32_t *n_out, reqerr *e)
+{
+    int64_t n = lms_tokenize(m->tok, text, len, add_special, parse_special, NULL, 0);
+    if (n < 0)
+        return reqerr_set(e, 400, NULL, "cannot tokenize the prompt: %s", lms_strerror((int)n));
+    if (n > INT32_MAX / 2)
+        return reqerr_set(e, 413, NULL, "the prompt is too long");
+    int32_t *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+    if (!v)
+        return reqerr_set(e, 503, NULL, "out of memory for %lld tokens", (long long)n);
+    lms_tokenize(m->tok, text, len, add_special, parse_special, v, n);
+    *out = v;
+    *n_out = (int32_t)n;
+    return 0;
+}
+
+int chatfmt_text_tokens(const lms_model *m, const char *text, size_t len, bool add_special,
+                        int32_t **out, int32_t *n_out, reqerr *e)
+{
+    return tokenize(m, text, len, add_special, false, out, n_out, e);
+}
+
+static int render_error(reqerr *e, int rc, const char *msg)
+{
+    if (rc == LMS_ERR_NOMEM)
+        return reqerr_set(e, 503, NULL, "out of memory while rendering the chat template");
+    if (rc == LMS_ERR_INVAL) /* the template's raise_exception: it refuses this chat */
+        return reqerr_set(e, 422, "messages", "%s", msg);
+    return reqerr_set(e, 422, "messages", "the chat template cannot render these messages: %s",
+                      msg);
+}
+
+int chatfmt_tokens(const chatfmt *cf, const lms_model *m, const json_t *messages,
+                   const json_t *tools, int32_t **out, int32_t *n_out, reqerr *e)
+{
+    lms_template_vars vars = {
+        .messages = messages,
+        .tools = tools,
+        .add_generation_prompt = true,
+        .bos_token = cf->bos,
+        .eos_token = cf->eos,
+        .limits = &render_limits,
+    };
+    char *text, msg[256];
+    size_t len;
+    int rc = lms_template_apply(cf->tpl, &vars, &text, &len, msg, sizeof msg);
+    if (rc < 0)
+        return render_error(e, rc, msg);
+    /* BOS unless the template already wrote it */
+    bool add = lms_tokenizer_add_bos(m->tok) && cf->bos &&
+               strncmp(text, cf->bos, strlen(cf->bos)) != 0;
+    rc = tokenize(m, text, len, add, true, out, n_out, e);
+    free(text);
+    return rc;
+}

@@ -1,0 +1,337 @@
+/*
+ * reqparse.c - client JSON in, errors out: parsing request bodies with
+ * positions in the error, typed optional fields that name the field they
+ * refuse, the generation parameters every dialect shares, and the OpenAI
+ * error object.
+ *
+ * All input here is hostile. Unknown fields are ignored (clients send
+ * extensions we do not know); a known field of the wrong type or out of
+ * range is refused with its name, never coerced.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "serve/serve_int.h"
+
+/* ---- errors ------------------------------------------------------------------ */
+
+static const char *type_of_status(int status)
+{
+    switch (status) {
+    case 401:
+        return "authentication_error";
+    case 403:
+        return "permission_error";
+    case 404:
+        return "not_found_error";
+    case 429:
+        return "rate_limit_error";
+    case 503:
+        return "unavailable_error";
+    default:
+        return status >= 500 ? "server_error" : "invalid_request_error";
+    }
+}
+
+int reqerr_set(reqerr *e, int status, const char *param, const char *fmt, ...)
+{
+    e->status = status;
+    e->type = type_of_status(status);
+    e->code = NULL;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+int reqerr_from_submit(reqerr *e, int rc, const char *msg)
+{
+    switch (rc) {
+    case LMS_ERR_BUSY:
+        reqerr_set(e, 429, NULL, "%s", msg);
+        e->code = "queue_full";
+        break;
+    case LMS_ERR_LIMIT:
+        reqerr_set(e, 400, "messages", "%s", msg);
+        e->code = "context_length_exceeded";
+        break;
+    case LMS_ERR_NOMEM:
+        reqerr_set(e, 503, NULL, "%s", msg);
+        break;
+    default:
+        reqerr_set(e, 400, NULL, "%s", msg);
+        break;
+    }
+    return -1;
+}
+
+json_t *reqerr_json(const reqerr *e)
+{
+    json_t *err = json_object();
+    json_object_set_new(err, "message", json_string_lossy(e->msg, strlen(e->msg)));
+    json_object_set_new(err, "type", json_string(e->type ? e->type : "server_error"));
+    json_object_set_new(err, "param", e->param[0] ? json_string_lossy(e->param, strlen(e->param))
+                                                  : json_null());
+    json_object_set_new(err, "code", e->code ? json_string(e->code) : json_null());
+    json_t *o = json_object();
+    json_object_set_new(o, "error", err);
+    return o;
+}
+
+/* ---- JSON out helpers --------------------------------------------------------- */
+
+json_t *json_string_lossy(const char *s, size_t n)
+{
+    json_t *j = json_stringn(s, n);
+    if (j)
+        return j;
+    sbuf b = {0};
+    sbuf_add_utf8(&b, s, n);
+    j = b.oom ? json_string("") : json_stringn(b.p ? b.p : "", b.n);
+    sbuf_free(&b);
+    return j ? j : json_string("");
+}
+
+json_t *json_real_safe(double v)
+{
+    if (isnan(v))
+        v = 0;
+    else if (isinf(v))
+        v = v > 0 ? 1e30 : -9999.0; /* -inf logprob: "impossible" */
+    return json_real(v);
+}
+
+char *json_dump_compact(const json_t *j, size_t *n_out)
+{
+    char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(9));
+    if (s && n_out)
+        *n_out = strlen(s);
+    return s;
+}
+
+/* ---- bodies ------------------------------------------------------------------------ */
+
+int reqparse_body(const char *p, size_t n, json_t **out, reqerr *e)
+{
+    json_error_t je;
+    json_t *j = json_loadb(p ? p : "", n, 0, &je);
+    if (!j)
+        return reqerr_set(e, 400, NULL, "invalid JSON at line %d, column %d: %s", je.line,
+                          je.column, je.text);
+    if (!json_is_object(j)) {
+        json_decref(j);
+        return reqerr_set(e, 400, NULL, "the request body must be a JSON object");
+    }
+    *out = j;
+    return 0;
+}
+
+/* ---- typed fields ----------------------------------------------------------------- */
+
+static const json_t *field(const json_t *o, const char *key)
+{
+    const json_t *v = json_object_get(o, key);
+    return v && !json_is_null(v) ? v : NULL;
+}
+
+int reqparse_bool(const json_t *o, const char *key, bool *out, reqerr *e)
+{
+    const json_t *v = field(o, key);
+    if (!v)
+        return 0;
+    if (!json_is_boolean(v))
+        return reqerr_set(e, 400, key, "'%s' must be a boolean", key);
+    *out = json_is_true(v);
+    return 1;
+}
+
+int reqparse_int(const json_t *o, const char *key, int64_t lo, int64_t hi, int64_t *out,
+                 reqerr *e)
+{
+    const json_t *v = field(o, key);
+    if (!v)
+        return 0;
+    int64_t x;
+    if (json_is_integer(v)) {
+        x = (int64_t)json_integer_value(v);
+    } else if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)) &&
+               fabs(json_real_value(v)) < 9.0e18) {
+        x = (int64_t)json_real_value(v);
+    } else {
+        return reqerr_set(e, 400, key, "'%s' must be an integer", key);
+    }
+    if (x < lo || x > hi)
+        return reqerr_set(e, 400, key, "'%s' must be between %lld and %lld, got %lld", key,
+                          (long long)lo, (long long)hi, (long long)x);
+    *out = x;
+    return 1;
+}
+
+int reqparse_num(const json_t *o, const char *key, double lo, double hi, double *out, reqerr *e)
+{
+    const json_t *v = field(o, key);
+    if (!v)
+        return 0;
+    if (!json_is_number(v))
+        return reqerr_set(e, 400, key, "'%s' must be a number", key);
+    double x = json_number_value(v);
+    if (!(x >= lo && x <= hi))
+        return reqerr_set(e, 400, key, "'%s' must be between %g and %g, got %g", key, lo, hi, x);
+    *out = x;
+    return 1;
+}
+
+int reqparse_str(const json_t *o, const char *key, const char **out, reqerr *e)
+{
+    const json_t *v = field(o, key);
+    if (!v)
+        return 0;
+    if (!json_is_string(v))
+        return reqerr_set(e, 400, key, "'%s' must be a string", key);
+    *out = json_string_value(v);
+    return 1;
+}
+
+int reqparse_obj(const json_t *o, const char *key, const json_t **out, reqerr *e)
+{
+    const json_t *v = field(o, key);
+    if (!v)
+        return 0;
+    if (!json_is_object(v))
+        return reqerr_set(e, 400, key, "'%s' must be an object", key);
+    *out = v;
+    return 1;
+}
+
+/* ---- generation parameters --------------------------------------------------------- */
+
+void genparams_init(genparams *gp, uint64_t seed)
+{
+    memset(gp, 0, sizeof *gp);
+    gp->sp = lms_sampler_defaults();
+    gp->sp.seed = seed;
+    gp->max_tokens = -1;
+}
+
+void genparams_deinit(genparams *gp)
+{
+    for (int i = 0; i < gp->n_stop; i++)
+        free(gp->stop[i]);
+    gp->n_stop = 0;
+}
+
+#define MAX_STOP_BYTES 1024
+
+static int add_stop(genparams *gp, const json_t *s, reqerr *e)
+{
+    if (!json_is_string(s))
+        return reqerr_set(e, 400, "stop", "'stop' must be a string or an array of strings");
+    size_t n = json_string_length(s);
+    if (n == 0)
+        return 0;
+    if (n > MAX_STOP_BYTES)
+        return reqerr_set(e, 400, "stop", "a stop string may have at most %d bytes",
+                          MAX_STOP_BYTES);
+    if (gp->n_stop >= LMS_MAX_STOP)
+        return reqerr_set(e, 400, "stop", "at most %d stop strings", LMS_MAX_STOP);
+    char *copy = strndup(json_string_value(s), n);
+    if (!copy)
+        return reqerr_set(e, 503, NULL, "out of memory");
+    gp->stop[gp->n_stop++] = copy;
+    return 0;
+}
+
+static int parse_stop(const json_t *o, genparams *gp, reqerr *e)
+{
+    const json_t *v = field(o, "stop");
+    if (!v)
+        return 0;
+    if (!json_is_array(v))
+        return add_stop(gp, v, e);
+    size_t i;
+    const json_t *s;
+    json_array_foreach(v, i, s)
+    {
+        if (add_stop(gp, s, e) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* The first present key of names, or NULL. */
+static const char *alias(const json_t *o, const char *const *names)
+{
+    for (; *names; names++)
+        if (field(o, *names))
+            return *names;
+    return NULL;
+}
+
+static int parse_floats(const json_t *o, lms_sampler_params *sp, reqerr *e)
+{
+    static const char *const temp_names[] = {"temperature", "temp", NULL};
+    const char *tk = alias(o, temp_names);
+    double d = 0;
+    int rc;
+    if (tk && (rc = reqparse_num(o, tk, 0, 100, &d, e)) != 0) {
+        if (rc < 0)
+            return -1;
+        sp->temperature = (float)d;
+    }
+    struct { const char *key; double lo, hi; float *dst; } fl[] = {
+        {"top_p", 0, 1, &sp->top_p},
+        {"min_p", 0, 1, &sp->min_p},
+        {"repeat_penalty", 1e-6, 10, &sp->repeat_penalty},
+        {"presence_penalty", -2, 2, &sp->presence_penalty},
+        {"frequency_penalty", -2, 2, &sp->frequency_penalty},
+    };
+    for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++) {
+        rc = reqparse_num(o, fl[i].key, fl[i].lo, fl[i].hi, &d, e);
+        if (rc < 0)
+            return -1;
+        if (rc > 0)
+            *fl[i].dst = (float)d;
+    }
+    return 0;
+}
+
+int reqparse_gen(const json_t *o, genparams *gp, reqerr *e)
+{
+    static const char *const max_names[] = {"max_tokens", "max_completion_tokens", "n_predict",
+                                            NULL};
+    int64_t x = 0;
+    int rc;
+    if (parse_floats(o, &gp->sp, e) < 0)
+        return -1;
+    if ((rc = reqparse_int(o, "top_k", 0, 1 << 20, &x, e)) < 0)
+        return -1;
+    if (rc)
+        gp->sp.top_k = (int32_t)x;
+    if ((rc = reqparse_int(o, "repeat_last_n", 0, 1 << 20, &x, e)) < 0)
+        return -1;
+    if (rc)
+        gp->sp.penalty_last_n = (int32_t)x;
+    if ((rc = reqparse_int(o, "seed", INT64_MIN, INT64_MAX, &x, e)) < 0)
+        return -1;
+    if (rc && x != -1) {
+        gp->sp.seed = (uint64_t)x;
+        gp->has_seed = true;
+    }
+    const char *mk = alias(o, max_names);
+    if (mk && reqparse_int(o, mk, -1, INT32_MAX, &x, e) < 0)
+        return -1;
+    if (mk) {
+        if (x == 0)
+            return reqerr_set(e, 400, mk, "'%s' must be at least 1", mk);
+        gp->max_tokens = (int32_t)x;
+    }
+    if (reqparse_bool(o, "ignore_eos", &gp->ignore_eos, e) < 0)
+        return -1;
+    return parse_stop(o, gp, e);
+}

@@ -1,0 +1,389 @@
+/*
+ * serve_int.h - what the files of src/serve/ share: the server object, a
+ * connection, a task (one scheduler request seen from the loop), request
+ * errors, and each file's entry points.
+ *
+ * Everything here lives on the event-loop thread, except the fields of
+ * lms_server marked "mu" (the hand-off from other threads).
+ *
+ *   scheduler thread                       event-loop thread
+ *   ----------------                       -----------------
+ *   cb(srv, ev) --lock--> evq (vector) --> EVENT_WAIT_CANCELLED: drain
+ *               lws_cancel_service()         task_dispatch(ev)
+ *                                              task = tasks[ev->id] or drop
+ *                                              task->ops->on_event -> conn out
+ *                                              lws_callback_on_writable
+ *
+ * A task belongs to one connection. When the connection closes, its tasks
+ * are aborted in the scheduler and removed from the table at once; their
+ * later events find no task and are freed unread. Nothing keeps a pointer
+ * to a closed connection.
+ */
+#ifndef LMS_SERVE_INT_H
+#define LMS_SERVE_INT_H
+
+#include <jansson.h>
+#include <libwebsockets.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/sched.h"
+#include "model/model.h"
+#include "model/template.h"
+#include "ops/gpumon.h"
+#include "serve/server.h"
+
+typedef struct conn conn;
+typedef struct task task;
+
+/* ---- growable byte buffer (sbuf.c) --------------------------------------- */
+
+typedef struct sbuf {
+    char *p;     /* NUL-terminated when n > 0 or after sbuf_addf */
+    size_t n, cap;
+    bool oom;    /* an append failed; contents are truncated */
+} sbuf;
+
+void sbuf_free(sbuf *b);
+int sbuf_add(sbuf *b, const void *p, size_t n);
+int sbuf_adds(sbuf *b, const char *s);
+int sbuf_addf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Appends s[0..n) to b with ill-formed UTF-8 replaced by U+FFFD. */
+int sbuf_add_utf8(sbuf *b, const char *s, size_t n);
+/* jansson string from arbitrary bytes (ill-formed UTF-8 -> U+FFFD). */
+json_t *json_string_lossy(const char *s, size_t n);
+/* json_real that maps NaN/inf to a finite number (jansson refuses them). */
+json_t *json_real_safe(double v);
+/* Compact JSON text of j (malloc'd) or NULL. */
+char *json_dump_compact(const json_t *j, size_t *n_out);
+
+/* ---- request errors (reqparse.c) -------------------------------------------
+ * One failed request: HTTP status, OpenAI error type/code, the offending
+ * parameter, and a message meant for the client. */
+typedef struct reqerr {
+    int status;        /* 400, 401, 404, 413, 422, 429, 500, 503 */
+    const char *type;  /* "invalid_request_error", ... (static) */
+    const char *code;  /* static or NULL */
+    char param[64];    /* "" = null */
+    char msg[512];
+} reqerr;
+
+/* Fills e (type chosen from status) and returns -1. param may be NULL. */
+int reqerr_set(reqerr *e, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Maps an lms_sched_submit error code to a status (429 busy, 400 ...). */
+int reqerr_from_submit(reqerr *e, int rc, const char *msg);
+/* {"error":{"message","type","param","code"}} */
+json_t *reqerr_json(const reqerr *e);
+
+/* Parses a request body; must be a JSON object. Errors name the line and
+ * column ("invalid JSON at line 1, column 12: ..."). */
+int reqparse_body(const char *p, size_t n, json_t **out, reqerr *e);
+
+/* Typed optional fields: return 1 when present, 0 when absent or null,
+ * -1 (e filled, naming the field) when of the wrong type or out of range. */
+int reqparse_bool(const json_t *o, const char *key, bool *out, reqerr *e);
+int reqparse_int(const json_t *o, const char *key, int64_t lo, int64_t hi, int64_t *out,
+                 reqerr *e);
+int reqparse_num(const json_t *o, const char *key, double lo, double hi, double *out, reqerr *e);
+int reqparse_str(const json_t *o, const char *key, const char **out, reqerr *e);
+int reqparse_obj(const json_t *o, const char *key, const json_t **out, reqerr *e);
+
+/* Generation settings common to every dialect. */
+typedef struct genparams {
+    lms_sampler_params sp;
+    int32_t max_tokens;          /* -1 = until the context is full */
+    char *stop[LMS_MAX_STOP];    /* owned */
+    int n_stop;
+    bool ignore_eos;
+    bool has_seed;
+} genparams;
+
+/* Reads temperature (or `temp`), top_k, top_p, min_p, repeat_penalty,
+ * repeat_last_n, presence_penalty, frequency_penalty, seed, max_tokens (or
+ * max_completion_tokens, n_predict), stop, ignore_eos from o. Unknown
+ * fields are ignored. gp must be initialized with genparams_init. */
+int reqparse_gen(const json_t *o, genparams *gp, reqerr *e);
+void genparams_init(genparams *gp, uint64_t seed);
+void genparams_deinit(genparams *gp);
+
+/* ---- chat template (chatfmt.c) ---------------------------------------------- */
+
+typedef struct chatfmt {
+    lms_template *tpl;   /* parsed once */
+    bool model_has_own;  /* the GGUF file ships tokenizer.chat_template */
+    char *bos, *eos;     /* special token texts or NULL */
+} chatfmt;
+
+int chatfmt_init(chatfmt *cf, const lms_model *m, char *err, size_t errsz);
+void chatfmt_deinit(chatfmt *cf);
+/* Checks and normalizes OpenAI messages (content parts joined into text).
+ * Returns a new array or NULL with e filled (400). */
+json_t *chatfmt_messages(const json_t *messages, const char *field, reqerr *e);
+/* Renders messages (normalized) and tokenizes the text; tools may be NULL. */
+int chatfmt_tokens(const chatfmt *cf, const lms_model *m, const json_t *messages,
+                   const json_t *tools, int32_t **out, int32_t *n_out, reqerr *e);
+/* Plain text to tokens (BOS where the vocab wants it). */
+int chatfmt_text_tokens(const lms_model *m, const char *text, size_t len, bool add_special,
+                        int32_t **out, int32_t *n_out, reqerr *e);
+
+/* ---- metrics (metrics.c) ------------------------------------------------------ */
+
+#define METRICS_N_BUCKETS 14
+
+typedef struct histo {
+    uint64_t counts[METRICS_N_BUCKETS + 1]; /* last: +Inf */
+    double sum;
+    uint64_t n;
+} histo;
+
+typedef struct metrics {
+    uint64_t by_finish[6];       /* stop, length, abort, deadline, error, rejected */
+    uint64_t http_by_code[600];  /* responses by status */
+    uint64_t ws_messages_in, ws_messages_out;
+    histo ttft, itl, e2e, queue;
+    uint64_t total_gen_tokens;   /* tokens streamed to clients */
+} metrics;
+
+enum { FIN_STOP, FIN_LENGTH, FIN_ABORT, FIN_DEADLINE, FIN_ERROR, FIN_REJECTED };
+
+void metrics_observe(histo *h, double seconds);
+/* Records a terminal event (stats, finish reason). */
+void metrics_on_terminal(metrics *m, const lms_event *ev);
+void metrics_render_prom(lms_server *s, sbuf *out);
+json_t *metrics_stats_json(lms_server *s);
+/* The GPU monitor's latest snapshot as JSON ({"available":false,...} without NVML). */
+json_t *metrics_gpu_json(lms_server *s);
+
+/* ---- server (server.c) ----------------------------------------------------------- */
+
+enum srv_state {
+    SRV_LOADING = 0,
+    SRV_READY,
+    SRV_DRAINING,
+    SRV_FAILED,
+};
+
+typedef struct evnode {
+    lms_event *ev;
+    double t_ms; /* when the scheduler produced it */
+} evnode;
+
+struct lms_server {
+    /* configuration (copied strings) */
+    lms_server_params p;
+    char *host, *api_key, *model_path, *model_alias;
+    struct lws_context *ctx;
+    struct lws_vhost *vh;
+    int port;
+
+    /* mu: hand-off from other threads */
+    pthread_mutex_t mu;
+    evnode *q;                 /* pending events */
+    size_t n_q, cap_q;
+    bool wake_pending;         /* a lws_cancel_service is in flight */
+    bool ctx_alive;            /* ctx may be woken */
+    lms_model *pend_model;
+    lms_sched *pend_sched;
+    chatfmt pend_fmt;
+    bool pend_attach;
+    char *pend_fail;
+    int stop_requests;
+
+    /* event-loop thread only */
+    int state;                 /* enum srv_state */
+    bool done;                 /* lms_server_run returns */
+    bool io_closing;           /* lws_context_destroy runs: ignore wake-ups */
+    bool aborting;             /* draining: grace over, every request aborted */
+    int exit_code;
+    int stops_seen;
+    lms_model *model;
+    lms_sched *sched;
+    chatfmt fmt;
+    char model_id[160];
+    char model_base[160];      /* base name of the model file, .gguf stripped */
+    conn *conns;               /* every open connection */
+    int n_conns, n_ws;
+    task **tab;                /* live tasks by scheduler id */
+    size_t tab_cap;
+    size_t n_tasks;
+    metrics met;
+    lms_gpumon *gpu;           /* NVML through dlopen; polled by the tick */
+    lws_sorted_usec_list_t sul_tick;
+    double t_start_ms, t_last_broadcast, drain_deadline;
+    int64_t t_start_wall;      /* seconds since the epoch */
+    uint64_t next_cid;
+    uint64_t rng;              /* seeds and ids */
+};
+
+/* Sends a JSON message to every WebSocket connection subscribed (op
+ * dialect) or to all when all is true. */
+void server_broadcast_ws(lms_server *s, json_t *msg, bool all);
+/* A fresh pseudo-random 64-bit value (seeds, ids). */
+uint64_t server_rand(lms_server *s);
+/* True when model, if given, names the served model. */
+bool server_model_matches(const lms_server *s, const char *model);
+/* Whether an Authorization / api_key value is valid (constant time). */
+bool server_key_ok(const lms_server *s, const char *presented, size_t n);
+
+/* ---- tasks (tasks.c) -------------------------------------------------------------- */
+
+typedef struct task_ops {
+    /* One event of this task; the event stays owned by the caller. t_ms:
+     * when the scheduler produced it. The task is removed after its
+     * terminal event (END or ERROR) returns. */
+    void (*on_event)(task *t, const lms_event *ev, double t_ms);
+    /* Frees state; called exactly once (after the terminal event, or when
+     * the task is canceled). */
+    void (*destroy)(task *t);
+} task_ops;
+
+struct task {
+    uint64_t id;               /* scheduler request id */
+    conn *c;                   /* owner; valid while the task is live */
+    const task_ops *ops;
+    void *state;
+    double t_last_tok;         /* inter-token latency */
+    task *c_next, *c_prev;     /* the connection's tasks */
+    task *h_next;              /* hash chain */
+};
+
+int tasks_init(lms_server *s);
+void tasks_deinit(lms_server *s);
+/* Fills the callback fields of r and submits it. Returns the live task, or
+ * NULL with e filled (then state is not taken). */
+task *task_submit(conn *c, lms_request *r, const task_ops *ops, void *state, reqerr *e);
+/* Aborts the request in the scheduler and frees the task now. */
+void task_cancel(task *t);
+/* Routes one event (frees it). */
+void task_dispatch(lms_server *s, lms_event *ev, double t_ms);
+/* The scheduler callback (scheduler thread): queue + wake. */
+void task_sched_cb(void *user, lms_event *ev);
+
+/* ---- connections (conn.c) ------------------------------------------------------ */
+
+enum conn_role { CONN_HTTP = 0, CONN_WS = 1 };
+enum { DIALECT_NONE = 0, DIALECT_OP, DIALECT_TYPE };
+
+enum txn_state {
+    TXN_IDLE = 0, /* waiting for a request */
+    TXN_BODY,     /* reading the request body */
+    TXN_RUNNING,  /* a job works on it; nothing sent yet */
+    TXN_STREAM,   /* headers sent, chunks flowing */
+    TXN_DONE,     /* the whole response is queued */
+};
+
+typedef struct http_txn {
+    int state;
+    int method;                /* LWSHUMETH_* */
+    char path[256];
+    int route;                 /* index in the route table or -1 */
+    sbuf body;
+    bool discard;              /* error already queued; ignore the body */
+    bool close_after;
+    bool http10;               /* HTTP/1.0 client: no chunked encoding */
+    bool chunked;
+    int status;
+} http_txn;
+
+typedef struct wsmsg {
+    struct wsmsg *next;
+    size_t n;
+    unsigned char data[];      /* LWS_PRE headroom, then n bytes */
+} wsmsg;
+
+struct conn {
+    lms_server *srv;
+    struct lws *wsi;
+    uint64_t cid;
+    int role;                  /* enum conn_role */
+    bool closed;               /* lws closed it; write nothing */
+    bool kill;                 /* close at the next writable */
+    task *tasks;
+    conn *next, *prev;         /* server list */
+    /* output */
+    sbuf out;                  /* HTTP bytes not yet written */
+    size_t out_off;
+    wsmsg *wq_head, *wq_tail;  /* WebSocket messages not yet written */
+    size_t out_bytes;          /* both, for back-pressure */
+    /* HTTP */
+    http_txn txn;
+    /* WebSocket */
+    sbuf rx;                   /* message being reassembled */
+    bool rx_active, rx_binary, rx_too_big;
+    int close_code;            /* close with this code once the output is flushed */
+    int dialect;
+    bool op_subscribed;        /* op: 1-second metrics */
+    task *op_task;             /* op: the connection's generation */
+};
+
+conn *conn_create(lms_server *s, struct lws *wsi);
+/* The socket is gone: abort tasks, free everything. */
+void conn_destroy(conn *c);
+/* Aborts and frees every task of c (socket closing). */
+void conn_cancel_tasks(conn *c);
+/* Queues raw HTTP bytes / one WebSocket text message; -1 when over the
+ * back-pressure limit (the connection is then killed). */
+int conn_out_raw(conn *c, const void *p, size_t n);
+int conn_out_ws(conn *c, const char *p, size_t n);
+/* Serializes j and queues it as a WebSocket message; steals j. */
+int conn_out_ws_json(conn *c, json_t *j);
+void conn_want_write(conn *c);
+/* Writes what the socket takes; returns -1 to close the connection. */
+int conn_flush(conn *c);
+bool conn_idle_out(const conn *c);
+
+/* ---- HTTP (http.c) ----------------------------------------------------------------- */
+
+int http_on_request(conn *c, const char *uri);
+int http_on_body(conn *c, const void *p, size_t n);
+int http_on_body_done(conn *c);
+int http_on_writable(conn *c);
+
+/* Responses (one per transaction). Headers are written by the server. */
+int http_reply(conn *c, int status, const char *ctype, const char *body, size_t n);
+int http_reply_json(conn *c, int status, json_t *j);  /* steals j */
+int http_reply_err(conn *c, const reqerr *e);
+int http_stream_begin(conn *c, int status, const char *ctype);
+int http_stream_write(conn *c, const char *p, size_t n);
+int http_stream_end(conn *c);
+
+/* ---- endpoints ------------------------------------------------------------------------ */
+
+/* api_openai.c */
+/* Refuses (404 model_not_found) a "model" field naming another model. */
+int api_check_model(conn *c, const json_t *body, reqerr *e);
+int api_chat(conn *c, json_t *body);
+int api_completions(conn *c, json_t *body);
+int api_models(conn *c, const char *id);
+/* api_embeddings.c */
+int api_embeddings(conn *c, json_t *body);
+/* api_ops.c */
+int api_health(conn *c);
+int api_stats(conn *c);
+int api_metrics(conn *c);
+
+/* ---- WebSocket (ws.c, ws_op.c, ws_type.c) --------------------------------------------- */
+
+/* LWS_CALLBACK_FILTER_PROTOCOL_CONNECTION: path, auth, state; nonzero refuses
+ * (an HTTP error has then been written). */
+int ws_filter(conn *c);
+int ws_on_open(conn *c);
+int ws_on_receive(conn *c, const void *in, size_t len);
+int ws_on_writable(conn *c);
+/* Sends an error in the connection's dialect (both keys if unknown). */
+void ws_send_error(conn *c, const char *session_id, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+void ws_op_hello(conn *c);
+void ws_op_handle(conn *c, json_t *msg);
+json_t *ws_op_metrics_msg(lms_server *s);
+void ws_type_handle(conn *c, json_t *msg);
+
+/* Prompt tokens and request for a WS generation (shared by both dialects). */
+bool ws_check_ready(conn *c, const char *session_id);
+
+#endif

@@ -1,0 +1,495 @@
+/*
+ * server.c - the server object and its event loop: the libwebsockets
+ * context on one port, the protocol callback that routes every lws event
+ * to http.c / ws.c / conn.c, the hand-off from other threads (scheduler
+ * events, model attach, load failure, stop), the 1-second tick (metrics
+ * broadcast) and graceful shutdown.
+ *
+ * Shutdown, on lms_server_stop:
+ *
+ *   READY --stop--> DRAINING: new sockets refused, new requests 503,
+ *      |                      running streams go on
+ *      |            --all tasks ended and output flushed--> done (exit 0)
+ *      |            --grace_ms passed--> abort every request; their ends
+ *      |                      go out as usual ("abort"), then done (exit 0)
+ *      |            --a second stop--> cut everything now, done (exit 0)
+ *   LOADING --stop--> done
+ *
+ * lms_server_run returns when done; lms_server_destroy closes the sockets
+ * (aborting what is left) and only then destroys the scheduler, whose
+ * final events land in a queue nobody wakes any more and are freed.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "base/err.h"
+#include "base/timeutil.h"
+#include "ops/log.h"
+#include "serve/serve_int.h"
+
+#define TICK_US (1000 * 1000)
+#define DRAIN_TICK_US (100 * 1000)
+
+/* ---- small services ------------------------------------------------------------- */
+
+uint64_t server_rand(lms_server *s)
+{
+    /* xorshift64*: ids and default seeds, not secrets */
+    uint64_t x = s->rng;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    s->rng = x;
+    return x * 0x2545F4914F6CDD1Dull;
+}
+
+bool server_key_ok(const lms_server *s, const char *presented, size_t n)
+{
+    const char *key = s->api_key;
+    size_t kn = strlen(key);
+    /* time depends on the presented length only, never on where bytes differ */
+    unsigned diff = n != kn;
+    for (size_t i = 0; i < n; i++)
+        diff |= (unsigned char)presented[i] ^ (unsigned char)key[kn ? i % kn : 0];
+    return diff == 0 && kn > 0;
+}
+
+bool server_model_matches(const lms_server *s, const char *model)
+{
+    return !strcmp(model, s->model_id) || (s->model_base[0] && !strcmp(model, s->model_base)) ||
+           (s->model_path && !strcmp(model, s->model_path)) ||
+           (s->model && s->model->name[0] && !strcmp(model, s->model->name));
+}
+
+void server_broadcast_ws(lms_server *s, json_t *msg, bool all)
+{
+    size_t n;
+    char *text = msg ? json_dump_compact(msg, &n) : NULL;
+    json_decref(msg);
+    if (!text)
+        return;
+    for (conn *c = s->conns; c; c = c->next)
+        if (c->role == CONN_WS && !c->closed && (all || c->op_subscribed))
+            conn_out_ws(c, text, n);
+    free(text);
+}
+
+/* ---- hand-off from other threads ---------------------------------------------------- */
+
+static void set_model_id(lms_server *s)
+{
+    /* the alias, else the file's base name ("stories260K"): general.name
+     * is often just the architecture */
+    const char *id = s->model_alias ? s->model_alias
+                     : s->model_base[0] ? s->model_base
+                                        : s->model->name;
+    if (!id || !id[0])
+        id = "model";
+    snprintf(s->model_id, sizeof s->model_id, "%s", id);
+}
+
+static void do_attach(lms_server *s, lms_model *m, lms_sched *sched, chatfmt *fmt)
+{
+    s->model = m;
+    s->sched = sched;
+    s->fmt = *fmt;
+    set_model_id(s);
+    if (s->state == SRV_LOADING)
+        s->state = SRV_READY;
+    lms_log(LMS_LOG_INFO, "model_ready", "model", LMS_LOG_STR(s->model_id),
+            "n_ctx", LMS_LOG_I64(lms_sched_params_of(sched)->n_ctx),
+            "n_parallel", LMS_LOG_I64(lms_sched_params_of(sched)->n_parallel));
+    for (conn *c = s->conns; c; c = c->next)
+        if (c->role == CONN_WS && !c->closed)
+            ws_op_hello(c);
+}
+
+/* Ends lms_server_run: the loop may sit in poll() until its next timer,
+ * so wake it. */
+static void set_done(lms_server *s)
+{
+    s->done = true;
+    lws_cancel_service(s->ctx);
+}
+
+static void finish_now(lms_server *s)
+{
+    for (conn *c = s->conns; c; c = c->next) {
+        if (!c->tasks)
+            continue;
+        conn_cancel_tasks(c);
+        c->kill = true; /* its response is cut short: close it */
+        conn_want_write(c);
+    }
+    set_done(s);
+}
+
+static void tick_cb(lws_sorted_usec_list_t *sul);
+
+static void begin_drain(lms_server *s)
+{
+    if (s->state == SRV_LOADING || s->state == SRV_FAILED) {
+        set_done(s);
+        return;
+    }
+    if (s->state == SRV_DRAINING) {
+        lms_log(LMS_LOG_WARN, "server_stop_now", "aborted", LMS_LOG_U64(s->n_tasks));
+        finish_now(s);
+        return;
+    }
+    s->state = SRV_DRAINING;
+    s->drain_deadline = lms_now_ms() + s->p.grace_ms;
+    lms_log(LMS_LOG_INFO, "server_draining", "requests", LMS_LOG_U64(s->n_tasks), "grace_ms",
+            LMS_LOG_F64(s->p.grace_ms));
+    lws_sul_schedule(s->ctx, 0, &s->sul_tick, tick_cb, DRAIN_TICK_US); /* check soon */
+}
+
+/* EVENT_WAIT_CANCELLED: everything other threads posted. */
+static void drain_queue(lms_server *s)
+{
+    pthread_mutex_lock(&s->mu);
+    evnode *q = s->q;
+    size_t n = s->n_q;
+    s->q = NULL;
+    s->n_q = s->cap_q = 0;
+    s->wake_pending = false;
+    bool attach = s->pend_attach;
+    s->pend_attach = false;
+    char *fail = s->pend_fail;
+    s->pend_fail = NULL;
+    int stops = s->stop_requests;
+    pthread_mutex_unlock(&s->mu);
+
+    if (attach)
+        do_attach(s, s->pend_model, s->pend_sched, &s->pend_fmt);
+    if (fail) {
+        lms_log(LMS_LOG_ERROR, "model_load_failed", "error", LMS_LOG_STR(fail));
+        free(fail);
+        s->state = SRV_FAILED;
+        s->exit_code = 1;
+        set_done(s);
+    }
+    for (size_t i = 0; i < n; i++)
+        task_dispatch(s, q[i].ev, q[i].t_ms);
+    free(q);
+    while (s->stops_seen < stops) {
+        s->stops_seen++;
+        begin_drain(s);
+    }
+}
+
+/* ---- tick ----------------------------------------------------------------------------- */
+
+static bool all_flushed(lms_server *s)
+{
+    if (s->n_tasks > 0)
+        return false;
+    for (conn *c = s->conns; c; c = c->next)
+        if (!c->closed && (!conn_idle_out(c) || lws_partial_buffered(c->wsi)))
+            return false;
+    return true;
+}
+
+/* Grace over: abort every request; their end events still go out (an
+ * error chunk and [DONE], "end"/"done" with finish_reason "abort"), then
+ * the connections are closed. */
+static void abort_all(lms_server *s, double now)
+{
+    lms_log(LMS_LOG_WARN, "grace_over", "aborted", LMS_LOG_U64(s->n_tasks));
+    s->aborting = true;
+    s->drain_deadline = now + 2000;
+    for (conn *c = s->conns; c; c = c->next)
+        for (task *t = c->tasks; t; t = t->c_next)
+            lms_sched_abort(s->sched, t->id);
+}
+
+static void tick_cb(lws_sorted_usec_list_t *sul)
+{
+    lms_server *s = lws_container_of(sul, lms_server, sul_tick);
+    double now = lms_now_ms();
+    if (s->gpu && lms_gpumon_available(s->gpu))
+        lms_gpumon_poll_if_older(s->gpu, 900);
+    if (s->sched && now - s->t_last_broadcast >= 990) {
+        s->t_last_broadcast = now;
+        bool any = false;
+        for (conn *c = s->conns; c && !any; c = c->next)
+            any = c->role == CONN_WS && c->op_subscribed;
+        if (any)
+            server_broadcast_ws(s, ws_op_metrics_msg(s), false);
+    }
+    if (s->state == SRV_DRAINING) {
+        if (all_flushed(s))
+            set_done(s);
+        else if (now >= s->drain_deadline && !s->aborting)
+            abort_all(s, now);
+        else if (now >= s->drain_deadline)
+            finish_now(s); /* the aborts did not come back in time */
+    }
+    if (!s->done)
+        lws_sul_schedule(s->ctx, 0, &s->sul_tick, tick_cb,
+                         s->state == SRV_DRAINING ? DRAIN_TICK_US : TICK_US);
+}
+
+/* ---- the lws callback ------------------------------------------------------------------ */
+
+static int on_conn_event(lms_server *s, conn *c, enum lws_callback_reasons reason, void *in,
+                         size_t len)
+{
+    switch (reason) {
+    case LWS_CALLBACK_HTTP:
+        return http_on_request(c, in);
+    case LWS_CALLBACK_HTTP_BODY:
+        return http_on_body(c, in, len);
+    case LWS_CALLBACK_HTTP_BODY_COMPLETION:
+        return http_on_body_done(c);
+    case LWS_CALLBACK_HTTP_WRITEABLE:
+        return http_on_writable(c);
+    case LWS_CALLBACK_FILTER_PROTOCOL_CONNECTION:
+        return ws_filter(c);
+    case LWS_CALLBACK_ESTABLISHED:
+        return ws_on_open(c);
+    case LWS_CALLBACK_RECEIVE:
+        return ws_on_receive(c, in, len);
+    case LWS_CALLBACK_SERVER_WRITEABLE:
+        return ws_on_writable(c);
+    case LWS_CALLBACK_CLOSED:
+    case LWS_CALLBACK_CLOSED_HTTP:
+        c->closed = true;
+        conn_cancel_tasks(c); /* abort at once: frees KV blocks */
+        return 0;
+    default:
+        (void)s;
+        return 0;
+    }
+}
+
+static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *user, void *in,
+                    size_t len)
+{
+    lms_server *s = lws_context_user(lws_get_context(wsi));
+    conn *c;
+    switch (reason) {
+    case LWS_CALLBACK_EVENT_WAIT_CANCELLED:
+        if (!s->io_closing)
+            drain_queue(s);
+        return 0;
+    case LWS_CALLBACK_FILTER_NETWORK_CONNECTION:
+        return s->state == SRV_DRAINING || s->n_conns >= s->p.max_conns;
+    case LWS_CALLBACK_SERVER_NEW_CLIENT_INSTANTIATED:
+        /* after adoption (which resets the opaque pointer); freed at WSI_DESTROY */
+        c = conn_create(s, wsi);
+        lws_set_opaque_user_data(wsi, c);
+        return c ? 0 : -1;
+    case LWS_CALLBACK_WSI_DESTROY:
+        c = lws_get_opaque_user_data(wsi);
+        if (c) {
+            lws_set_opaque_user_data(wsi, NULL);
+            conn_destroy(c);
+        }
+        return 0;
+    case LWS_CALLBACK_HTTP:
+    case LWS_CALLBACK_HTTP_BODY:
+    case LWS_CALLBACK_HTTP_BODY_COMPLETION:
+    case LWS_CALLBACK_HTTP_WRITEABLE:
+    case LWS_CALLBACK_FILTER_PROTOCOL_CONNECTION:
+    case LWS_CALLBACK_ESTABLISHED:
+    case LWS_CALLBACK_RECEIVE:
+    case LWS_CALLBACK_SERVER_WRITEABLE:
+    case LWS_CALLBACK_CLOSED:
+    case LWS_CALLBACK_CLOSED_HTTP:
+        c = lws_get_opaque_user_data(wsi);
+        return c ? on_conn_event(s, c, reason, in, len) : -1;
+    default:
+        return lws_callback_http_dummy(wsi, reason, user, in, len);
+    }
+}
+
+static const struct lws_protocols protocols[] = {
+    {"lmserv", callback, 16, 16384, 0, NULL, 0},
+    {NULL, NULL, 0, 0, 0, NULL, 0},
+};
+
+/* ---- lifecycle ------------------------------------------------------------------------- */
+
+static char *dup_or_null(const char *s)
+{
+    return s && s[0] ? strdup(s) : NULL;
+}
+
+static void base_name(lms_server *s, const char *path)
+{
+    const char *b = strrchr(path, '/');
+    b = b ? b + 1 : path;
+    snprintf(s->model_base, sizeof s->model_base, "%s", b);
+    size_t n = strlen(s->model_base);
+    if (n > 5 && !strcmp(s->model_base + n - 5, ".gguf"))
+        s->model_base[n - 5] = 0;
+}
+
+static void set_defaults(lms_server *s, const lms_server_params *p)
+{
+    s->p = *p;
+    if (!s->p.max_body_bytes)
+        s->p.max_body_bytes = 1u << 20;
+    if (!s->p.max_frame_bytes)
+        s->p.max_frame_bytes = s->p.max_body_bytes;
+    if (s->p.max_conns <= 0)
+        s->p.max_conns = 512;
+    if (s->p.max_conns > 60000)
+        s->p.max_conns = 60000;
+    if (s->p.grace_ms <= 0)
+        s->p.grace_ms = 10000;
+    s->host = dup_or_null(p->host);
+    s->api_key = dup_or_null(p->api_key);
+    s->model_path = dup_or_null(p->model_path);
+    s->model_alias = dup_or_null(p->model_alias);
+    if (s->model_path)
+        base_name(s, s->model_path);
+    if (getrandom(&s->rng, sizeof s->rng, 0) != sizeof s->rng)
+        s->rng = (uint64_t)lms_now_ms() ^ ((uint64_t)getpid() << 32);
+    s->rng |= 1;
+    s->t_start_ms = lms_now_ms();
+    s->t_start_wall = lms_wall_s();
+}
+
+static int create_context(lms_server *s, char *err, size_t errsz)
+{
+    struct lws_context_creation_info info;
+    memset(&info, 0, sizeof info);
+    info.port = s->p.port;
+    info.iface = s->host;
+    info.protocols = protocols;
+    info.user = s;
+    info.options = LWS_SERVER_OPTION_VALIDATE_UTF8;
+    if (s->host && strchr(s->host, '.') && !strchr(s->host, ':'))
+        info.options |= LWS_SERVER_OPTION_DISABLE_IPV6;
+    info.fd_limit_per_thread = (unsigned)s->p.max_conns + 64;
+    info.max_http_header_pool = (unsigned short)(s->p.max_conns < 65535 ? s->p.max_conns : 65535);
+    info.max_http_header_data = 8192;
+    info.keepalive_timeout = 30;
+    info.timeout_secs = 30;
+    info.pt_serv_buf_size = 32768;
+    const char *lvl = getenv("LMSERV_LWS_LOG");
+    lws_set_log_level(lvl ? atoi(lvl) : LLL_ERR, NULL);
+    s->ctx = lws_create_context(&info);
+    if (!s->ctx)
+        return lms_errf(err, errsz, LMS_ERR_IO, "cannot listen on %s:%d (address in use?)",
+                        s->host ? s->host : "*", s->p.port);
+    s->vh = lws_get_vhost_by_name(s->ctx, "default");
+    s->port = s->vh ? lws_get_vhost_listen_port(s->vh) : s->p.port;
+    s->ctx_alive = true;
+    return 0;
+}
+
+int lms_server_create(const lms_server_params *p, lms_server **out, char *err, size_t errsz)
+{
+    if (p->port < 0 || p->port > 65535)
+        return lms_errf(err, errsz, LMS_ERR_INVAL, "port %d is not in [0, 65535]", p->port);
+    lms_server *s = calloc(1, sizeof *s);
+    if (!s || tasks_init(s) < 0) {
+        free(s);
+        return lms_errf(err, errsz, LMS_ERR_NOMEM, "out of memory");
+    }
+    pthread_mutex_init(&s->mu, NULL);
+    set_defaults(s, p);
+    s->gpu = lms_gpumon_create(NULL); /* NULL only when out of memory: then no GPU data */
+    int rc = create_context(s, err, errsz);
+    if (rc < 0) {
+        lms_server_destroy(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+int lms_server_port(const lms_server *s)
+{
+    return s->port;
+}
+
+int lms_server_attach(lms_server *s, lms_model *m, lms_sched *sched, char *err, size_t errsz)
+{
+    chatfmt fmt;
+    int rc = chatfmt_init(&fmt, m, err, errsz);
+    if (rc < 0)
+        return rc;
+    pthread_mutex_lock(&s->mu);
+    s->pend_model = m;
+    s->pend_sched = sched;
+    s->pend_fmt = fmt;
+    s->pend_attach = true;
+    if (s->ctx_alive)
+        lws_cancel_service(s->ctx);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+void lms_server_fail(lms_server *s, const char *msg)
+{
+    char *copy = strdup(msg ? msg : "loading the model failed");
+    pthread_mutex_lock(&s->mu);
+    free(s->pend_fail);
+    s->pend_fail = copy;
+    if (s->ctx_alive)
+        lws_cancel_service(s->ctx);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void lms_server_stop(lms_server *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->stop_requests++;
+    if (s->ctx_alive)
+        lws_cancel_service(s->ctx);
+    pthread_mutex_unlock(&s->mu);
+}
+
+int lms_server_run(lms_server *s)
+{
+    char url[300];
+    snprintf(url, sizeof url, "http://%s:%d", s->host ? s->host : "0.0.0.0", s->port);
+    lms_log(LMS_LOG_INFO, "server_listening", "url", LMS_LOG_STR(url), "websocket",
+            LMS_LOG_STR("/ws"), "auth", LMS_LOG_BOOL(s->api_key != NULL));
+    s->t_last_broadcast = lms_now_ms();
+    lws_sul_schedule(s->ctx, 0, &s->sul_tick, tick_cb, TICK_US);
+    while (!s->done)
+        if (lws_service(s->ctx, 0) < 0)
+            break;
+    return s->exit_code;
+}
+
+void lms_server_destroy(lms_server *s)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->mu);
+    s->ctx_alive = false;
+    pthread_mutex_unlock(&s->mu);
+    s->io_closing = true;
+    if (s->ctx)
+        lws_context_destroy(s->ctx); /* closes sockets: their tasks are aborted */
+    s->ctx = NULL;
+    lms_sched_destroy(s->sched);    /* final events go to the queue, unread */
+    chatfmt_deinit(&s->fmt);
+    if (s->pend_attach) {
+        lms_sched_destroy(s->pend_sched);
+        chatfmt_deinit(&s->pend_fmt);
+    }
+    for (size_t i = 0; i < s->n_q; i++)
+        lms_event_free(s->q[i].ev);
+    free(s->q);
+    free(s->pend_fail);
+    tasks_deinit(s);
+    lms_gpumon_destroy(s->gpu);
+    free(s->host);
+    free(s->api_key);
+    free(s->model_path);
+    free(s->model_alias);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}

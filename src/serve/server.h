@@ -1,0 +1,69 @@
+/*
+ * server.h - `lmserv serve`: one port, one event-loop thread, three ways in.
+ *
+ *   HTTP/1.1 (keep-alive, chunked)  OpenAI API, /health, /stats, /metrics
+ *   Server-Sent Events              streamed completions
+ *   WebSocket at /ws                the `op` and `type` dialects (DESIGN.md)
+ *
+ * The server comes up before the model: lms_server_create binds the port,
+ * lms_server_run serves /health (503 "loading") at once, and whoever loads
+ * the model hands it over with lms_server_attach from any thread. Until
+ * then inference requests get 503.
+ *
+ * Threads: lms_server_run is the event loop and the only thread that
+ * touches a socket. lms_server_attach, lms_server_fail and lms_server_stop
+ * may be called from any thread (not from a signal handler); they post to
+ * the loop and wake it.
+ */
+#ifndef LMS_SERVER_H
+#define LMS_SERVER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/sched.h"
+#include "model/model.h"
+
+typedef struct lms_server_params {
+    const char *host;         /* address to bind; NULL or "" = all */
+    int port;                 /* 0 = any free port (see lms_server_port) */
+    const char *api_key;      /* NULL or "" = no authentication */
+    size_t max_body_bytes;    /* HTTP request body; 0 = 1 MiB */
+    size_t max_frame_bytes;   /* one WebSocket message; 0 = max_body_bytes */
+    int max_conns;            /* open connections; 0 = 512 */
+    double grace_ms;          /* shutdown: how long running streams may finish; 0 = 10 s */
+    const char *model_path;   /* its base name is accepted as a model id too (may be NULL) */
+    const char *model_alias;  /* the model id clients see; NULL = the model's name */
+} lms_server_params;
+
+typedef struct lms_server lms_server;
+
+/* Creates the server and binds the port (no thread started). On failure
+ * returns < 0 with a message. Strings in p are copied. */
+int lms_server_create(const lms_server_params *p, lms_server **out, char *err, size_t errsz);
+/* The port actually bound. */
+int lms_server_port(const lms_server *s);
+
+/* Hands the loaded model over (any thread). The server takes ownership of
+ * sched (destroyed in lms_server_destroy); the model is borrowed and must
+ * outlive the server. Returns < 0 with a message if the chat template
+ * cannot be prepared (nothing is taken then). */
+int lms_server_attach(lms_server *s, lms_model *m, lms_sched *sched, char *err, size_t errsz);
+/* Loading failed (any thread): the server logs msg and lms_server_run
+ * returns 1. */
+void lms_server_fail(lms_server *s, const char *msg);
+/* Graceful stop (any thread): stop accepting, let running streams finish
+ * for up to grace_ms, then lms_server_run returns 0. A second call stops
+ * at once. */
+void lms_server_stop(lms_server *s);
+
+/* Runs the event loop on the calling thread until stopped. Returns the
+ * process exit status: 0 after a stop, 1 when loading failed. */
+int lms_server_run(lms_server *s);
+
+/* Closes every connection, destroys the scheduler, frees the server.
+ * NULL is a no-op. */
+void lms_server_destroy(lms_server *s);
+
+#endif

@@ -1,0 +1,211 @@
+/*
+ * tasks.c - scheduler requests as the event loop sees them: submission,
+ * the table that matches events to live tasks by request id, cancellation,
+ * and the scheduler callback that hands events to the loop.
+ *
+ * Hand-off (see serve_int.h): the callback runs on the scheduler thread; it
+ * appends the event to the server's queue under `mu` and wakes the loop
+ * with lws_cancel_service once per batch (wake_pending). The loop drains
+ * the queue and calls task_dispatch for each event. Events are matched by
+ * id, so an event of a request whose connection has gone finds nothing
+ * and is freed.
+ *
+ * Ordering: submit runs on the loop thread and the table entry is made
+ * before the loop drains again, so the first event of a request always
+ * finds its task.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/timeutil.h"
+#include "ops/log.h"
+#include "serve/serve_int.h"
+
+#define TAB_CAP 4096 /* power of two; chains absorb more */
+
+int tasks_init(lms_server *s)
+{
+    s->tab = calloc(TAB_CAP, sizeof *s->tab);
+    s->tab_cap = TAB_CAP;
+    return s->tab ? 0 : -1;
+}
+
+void tasks_deinit(lms_server *s)
+{
+    free(s->tab);
+    s->tab = NULL;
+}
+
+static size_t slot(const lms_server *s, uint64_t id)
+{
+    return (size_t)((id * 0x9E3779B97F4A7C15ull) >> 32) & (s->tab_cap - 1);
+}
+
+static task *find(lms_server *s, uint64_t id)
+{
+    for (task *t = s->tab[slot(s, id)]; t; t = t->h_next)
+        if (t->id == id)
+            return t;
+    return NULL;
+}
+
+static void link_task(lms_server *s, task *t)
+{
+    size_t k = slot(s, t->id);
+    t->h_next = s->tab[k];
+    s->tab[k] = t;
+    conn *c = t->c;
+    t->c_prev = NULL;
+    t->c_next = c->tasks;
+    if (c->tasks)
+        c->tasks->c_prev = t;
+    c->tasks = t;
+    s->n_tasks++;
+}
+
+/* Unlinks t from the table and its connection, then frees it. */
+static void remove_task(lms_server *s, task *t)
+{
+    task **pp = &s->tab[slot(s, t->id)];
+    while (*pp && *pp != t)
+        pp = &(*pp)->h_next;
+    if (*pp)
+        *pp = t->h_next;
+    if (t->c_prev)
+        t->c_prev->c_next = t->c_next;
+    else
+        t->c->tasks = t->c_next;
+    if (t->c_next)
+        t->c_next->c_prev = t->c_prev;
+    if (t->c->op_task == t)
+        t->c->op_task = NULL;
+    s->n_tasks--;
+    t->ops->destroy(t);
+    free(t);
+}
+
+/* Prompt and output must fit one sequence's context (OpenAI's rule: a
+ * too-large max_tokens is refused, not silently cut). */
+static int check_budget(const lms_server *s, const lms_request *r, reqerr *e)
+{
+    int32_t n_ctx = lms_sched_params_of(s->sched)->n_ctx;
+    if (r->n_tokens >= n_ctx)
+        reqerr_set(e, 400, r->embedding ? "input" : "messages",
+                   "the prompt has %d tokens; the context holds %d (prompt + output)", r->n_tokens,
+                   n_ctx);
+    else if (!r->embedding && r->max_tokens > n_ctx - r->n_tokens)
+        reqerr_set(e, 400, "max_tokens",
+                   "max_tokens %d does not fit: the prompt has %d tokens and the context holds %d",
+                   r->max_tokens, r->n_tokens, n_ctx);
+    else
+        return 0;
+    e->code = "context_length_exceeded";
+    return -1;
+}
+
+task *task_submit(conn *c, lms_request *r, const task_ops *ops, void *state, reqerr *e)
+{
+    lms_server *s = c->srv;
+    if (!s->sched) {
+        reqerr_set(e, 503, NULL, "the model is still loading");
+        e->code = "model_loading";
+        return NULL;
+    }
+    if (check_budget(s, r, e) < 0) {
+        s->met.by_finish[FIN_REJECTED]++;
+        return NULL;
+    }
+    task *t = calloc(1, sizeof *t);
+    if (!t) {
+        reqerr_set(e, 503, NULL, "out of memory");
+        return NULL;
+    }
+    r->cb = task_sched_cb;
+    r->user = s;
+    char msg[256] = "";
+    uint64_t id = 0;
+    int rc = lms_sched_submit(s->sched, r, &id, msg, sizeof msg);
+    if (rc < 0) {
+        free(t);
+        s->met.by_finish[FIN_REJECTED]++;
+        reqerr_from_submit(e, rc, msg);
+        return NULL;
+    }
+    t->id = id;
+    t->c = c;
+    t->ops = ops;
+    t->state = state;
+    link_task(s, t);
+    return t;
+}
+
+void task_cancel(task *t)
+{
+    lms_server *s = t->c->srv;
+    if (s->sched)
+        lms_sched_abort(s->sched, t->id);
+    remove_task(s, t);
+}
+
+static void log_end(const lms_event *ev, bool client_gone)
+{
+    const lms_req_stats *st = &ev->stats;
+    if (ev->type == LMS_EV_ERROR)
+        lms_log(LMS_LOG_WARN, "request_failed", "req_id", LMS_LOG_U64(ev->id), "error",
+                LMS_LOG_STR(ev->message));
+    else
+        lms_log(LMS_LOG_INFO, "request_end", "req_id", LMS_LOG_U64(ev->id), "finish",
+                LMS_LOG_STR(st->finish), "client_gone", LMS_LOG_BOOL(client_gone),
+                "prompt_tokens", LMS_LOG_I64(st->n_prompt), "cached_tokens",
+                LMS_LOG_I64(st->n_cached), "gen_tokens", LMS_LOG_I64(st->n_gen), "ttft_ms",
+                LMS_LOG_F64(st->ttft_ms), "total_ms", LMS_LOG_F64(st->total_ms), "tps",
+                LMS_LOG_F64(st->tps));
+}
+
+void task_dispatch(lms_server *s, lms_event *ev, double t_ms)
+{
+    bool terminal = ev->type == LMS_EV_END || ev->type == LMS_EV_ERROR;
+    if (terminal)
+        metrics_on_terminal(&s->met, ev);
+    task *t = find(s, ev->id);
+    if (t) {
+        if (ev->type == LMS_EV_TOKEN && ev->token >= 0) {
+            if (t->t_last_tok > 0)
+                metrics_observe(&s->met.itl, (t_ms - t->t_last_tok) / 1000.0);
+            t->t_last_tok = t_ms;
+            s->met.total_gen_tokens++;
+        }
+        t->ops->on_event(t, ev, t_ms);
+        if (terminal)
+            remove_task(s, t);
+    }
+    if (terminal)
+        log_end(ev, !t);
+    lms_event_free(ev);
+}
+
+/* Scheduler thread. Must not block: a short critical section and a pipe
+ * write. */
+void task_sched_cb(void *user, lms_event *ev)
+{
+    lms_server *s = user;
+    double now = lms_now_ms();
+    pthread_mutex_lock(&s->mu);
+    if (s->n_q == s->cap_q) {
+        size_t cap = s->cap_q ? s->cap_q * 2 : 256;
+        evnode *nq = realloc(s->q, cap * sizeof *nq);
+        if (!nq) {
+            pthread_mutex_unlock(&s->mu);
+            lms_event_free(ev); /* out of memory: the event is lost */
+            return;
+        }
+        s->q = nq;
+        s->cap_q = cap;
+    }
+    s->q[s->n_q++] = (evnode){ev, now};
+    if (!s->wake_pending && s->ctx_alive) {
+        s->wake_pending = true;
+        lws_cancel_service(s->ctx);
+    }
+    pthread_mutex_unlock(&s->mu);
+}

@@ -1,0 +1,226 @@
+/*
+ * ws_type.c - the `type` WebSocket dialect (inference-worker clients), see
+ * docs/DESIGN.md:
+ *
+ *   client                                       server
+ *   ------                                       ------
+ *   {"type":"generate","messages":[...],
+ *    "session_id":"s1","system_prompt":"...",
+ *    "max_tokens":512,"temperature":0.7,
+ *    "top_k":50,"top_p":0.9}
+ *                                                {"type":"token","content":"..",
+ *                                                 "session_id":"s1"} ...
+ *                                                {"type":"done","content":"<full text>",
+ *                                                 "session_id":"s1","finish_reason":"stop",
+ *                                                 "stats":{...}}
+ *   {"type":"abort","session_id":"s1"}           (the generation ends: "done" with
+ *                                                 the text so far, "finish_reason":"abort")
+ *   {"type":"ping"}                              {"type":"pong"}
+ *   {"type":"load_adapter","adapter_path":...}   {"type":"error",...}: not supported yet
+ *   anything wrong                               {"type":"error","message":..,"session_id":..}
+ *
+ * A connection runs one generation at a time per session_id (a missing
+ * session_id is the session "default"), and at most MAX_SESSIONS at once.
+ * abort without a session_id stops all of the connection's generations.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve/serve_int.h"
+
+#define MAX_SESSIONS 16
+
+typedef struct type_job {
+    char *sid;
+    sbuf text;   /* everything streamed, for "done" */
+} type_job;
+
+static json_t *msg_new(const char *type, const type_job *j)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "type", json_string(type));
+    json_object_set_new(o, "session_id", json_string_lossy(j->sid, strlen(j->sid)));
+    return o;
+}
+
+static json_t *stats_json(const lms_req_stats *st)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "ttft_ms", json_real_safe(round(st->ttft_ms * 10) / 10));
+    json_object_set_new(o, "total_ms", json_real_safe(round(st->total_ms * 10) / 10));
+    json_object_set_new(o, "tokens", json_integer(st->n_gen));
+    json_object_set_new(o, "tps", json_real_safe(round(st->tps * 10) / 10));
+    json_object_set_new(o, "prompt_tokens", json_integer(st->n_prompt));
+    return o;
+}
+
+static void type_on_event(task *t, const lms_event *ev, double t_ms)
+{
+    type_job *j = t->state;
+    json_t *o;
+    (void)t_ms;
+    if (ev->type == LMS_EV_TOKEN) {
+        if (ev->text_len == 0)
+            return;
+        sbuf_add(&j->text, ev->text, ev->text_len);
+        o = msg_new("token", j);
+        json_object_set_new(o, "content", json_string_lossy(ev->text, ev->text_len));
+    } else if (ev->type == LMS_EV_END) {
+        o = msg_new("done", j);
+        json_object_set_new(o, "content", json_string_lossy(j->text.p ? j->text.p : "", j->text.n));
+        json_object_set_new(o, "finish_reason",
+                            json_string(ev->stats.finish ? ev->stats.finish : "stop"));
+        json_object_set_new(o, "stats", stats_json(&ev->stats));
+    } else if (ev->type == LMS_EV_ERROR) {
+        o = msg_new("error", j);
+        json_object_set_new(o, "message", json_string_lossy(ev->message, strlen(ev->message)));
+    } else {
+        return;
+    }
+    conn_out_ws_json(t->c, o);
+}
+
+static void type_destroy(task *t)
+{
+    type_job *j = t->state;
+    free(j->sid);
+    sbuf_free(&j->text);
+    free(j);
+}
+
+static const task_ops type_ops = {type_on_event, type_destroy};
+
+/* ---- sessions -------------------------------------------------------------------------- */
+
+static task *session_task(conn *c, const char *sid, int *n_sessions)
+{
+    task *found = NULL;
+    *n_sessions = 0;
+    for (task *t = c->tasks; t; t = t->c_next) {
+        if (t->ops != &type_ops)
+            continue;
+        (*n_sessions)++;
+        if (!strcmp(((type_job *)t->state)->sid, sid))
+            found = t;
+    }
+    return found;
+}
+
+/* messages (or a lone `prompt`), with system_prompt in front unless the
+ * conversation already starts with a system turn. */
+static json_t *conversation(const json_t *msg, reqerr *e)
+{
+    const char *system = NULL, *prompt = NULL;
+    if (reqparse_str(msg, "system_prompt", &system, e) < 0 ||
+        reqparse_str(msg, "prompt", &prompt, e) < 0)
+        return NULL;
+    json_t *msgs;
+    if (!json_object_get(msg, "messages") && prompt) {
+        msgs = json_array();
+        json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", prompt));
+    } else {
+        msgs = chatfmt_messages(json_object_get(msg, "messages"), "messages", e);
+        if (!msgs)
+            return NULL;
+    }
+    const char *first = json_string_value(json_object_get(json_array_get(msgs, 0), "role"));
+    if (system && !(first && !strcmp(first, "system")))
+        json_array_insert_new(msgs, 0,
+                              json_pack("{s:s, s:s}", "role", "system", "content", system));
+    return msgs;
+}
+
+static int start(conn *c, const json_t *msg, const char *sid, reqerr *e)
+{
+    lms_server *s = c->srv;
+    genparams gp;
+    genparams_init(&gp, server_rand(s));
+    int32_t *toks = NULL, n = 0;
+    json_t *msgs = NULL;
+    type_job *j = NULL;
+    int rc = reqparse_gen(msg, &gp, e);
+    if (rc == 0 && !(msgs = conversation(msg, e)))
+        rc = -1;
+    if (rc == 0)
+        rc = chatfmt_tokens(&s->fmt, s->model, msgs, NULL, &toks, &n, e);
+    if (rc == 0 && (!(j = calloc(1, sizeof *j)) || !(j->sid = strdup(sid))))
+        rc = reqerr_set(e, 503, NULL, "out of memory");
+    if (rc == 0) {
+        lms_request r = {.tokens = toks, .n_tokens = n, .sp = gp.sp, .max_tokens = gp.max_tokens,
+                         .stop = (const char *const *)gp.stop, .n_stop = gp.n_stop,
+                         .ignore_eos = gp.ignore_eos};
+        rc = task_submit(c, &r, &type_ops, j, e) ? 0 : -1;
+    }
+    if (rc < 0 && j) {
+        free(j->sid);
+        free(j);
+    }
+    json_decref(msgs);
+    free(toks);
+    genparams_deinit(&gp);
+    return rc;
+}
+
+static void generate(conn *c, const json_t *msg, const char *sid)
+{
+    if (!ws_check_ready(c, sid))
+        return;
+    int n_sessions;
+    if (session_task(c, sid, &n_sessions)) {
+        ws_send_error(c, sid, "session '%.64s' already has a generation running "
+                      "(send {\"type\":\"abort\"} first)", sid);
+        return;
+    }
+    if (n_sessions >= MAX_SESSIONS) {
+        ws_send_error(c, sid, "at most %d generations at once per connection", MAX_SESSIONS);
+        return;
+    }
+    reqerr e;
+    if (start(c, msg, sid, &e) < 0)
+        ws_send_error(c, sid, "%s", e.msg);
+}
+
+static void abort_sessions(conn *c, const char *sid)
+{
+    if (!c->srv->sched)
+        return;
+    for (task *t = c->tasks; t; t = t->c_next)
+        if (t->ops == &type_ops && (!sid || !strcmp(((type_job *)t->state)->sid, sid)))
+            lms_sched_abort(c->srv->sched, t->id); /* "done" follows */
+}
+
+static void pong(conn *c, const json_t *msg)
+{
+    json_t *o = json_pack("{s:s}", "type", "pong");
+    static const char *const echo[] = {"id", "timestamp", "session_id"};
+    for (size_t i = 0; i < sizeof echo / sizeof echo[0]; i++) {
+        json_t *v = json_object_get(msg, echo[i]);
+        if (v)
+            json_object_set(o, echo[i], v);
+    }
+    conn_out_ws_json(c, o);
+}
+
+void ws_type_handle(conn *c, json_t *msg)
+{
+    const char *type = json_string_value(json_object_get(msg, "type"));
+    const json_t *sidv = json_object_get(msg, "session_id");
+    const char *sid = json_string_value(sidv);
+    if (!type) {
+        ws_send_error(c, sid, "'type' must be a string");
+    } else if (sidv && !json_is_null(sidv) && !sid) {
+        ws_send_error(c, NULL, "'session_id' must be a string");
+    } else if (!strcmp(type, "generate")) {
+        generate(c, msg, sid ? sid : "default");
+    } else if (!strcmp(type, "abort")) {
+        abort_sessions(c, sid);
+    } else if (!strcmp(type, "ping")) {
+        pong(c, msg);
+    } else if (!strcmp(type, "load_adapter") || !strcmp(type, "unload_adapter")) {
+        ws_send_error(c, sid, "%s is not supported yet: this server cannot load LoRA adapters",
+                      type);
+    } else {
+        ws_send_error(c, sid, "unknown type '%.64s' (generate, abort, ping, load_adapter)", type);
+    }
+}

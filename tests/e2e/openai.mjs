@@ -1,0 +1,131 @@
+// openai.mjs - the official `openai` npm client against lmserv serve:
+// models, chat and completions (streamed and not, usage, logprobs),
+// embeddings (float and the client's default base64), and error statuses
+// mapped to the client's error classes.
+//
+// env: BASE (http://127.0.0.1:PORT), API_KEY (the server's key)
+import OpenAI from 'openai';
+
+const BASE = process.env.BASE;
+const KEY = process.env.API_KEY;
+const client = new OpenAI({ baseURL: `${BASE}/v1`, apiKey: KEY, maxRetries: 0, timeout: 30000 });
+let pass = 0;
+const failures = [];
+
+function ok(cond, what) {
+    if (cond) pass++;
+    else failures.push(what);
+}
+
+async function status(promise) {
+    try {
+        await promise;
+        return 200;
+    } catch (e) {
+        return e instanceof OpenAI.APIError ? { status: e.status, err: e } : { status: -1, err: e };
+    }
+}
+
+async function models() {
+    const list = await client.models.list();
+    const ids = list.data.map((m) => m.id);
+    ok(ids.includes('stories260K'), `models list has stories260K: ${ids}`);
+    const one = await client.models.retrieve('stories260K');
+    ok(one.id === 'stories260K' && one.object === 'model', 'models.retrieve');
+    return 'stories260K';
+}
+
+async function chat(model) {
+    const req = { model, messages: [{ role: 'user', content: 'Tell me a story' }], max_tokens: 16, temperature: 0 };
+    const r = await client.chat.completions.create(req);
+    ok(r.object === 'chat.completion', 'chat object');
+    ok(r.choices.length === 1 && r.choices[0].message.role === 'assistant', 'chat message role');
+    ok(typeof r.choices[0].message.content === 'string', 'chat content is a string');
+    ok(['stop', 'length'].includes(r.choices[0].finish_reason), `chat finish_reason ${r.choices[0].finish_reason}`);
+    const u = r.usage;
+    ok(u.completion_tokens <= 16 && u.total_tokens === u.prompt_tokens + u.completion_tokens, 'chat usage');
+
+    const stream = await client.chat.completions.create({ ...req, stream: true, stream_options: { include_usage: true } });
+    let text = '', first = null, finish = null, usage = null;
+    const ids = new Set();
+    for await (const ch of stream) {
+        ids.add(ch.id);
+        if (ch.choices.length) {
+            if (first === null) first = ch.choices[0].delta;
+            text += ch.choices[0].delta.content ?? '';
+            if (ch.choices[0].finish_reason) finish = ch.choices[0].finish_reason;
+        } else usage = ch.usage;
+    }
+    ok(first && first.role === 'assistant', 'stream starts with the assistant role');
+    ok(ids.size === 1, 'one id per stream');
+    ok(text === r.choices[0].message.content, `streamed text equals the non-streamed one (greedy): ${JSON.stringify(text)} vs ${JSON.stringify(r.choices[0].message.content)}`);
+    ok(finish === r.choices[0].finish_reason, 'same finish_reason streamed');
+    ok(usage && usage.completion_tokens === u.completion_tokens, 'include_usage chunk');
+
+    const lp = await client.chat.completions.create({ ...req, logprobs: true, top_logprobs: 3 });
+    const content = lp.choices[0].logprobs?.content ?? [];
+    ok(content.length > 0 && content.length <= lp.usage.completion_tokens, 'logprobs per token');
+    ok(content.every((t) => t.logprob <= 0 && Array.isArray(t.bytes) && t.top_logprobs.length === 3), 'top_logprobs');
+    const ls = await client.chat.completions.create({ ...req, logprobs: true, top_logprobs: 2, stream: true });
+    let n = 0, lpText = '';
+    for await (const ch of ls) {
+        const c = ch.choices[0];
+        if (c?.logprobs?.content) {
+            n += c.logprobs.content.length;
+            lpText += c.logprobs.content.map((t) => t.token).join('');
+        }
+    }
+    ok(n === content.length && lpText === content.map((t) => t.token).join(''), 'streamed logprobs match');
+}
+
+async function completions(model) {
+    const r = await client.completions.create({ model, prompt: 'Once upon a time', max_tokens: 8, temperature: 0 });
+    ok(r.object === 'text_completion', 'completion object');
+    ok(r.choices[0].text.startsWith(', there was a little girl'), `completion text: ${r.choices[0].text}`);
+    const s = await client.completions.create({ model, prompt: 'Once upon a time', max_tokens: 8, temperature: 0, stream: true });
+    let text = '';
+    for await (const ch of s) text += ch.choices[0]?.text ?? '';
+    ok(text === r.choices[0].text, 'streamed completion equals the non-streamed one');
+}
+
+async function embeddings(model) {
+    const norm = (v) => Math.sqrt(v.reduce((a, x) => a + x * x, 0));
+    const b = await client.embeddings.create({ model, input: ['a cat', 'a dog'] });
+    ok(b.data.length === 2 && b.data[1].index === 1, 'two embeddings');
+    ok(b.data.every((d) => d.embedding.length === 64 && Math.abs(norm(d.embedding) - 1) < 1e-3), 'unit vectors of n_embd');
+    const f = await client.embeddings.create({ model, input: 'a cat', encoding_format: 'float' });
+    ok(f.data[0].embedding.every((x, i) => Math.abs(x - b.data[0].embedding[i]) < 1e-5), 'float equals base64');
+    ok(f.usage.prompt_tokens > 0, 'embedding usage');
+    const ids = await client.embeddings.create({ model, input: [[1, 400, 23], [1, 9]], encoding_format: 'float' });
+    ok(ids.data.length === 2 && ids.usage.prompt_tokens === 5, 'embeddings of token ids');
+}
+
+async function errors(model) {
+    const msg = [{ role: 'user', content: 'x' }];
+    let r = await status(client.chat.completions.create({ model: 'nope', messages: msg }));
+    ok(r.status === 404 && r.err instanceof OpenAI.NotFoundError, `unknown model 404 (${r.status})`);
+    r = await status(client.chat.completions.create({ model, messages: 'x' }));
+    ok(r.status === 400 && r.err instanceof OpenAI.BadRequestError && /messages/.test(r.err.message), 'messages of the wrong type 400');
+    r = await status(client.chat.completions.create({ model, messages: msg, temperature: 'hot' }));
+    ok(r.status === 400 && r.err.param === 'temperature', 'wrong type names the field');
+    r = await status(client.chat.completions.create({ model, messages: [{ role: 'user', content: 'x'.repeat(1100000) }] }));
+    ok(r.status === 413, `body too large 413 (${r.status})`);
+    r = await status(client.chat.completions.create({ model, messages: msg, max_tokens: 100000 }));
+    ok(r.status === 400 && r.err.code === 'context_length_exceeded', 'context exceeded 400');
+    const bad = new OpenAI({ baseURL: `${BASE}/v1`, apiKey: 'wrong', maxRetries: 0 });
+    r = await status(bad.models.list());
+    ok(r.status === 401 && r.err instanceof OpenAI.AuthenticationError, `wrong key 401 (${r.status})`);
+}
+
+try {
+    const model = await models();
+    await chat(model);
+    await completions(model);
+    await embeddings(model);
+    await errors(model);
+} catch (e) {
+    failures.push(`exception: ${e.stack ?? e}`);
+}
+for (const f of failures) console.log(`  not ok: ${f}`);
+console.log(`openai.mjs: ${pass} passed, ${failures.length} failed`);
+process.exit(failures.length ? 1 : 0);

@@ -1,0 +1,195 @@
+#!/usr/bin/env bash
+# test_http.sh - the HTTP side with curl: /health while loading and ready,
+# /v1/models, completions and chat (streamed over SSE and not), keep-alive,
+# /stats, /metrics, and every error status with OpenAI's error shape.
+. "$(dirname "$0")/lib.sh" || exit 1
+command -v python3 >/dev/null || skip "python3 is not installed"
+
+T=$(mktemp -d /tmp/lmserv-http.XXXXXX)
+trap 'cleanup; rm -rf "$T"' EXIT
+
+# py FILE EXPR: evaluates EXPR with d = the JSON in FILE; prints the result
+py() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$@" 2>/dev/null; }
+eq() { [ "$1" = "$2" ] || { echo "    got '$1', want '$2'"; return 1; }; }
+# req METHOD PATH [curl args...]: body in $T/out, status in $T/code
+req() {
+    local m=$1 p=$2
+    shift 2
+    curl -s -X "$m" -o "$T/out" -w '%{http_code}' "$BASE$p" "$@" >"$T/code"
+}
+code() { cat "$T/code"; }
+CHAT='{"messages":[{"role":"user","content":"Tell me a story"}],"max_tokens":12,"temperature":0}'
+
+# ---- loading, then ready ----------------------------------------------------------
+LMSERV_DEBUG_LOAD_DELAY_MS=1500 NO_WAIT=1 start_server -c 512
+req GET /health
+check "health is 503 while loading" eq "$(code)" 503
+check "health says loading" eq "$(py "$T/out" 'd["status"]')" loading
+req POST /v1/chat/completions -d "$CHAT"
+check "inference is 503 while loading" eq "$(code)" 503
+check "503 has the error shape" eq "$(py "$T/out" 'd["error"]["type"]')" unavailable_error
+wait_ready
+req GET /health
+check "health is 200 when ready" eq "$(code)" 200
+
+# ---- models ---------------------------------------------------------------------------
+req GET /v1/models
+check "models 200" eq "$(code)" 200
+check "models lists stories260K" eq "$(py "$T/out" 'd["data"][0]["id"]')" stories260K
+check "models object list" eq "$(py "$T/out" 'd["object"]')" list
+req GET /v1/models/stories260K
+check "one model 200" eq "$(code)" 200
+req GET /v1/models/nope
+check "unknown model 404" eq "$(code)" 404
+
+# ---- completions ----------------------------------------------------------------------
+req POST /v1/completions -d '{"prompt":"Once upon a time","max_tokens":8,"temperature":0}'
+check "completions 200" eq "$(code)" 200
+check "greedy text" eq "$(py "$T/out" 'd["choices"][0]["text"].startswith(", there was a little girl")')" True
+check "usage" eq "$(py "$T/out" 'd["usage"]["completion_tokens"]')" 8
+check "finish length" eq "$(py "$T/out" 'd["choices"][0]["finish_reason"]')" length
+check "object text_completion" eq "$(py "$T/out" 'd["object"]')" text_completion
+
+# ---- chat, not streamed and streamed ------------------------------------------------------
+req POST /v1/chat/completions -H 'content-type: application/json' -d "$CHAT"
+check "chat 200" eq "$(code)" 200
+check "chat object" eq "$(py "$T/out" 'd["object"]')" chat.completion
+check "assistant role" eq "$(py "$T/out" 'd["choices"][0]["message"]["role"]')" assistant
+py "$T/out" 'd["choices"][0]["message"]["content"]' >"$T/full"
+
+curl -s -N -D "$T/hdr" "$BASE/v1/chat/completions" \
+    -d "${CHAT%\}},\"stream\":true,\"stream_options\":{\"include_usage\":true}}" >"$T/sse"
+check "SSE content type" grep -qi '^content-type: text/event-stream' "$T/hdr"
+check "SSE is chunked (keep-alive)" grep -qi '^transfer-encoding: chunked' "$T/hdr"
+check "SSE ends with [DONE]" eq "$(grep '^data: ' "$T/sse" | tail -1)" "data: [DONE]"
+python3 - "$T/sse" "$T/full" >"$T/sse_check" <<'EOF'
+import json, sys
+events = [l[6:] for l in open(sys.argv[1]).read().split("\n") if l.startswith("data: ")]
+assert events[-1] == "[DONE]"
+chunks = [json.loads(e) for e in events[:-1]]
+ids = {c["id"] for c in chunks}
+assert len(ids) == 1, "one id for the stream"
+assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+fin = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+assert fin[-1] in ("stop", "length") and all(f is None for f in fin[:-1])
+assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] <= 12
+assert all(c["usage"] is None for c in chunks[:-1])
+full = open(sys.argv[2]).read().rstrip("\n")
+assert text == full, (text, full)
+print("ok")
+EOF
+check "SSE chunks: role first, one id, usage last, text = non-streamed" eq "$(cat "$T/sse_check")" ok
+
+# ---- keep-alive ----------------------------------------------------------------------------
+curl -sv -o /dev/null "$BASE/health" -o /dev/null "$BASE/v1/models" 2>"$T/ka"
+check "keep-alive reuses the connection" grep -q 'Re-using existing connection' "$T/ka"
+
+# ---- errors ----------------------------------------------------------------------------------
+req POST /v1/chat/completions -d '{"messages": [1,}'
+check "bad JSON 400" eq "$(code)" 400
+check "bad JSON names line and column" grep -q 'line 1, column 17' "$T/out"
+req POST /v1/chat/completions -d '{"messages":[{"role":"user","content":"x"}],"temperature":"hot"}'
+check "wrong type 400" eq "$(code)" 400
+check "wrong type names the field" eq "$(py "$T/out" 'd["error"]["param"]')" temperature
+req POST /v1/chat/completions -d '{"messages":[{"role":"user","content":"x"}],"max_tokens":5,"frobnicate":1}'
+check "unknown fields are ignored" eq "$(code)" 200
+req POST /v1/chat/completions -d '{"model":"gpt-4o","messages":[{"role":"user","content":"x"}]}'
+check "unknown model 404" eq "$(code)" 404
+check "unknown model code" eq "$(py "$T/out" 'd["error"]["code"]')" model_not_found
+head -c 1100000 /dev/zero | tr '\0' a >"$T/big"
+req POST /v1/completions --data-binary @"$T/big"
+check "body too large 413" eq "$(code)" 413
+req POST /v1/completions -d '{"prompt":"x","max_tokens":100000}'
+check "max_tokens over the context 400" eq "$(code)" 400
+check "context_length_exceeded" eq "$(py "$T/out" 'd["error"]["code"]')" context_length_exceeded
+req POST /v1/chat/completions -d '{"messages":[{"role":"user","content":"x"}],"n":3}'
+check "n != 1 refused" eq "$(code)" 400
+req POST /v1/chat/completions -d '[]'
+check "non-object body 400" eq "$(code)" 400
+req GET /v1/nothing
+check "unknown path 404" eq "$(code)" 404
+req GET /v1/chat/completions
+check "wrong method 405" eq "$(code)" 405
+check "error shape has all four keys" eq "$(py "$T/out" 'sorted(d["error"])')" "['code', 'message', 'param', 'type']"
+
+# ---- stats and metrics -----------------------------------------------------------------------
+req GET /stats
+check "stats 200" eq "$(code)" 200
+check "stats state ready" eq "$(py "$T/out" 'd["state"]')" ready
+check "stats kv blocks used 0 when idle" eq "$(py "$T/out" 'd["kv"]["blocks_used"]')" 0
+req GET /metrics
+check "metrics 200" eq "$(code)" 200
+for m in lmserv_requests_total lmserv_prompt_tokens_total lmserv_generation_tokens_total \
+    lmserv_time_to_first_token_seconds_bucket lmserv_inter_token_latency_seconds_bucket \
+    lmserv_num_requests_waiting lmserv_kv_blocks_used lmserv_kv_blocks_cached \
+    lmserv_prefix_cache_queries_total lmserv_prefix_cache_hits_total; do
+    check "metric $m" grep -q "^$m" "$T/out"
+done
+check "requests by status" grep -q '^lmserv_requests_total{status="length"} [1-9]' "$T/out"
+
+# ---- a client that goes away mid-stream: its request is aborted ---------------------------
+curl -s -N -m 0.3 "$BASE/v1/completions" \
+    -d '{"prompt":"Once","max_tokens":480,"ignore_eos":true,"stream":true}' >/dev/null 2>&1
+for _ in $(seq 50); do
+    req GET /stats
+    [ "$(py "$T/out" 'd["live_requests"]')" = 0 ] && break
+    sleep 0.05
+done
+check "no live request after the client left" eq "$(py "$T/out" 'd["live_requests"]')" 0
+check "KV blocks freed after the client left" eq "$(py "$T/out" 'd["kv"]["blocks_used"]')" 0
+
+# ---- a body without Content-Length (chunked upload): 411 --------------------------------------
+exec 7<>"/dev/tcp/127.0.0.1/$PORT"
+(trap '' PIPE; printf 'POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{"a":\r\n' >&7) || true
+read -r -t 5 status_line <&7
+exec 7>&-
+check "chunked upload refused with 411 ($status_line)" grep -q ' 411 ' <<<"$status_line"
+
+stop_server
+check "SIGTERM exits 0" eq "$SRV_RC" 0
+
+# ---- queue full: 429 ------------------------------------------------------------------------------
+start_server -c 512 --parallel 1 --queue 1
+QPIDS=""
+for i in 1 2 3 4 5 6; do
+    curl -s -o "$T/q.$i" -w '%{http_code}' "$BASE/v1/completions" \
+        -d '{"prompt":"Once","max_tokens":480,"ignore_eos":true}' >"$T/qc.$i" &
+    QPIDS="$QPIDS $!"
+done
+wait $QPIDS
+check "queue full gives 429" grep -q 429 "$T"/qc.*
+check "429 says why" grep -q '"code":"queue_full"' "$T"/q.*
+check "the accepted ones complete" grep -q 200 "$T"/qc.*
+stop_server
+
+# ---- connection limit ----------------------------------------------------------------------------
+start_server -c 512 --max-conns 2
+exec 7<>"/dev/tcp/127.0.0.1/$PORT" 8<>"/dev/tcp/127.0.0.1/$PORT"
+sleep 0.2
+check "a connection over --max-conns is refused" [ "$(curl -s -o /dev/null -w '%{http_code}' "$BASE/health")" = 000 ]
+exec 7>&- 8>&-
+sleep 0.2
+req GET /health
+check "accepted again once connections close" eq "$(code)" 200
+stop_server
+
+# ---- a model that cannot load: the server says why and exits 1 -----------------------------
+"$LMSERV" serve -m /nonexistent/model.gguf --host 127.0.0.1 --port 0 >"$T/fail" 2>&1
+check "a model that cannot load exits 1" eq "$?" 1
+check "and says which model" grep -q "cannot serve '/nonexistent/model.gguf'" "$T/fail"
+
+# ---- API key ------------------------------------------------------------------------------------
+start_server -c 512 --api-key s3cret
+req GET /v1/models
+check "no key 401" eq "$(code)" 401
+check "401 type" eq "$(py "$T/out" 'd["error"]["type"]')" authentication_error
+req GET /v1/models -H 'Authorization: Bearer wrong'
+check "wrong key 401" eq "$(code)" 401
+req GET /v1/models -H 'Authorization: Bearer s3cret'
+check "right key 200" eq "$(code)" 200
+req GET /health
+check "health needs no key" eq "$(code)" 200
+stop_server
+
+finish
