@@ -96,7 +96,7 @@ static bool add_var(json_t *extra, const char *kv)
 
 static int parse_args(int argc, char **argv, tpl_opts *o)
 {
-    static const char *const valued[] = {"-m", "--messages", "--tools", "--template",
+    static const char *const valued[] = {"-m",          "--messages",  "--tools",    "--template",
                                          "--bos-token", "--eos-token", "--now-text", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -107,8 +107,8 @@ static int parse_args(int argc, char **argv, tpl_opts *o)
         if (!strcmp(a, "-h") || !strcmp(a, "--help") || i + 1 >= argc)
             return usage();
         const char *v = argv[++i];
-        const char **slot[] = {&o->model, &o->messages, &o->tools, &o->template_arg,
-                               &o->bos, &o->eos, &o->now_text};
+        const char **slot[] = {&o->model, &o->messages, &o->tools,   &o->template_arg,
+                               &o->bos,   &o->eos,      &o->now_text};
         size_t k = 0;
         while (valued[k] && strcmp(valued[k], a))
             k++;
@@ -190,7 +190,7 @@ static int render(const tpl_opts *o, const char *tpl, const json_t *conv, const 
         .now = o->now,
         .now_text = o->now_text,
     };
-    char *out, err[1024];
+    char *out = NULL, err[1024];
     size_t n;
     int rc = lms_template_render(tpl, strlen(tpl), &vars, &out, &n, err, sizeof err);
     if (rc < 0) {

@@ -1,0 +1,1152 @@
+/*
+ * template_filters.c - the `|filters` and `is tests` of jinja2 that chat
+ * templates use, with jinja2's argument names and defaults.
+ *
+ * String filters convert their input with str() first (undefined becomes
+ * ""), as jinja2's soft_str does. Filters that look up attributes of items
+ * (map, selectattr, sort, join, sum, unique, ...) accept dotted paths
+ * ("function.name") and integer parts ("0"), item lookup first.
+ *
+ * tojson follows transformers, not jinja2: json.dumps with
+ * ensure_ascii=False, insertion-ordered keys, no HTML escaping; its
+ * positional order is (ensure_ascii, indent, separators, sort_keys).
+ */
+#include "model/template_impl.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/ckd.h"
+#include "base/err.h"
+
+/* arg: the table entry's mode (which case mapping, which comparison, ...). */
+typedef int (*filter_fn)(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                         tpl_val *out);
+typedef int (*test_fn)(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                       bool *out);
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+static bool arg_or(const tpl_args *a, size_t i, const char *name, tpl_val def, tpl_val *out)
+{
+    if (tpl_arg(a, i, name, out))
+        return true;
+    *out = def;
+    return false;
+}
+
+static int64_t int_or(const tpl_args *a, size_t i, const char *name, int64_t def)
+{
+    tpl_val v;
+    if (!tpl_arg(a, i, name, &v))
+        return def;
+    if (v.type == TPL_INT)
+        return v.u.i;
+    if (v.type == TPL_BOOL)
+        return v.u.b;
+    if (v.type == TPL_FLOAT)
+        return (int64_t)v.u.f;
+    return def;
+}
+
+static bool bool_or(const tpl_args *a, size_t i, const char *name, bool def)
+{
+    tpl_val v;
+    return tpl_arg(a, i, name, &v) ? tpl_truthy(v) : def;
+}
+
+/* Follows a dotted attribute path ("a.b.0") through items/attributes. */
+static int attr_path(tpl_ctx *c, const tpl_node *at, tpl_val v, tpl_val path, tpl_val *out)
+{
+    if (path.type != TPL_STR)
+        return tpl_getitem(c, at, v, path, out);
+    const char *p = path.u.s.p, *end = p + path.u.s.n;
+    for (;;) {
+        const char *dot = memchr(p, '.', (size_t)(end - p));
+        size_t n = dot ? (size_t)(dot - p) : (size_t)(end - p);
+        tpl_val key = tpl_str(p, n);
+        bool digits = n > 0 && n < 18;
+        for (size_t k = 0; k < n && digits; k++)
+            digits = p[k] >= '0' && p[k] <= '9';
+        if (digits)
+            key = tpl_int(strtoll(p, NULL, 10));
+        if (v.type == TPL_UNDEF) {
+            *out = v;
+            return 0;
+        }
+        TPL_TRY(tpl_getitem(c, at, v, key, &v));
+        if (!dot)
+            break;
+        p = dot + 1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* Sort key: the value, or its attribute; lower-cased strings unless
+ * case_sensitive. */
+static int sort_key(tpl_ctx *c, const tpl_node *at, tpl_val v, tpl_val attr, bool case_sensitive,
+                    tpl_val *out)
+{
+    if (attr.type != TPL_NONE)
+        TPL_TRY(attr_path(c, at, v, attr, &v));
+    if (!case_sensitive && v.type == TPL_STR)
+        return tpl_str_case(c, at, v, TPL_CASE_LOWER, out);
+    *out = v;
+    return 0;
+}
+
+/* Stable merge sort of idx[] by keys[]; fails when two keys don't order. */
+static int merge_sort(tpl_ctx *c, const tpl_node *at, const tpl_val *keys, size_t *idx, size_t *tmp,
+                      size_t n, bool reverse)
+{
+    for (size_t width = 1; width < n; width *= 2) {
+        for (size_t lo = 0; lo < n; lo += 2 * width) {
+            size_t mid = lo + width < n ? lo + width : n,
+                   hi = lo + 2 * width < n ? lo + 2 * width : n;
+            size_t i = lo, j = mid, o = lo;
+            while (i < mid && j < hi) {
+                /* take from the right only when it sorts strictly first, so
+                 * equal keys keep their order both ways (as Python) */
+                tpl_val x = reverse ? keys[idx[i]] : keys[idx[j]];
+                tpl_val y = reverse ? keys[idx[j]] : keys[idx[i]];
+                bool lt;
+                if (!tpl_less(x, y, &lt))
+                    return tpl_fail(c, at, LMS_ERR_FORMAT,
+                                    "'<' not supported between instances of '%s' and '%s'",
+                                    tpl_type_name(x), tpl_type_name(y));
+                tmp[o++] = lt ? idx[j++] : idx[i++];
+            }
+            while (i < mid)
+                tmp[o++] = idx[i++];
+            while (j < hi)
+                tmp[o++] = idx[j++];
+            memcpy(idx + lo, tmp + lo, (hi - lo) * sizeof *idx);
+        }
+        TPL_TRY(tpl_tick(c, at));
+    }
+    return 0;
+}
+
+/* Sorts items by their keys into a new list. */
+static int sorted_list(tpl_ctx *c, const tpl_node *at, const tpl_list *items, const tpl_val *keys,
+                       bool reverse, tpl_val *out)
+{
+    size_t n = items->n;
+    size_t *idx = tpl_alloc(&c->arena, (2 * n + 1) * sizeof *idx);
+    tpl_list *l = tpl_list_new(&c->arena, n);
+    if (!idx || !l)
+        return tpl_fail_nomem(c, at);
+    for (size_t i = 0; i < n; i++)
+        idx[i] = i;
+    TPL_TRY(merge_sort(c, at, keys, idx, idx + n, n, reverse));
+    for (size_t i = 0; i < n; i++)
+        l->items[i] = items->items[idx[i]];
+    l->n = n;
+    *out = tpl_list_val(l);
+    return 0;
+}
+
+/* ---- string filters ----------------------------------------------------------- */
+
+static int f_trim(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                  tpl_val *out)
+{
+    tpl_val chars;
+    arg_or(a, 0, "chars", tpl_none(), &chars);
+    TPL_TRY(tpl_to_str(c, at, in, &in));
+    return tpl_str_strip(c, at, in, chars, 3, out);
+}
+
+static int f_case(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int mode,
+                  tpl_val *out)
+{
+    TPL_TRY(tpl_to_str(c, at, in, &in));
+    return tpl_str_case(c, at, in, mode, out);
+}
+
+static int f_replace(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                     tpl_val *out)
+{
+    tpl_val from, to;
+    if (!tpl_arg(a, 0, "old", &from) || !tpl_arg(a, 1, "new", &to))
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "replace() needs 'old' and 'new'");
+    TPL_TRY(tpl_to_str(c, at, in, &in));
+    TPL_TRY(tpl_to_str(c, at, from, &from));
+    TPL_TRY(tpl_to_str(c, at, to, &to));
+    return tpl_str_replace(c, at, in, from, to, int_or(a, 2, "count", -1), out);
+}
+
+static int f_string(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                    tpl_val *out)
+{
+    return tpl_to_str(c, at, in, out);
+}
+
+static int f_safe(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                  tpl_val *out)
+{
+    *out = in; /* autoescape is off: nothing to mark */
+    return 0;
+}
+
+static int f_escape(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                    tpl_val *out)
+{
+    TPL_TRY(tpl_to_str(c, at, in, &in));
+    tpl_buf b = {.max_bytes = c->lim.max_output_bytes};
+    int rc = 0;
+    for (size_t i = 0; i < in.u.s.n && rc == 0; i++) {
+        char ch = in.u.s.p[i];
+        const char *e = ch == '&'    ? "&amp;"
+                        : ch == '<'  ? "&lt;"
+                        : ch == '>'  ? "&gt;"
+                        : ch == '"'  ? "&#34;"
+                        : ch == '\'' ? "&#39;"
+                                     : NULL;
+        rc = e ? tpl_buf_put(&b, e, strlen(e)) : tpl_buf_putc(&b, ch);
+    }
+    return tpl_buf_finish(c, at, &b, rc, out);
+}
+
+/* Python's str.splitlines on \n, \r\n and \r. */
+static size_t next_line(const char *p, size_t n, size_t b, size_t *next)
+{
+    size_t e = b;
+    while (e < n && p[e] != '\n' && p[e] != '\r')
+        e++;
+    *next = e < n ? e + 1 + (p[e] == '\r' && e + 1 < n && p[e + 1] == '\n') : n;
+    return e;
+}
+
+static int f_indent(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                    tpl_val *out)
+{
+    tpl_val w, pad;
+    arg_or(a, 0, "width", tpl_int(4), &w);
+    bool first = bool_or(a, 1, "first", false), blank = bool_or(a, 2, "blank", false);
+    if (w.type == TPL_STR) {
+        pad = w;
+    } else {
+        int64_t n = w.type == TPL_INT ? w.u.i : 4;
+        char *p = NULL;
+        TPL_TRY(tpl_new_str(c, at, n > 0 && n < 1024 ? (size_t)n : 0, &p, &pad));
+        memset(p, ' ', pad.u.s.n);
+    }
+    TPL_TRY(tpl_to_str(c, at, in, &in));
+    /* jinja2 splits (s + "\n") into lines: a trailing newline leaves an
+     * empty last line; lines after the first get the padding unless empty. */
+    tpl_buf b = {.max_bytes = c->lim.max_output_bytes};
+    int rc = first ? tpl_buf_put(&b, pad.u.s.p, pad.u.s.n) : 0;
+    size_t pos = 0, next;
+    for (size_t line = 0; rc == 0; line++) {
+        size_t e = next_line(in.u.s.p, in.u.s.n, pos, &next);
+        if (line > 0) {
+            rc = tpl_buf_putc(&b, '\n');
+            if (rc == 0 && (blank || e > pos))
+                rc = tpl_buf_put(&b, pad.u.s.p, pad.u.s.n);
+        }
+        if (rc == 0)
+            rc = tpl_buf_put(&b, in.u.s.p + pos, e - pos);
+        if (e == in.u.s.n) /* no line break after this line */
+            break;
+        pos = next;
+    }
+    return tpl_buf_finish(c, at, &b, rc, out);
+}
+
+static int f_center(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                    tpl_val *out)
+{
+    int64_t width = int_or(a, 0, "width", 80);
+    TPL_TRY(tpl_to_str(c, at, in, &in));
+    int64_t len = (int64_t)tpl_utf8_len(in.u.s.p, in.u.s.n);
+    if (width <= len || width > (int64_t)c->lim.max_output_bytes) {
+        *out = in;
+        return 0;
+    }
+    int64_t pad = width - len, left = pad / 2 + (pad & width & 1);
+    char *p = NULL;
+    TPL_TRY(tpl_new_str(c, at, in.u.s.n + (size_t)pad, &p, out));
+    memset(p, ' ', (size_t)left);
+    memcpy(p + left, in.u.s.p, in.u.s.n);
+    memset(p + left + in.u.s.n, ' ', (size_t)(pad - left));
+    return 0;
+}
+
+static int f_truncate(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                      tpl_val *out)
+{
+    int64_t length = int_or(a, 0, "length", 255), leeway = int_or(a, 3, "leeway", 5);
+    bool killwords = bool_or(a, 1, "killwords", false);
+    tpl_val end;
+    arg_or(a, 2, "end", tpl_cstr("..."), &end);
+    TPL_TRY(tpl_to_str(c, at, in, &in));
+    TPL_TRY(tpl_to_str(c, at, end, &end));
+    int64_t n = (int64_t)tpl_utf8_len(in.u.s.p, in.u.s.n),
+            n_end = (int64_t)tpl_utf8_len(end.u.s.p, end.u.s.n);
+    if (length < n_end || leeway < 0)
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "expected length >= %lld and leeway >= 0",
+                        (long long)n_end);
+    if (n <= length + leeway) {
+        *out = in;
+        return 0;
+    }
+    size_t cut = tpl_utf8_offset(in.u.s.p, in.u.s.n, (size_t)(length - n_end));
+    if (!killwords) {
+        size_t sp = cut;
+        while (sp > 0 && in.u.s.p[sp - 1] != ' ')
+            sp--;
+        if (sp > 0)
+            cut = sp - 1;
+    }
+    tpl_buf b = {.max_bytes = c->lim.max_output_bytes};
+    int rc = tpl_buf_put(&b, in.u.s.p, cut);
+    if (rc == 0)
+        rc = tpl_buf_put(&b, end.u.s.p, end.u.s.n);
+    return tpl_buf_finish(c, at, &b, rc, out);
+}
+
+static int f_wordcount(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                       tpl_val *out)
+{
+    TPL_TRY(tpl_to_str(c, at, in, &in));
+    int64_t words = 0;
+    bool in_word = false;
+    for (size_t i = 0, k; i < in.u.s.n; i += k) {
+        bool w = tpl_cp_is_word(tpl_utf8_decode(in.u.s.p + i, in.u.s.n - i, &k));
+        words += w && !in_word;
+        in_word = w;
+    }
+    *out = tpl_int(words);
+    return 0;
+}
+
+static int f_format(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                    tpl_val *out)
+{
+    tpl_val args;
+    TPL_TRY(tpl_to_str(c, at, in, &in));
+    TPL_TRY(tpl_list_from_vals(c, at, a->pos, a->n_pos, &args));
+    args.flags = TPL_F_TUPLE;
+    return tpl_str_format(c, at, in, args, out);
+}
+
+static int f_tojson(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                    tpl_val *out)
+{
+    tpl_json_opts o = {.indent = -1};
+    tpl_val ind, seps;
+    o.ensure_ascii = bool_or(a, 0, "ensure_ascii", false);
+    if (tpl_arg(a, 1, "indent", &ind) && ind.type != TPL_NONE) {
+        if (ind.type != TPL_INT || ind.u.i < 0 || ind.u.i > 64)
+            return tpl_fail(c, at, LMS_ERR_FORMAT, "tojson: indent must be an integer 0..64");
+        o.indent = (int)ind.u.i;
+    }
+    char sep[2][16];
+    if (tpl_arg(a, 2, "separators", &seps) && seps.type == TPL_LIST && seps.u.l->n == 2) {
+        for (int k = 0; k < 2; k++) {
+            tpl_val s = seps.u.l->items[k];
+            if (s.type != TPL_STR || s.u.s.n >= sizeof sep[k])
+                return tpl_fail(c, at, LMS_ERR_FORMAT, "tojson: bad separators");
+            snprintf(sep[k], sizeof sep[k], "%.*s", (int)s.u.s.n, s.u.s.p);
+        }
+        o.item_sep = sep[0];
+        o.key_sep = sep[1];
+    }
+    o.sort_keys = bool_or(a, 3, "sort_keys", false);
+    tpl_buf b = {.max_bytes = c->lim.max_output_bytes};
+    const char *bad = NULL;
+    int rc = tpl_write_json(&b, in, &o, 0, &bad);
+    if (rc == LMS_ERR_FORMAT || (rc == LMS_ERR_LIMIT && bad)) {
+        tpl_buf_free(&b);
+        if (in.type == TPL_UNDEF)
+            return tpl_fail_undefined(c, at, in);
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "tojson: Object of type %s is not JSON serializable",
+                        bad);
+    }
+    return tpl_buf_finish(c, at, &b, rc, out);
+}
+
+static int f_pprint(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                    tpl_val *out)
+{
+    tpl_buf b = {.max_bytes = c->lim.max_output_bytes};
+    return tpl_buf_finish(c, at, &b, tpl_write_repr(&b, in), out);
+}
+
+/* ---- numbers -------------------------------------------------------------------- */
+
+static int f_abs(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                 tpl_val *out)
+{
+    if (in.type == TPL_FLOAT)
+        *out = tpl_float(fabs(in.u.f));
+    else if ((in.type == TPL_INT && in.u.i != INT64_MIN) || in.type == TPL_BOOL)
+        *out = tpl_int(in.type == TPL_BOOL ? in.u.b : in.u.i < 0 ? -in.u.i : in.u.i);
+    else
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "bad operand type for abs(): '%s'",
+                        tpl_type_name(in));
+    return 0;
+}
+
+/* Parses a Python int/float literal from a string (spaces around allowed). */
+static bool parse_number(tpl_val s, bool want_float, int base, double *f, int64_t *i)
+{
+    char buf[64];
+    size_t n = 0;
+    for (size_t k = 0; k < s.u.s.n && n < sizeof buf - 1; k++)
+        if (s.u.s.p[k] != '_')
+            buf[n++] = s.u.s.p[k];
+    if (n == 0 || n >= sizeof buf - 1)
+        return false;
+    buf[n] = 0;
+    char *end;
+    errno = 0;
+    if (want_float)
+        *f = strtod(buf, &end);
+    else
+        *i = strtoll(buf, &end, base);
+    while (*end == ' ' || *end == '\t' || *end == '\n')
+        end++;
+    return *end == 0 && errno == 0 && end != buf;
+}
+
+static int f_int(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                 tpl_val *out)
+{
+    int64_t def = int_or(a, 0, "default", 0), base = int_or(a, 1, "base", 10), i;
+    double f;
+    if (base < 2 || base > 36)
+        base = 10;
+    if (in.type == TPL_INT || in.type == TPL_BOOL)
+        *out = tpl_int(in.type == TPL_BOOL ? in.u.b : in.u.i);
+    else if (in.type == TPL_FLOAT && isfinite(in.u.f) && fabs(in.u.f) < 9.2e18)
+        *out = tpl_int((int64_t)in.u.f);
+    else if (in.type == TPL_STR && parse_number(in, false, (int)base, &f, &i))
+        *out = tpl_int(i);
+    else if (in.type == TPL_STR && parse_number(in, true, 10, &f, &i) && fabs(f) < 9.2e18)
+        *out = tpl_int((int64_t)f);
+    else
+        *out = tpl_int(def);
+    return 0;
+}
+
+static int f_float(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                   tpl_val *out)
+{
+    tpl_val def;
+    double f;
+    int64_t i;
+    arg_or(a, 0, "default", tpl_float(0.0), &def);
+    if (tpl_is_number(in))
+        *out = tpl_float(tpl_as_double(in));
+    else if (in.type == TPL_STR && parse_number(in, true, 10, &f, &i))
+        *out = tpl_float(f);
+    else
+        *out = def;
+    return 0;
+}
+
+/* round(): Python's round() for "common" (correctly rounded, ties to even;
+ * an int stays an int), or ceil/floor at that precision. */
+static int f_round(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                   tpl_val *out)
+{
+    int64_t prec = int_or(a, 0, "precision", 0);
+    tpl_val method;
+    arg_or(a, 1, "method", tpl_cstr("common"), &method);
+    bool ceil_m = method.type == TPL_STR && method.u.s.n == 4 && !memcmp(method.u.s.p, "ceil", 4);
+    bool floor_m = method.type == TPL_STR && method.u.s.n == 5 && !memcmp(method.u.s.p, "floor", 5);
+    if (!ceil_m && !floor_m &&
+        !(method.type == TPL_STR && method.u.s.n == 6 && !memcmp(method.u.s.p, "common", 6)))
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "method must be common, ceil or floor");
+    if (!tpl_is_number(in))
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "round: %s is not a number", tpl_type_name(in));
+    if (in.type != TPL_FLOAT && !ceil_m && !floor_m && prec >= 0) {
+        *out = tpl_int(in.type == TPL_BOOL ? in.u.b : in.u.i);
+        return 0;
+    }
+    double x = tpl_as_double(in), scale = pow(10.0, (double)(prec < -308  ? -308
+                                                             : prec > 308 ? 308
+                                                                          : prec));
+    if (ceil_m || floor_m) {
+        *out = tpl_float((ceil_m ? ceil(x * scale) : floor(x * scale)) / scale);
+    } else if (prec >= 0 && prec <= 30 && isfinite(x)) {
+        char buf[400]; /* printf rounds the exact binary value, as Python does */
+        snprintf(buf, sizeof buf, "%.*f", (int)prec, x);
+        *out = tpl_float(strtod(buf, NULL));
+    } else {
+        *out = tpl_float(prec > 30 ? x : nearbyint(x * scale) / scale);
+    }
+    return 0;
+}
+
+/* ---- sequences ------------------------------------------------------------------ */
+
+static int f_length(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                    tpl_val *out)
+{
+    switch (in.type) {
+    case TPL_UNDEF: *out = tpl_int(0); return 0;
+    case TPL_STR: *out = tpl_int((int64_t)tpl_utf8_len(in.u.s.p, in.u.s.n)); return 0;
+    case TPL_LIST: *out = tpl_int((int64_t)in.u.l->n); return 0;
+    case TPL_DICT:
+    case TPL_NS: *out = tpl_int((int64_t)in.u.d->n); return 0;
+    case TPL_LOOP: *out = tpl_int((int64_t)in.u.loop->items->n); return 0;
+    default:
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "object of type '%s' has no len()",
+                        tpl_type_name(in));
+    }
+}
+
+static int f_first_last(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int last,
+                        tpl_val *out)
+{
+    tpl_list *l = NULL;
+    TPL_TRY(tpl_iterate(c, at, in, &l));
+    if (l->n == 0)
+        *out = tpl_undef(last ? "last" : "first", last ? 4 : 5, TPL_N_TYPES);
+    else
+        *out = l->items[last ? l->n - 1 : 0];
+    return 0;
+}
+
+static int f_list(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                  tpl_val *out)
+{
+    tpl_list *l = NULL;
+    TPL_TRY(tpl_iterate(c, at, in, &l));
+    return tpl_list_from_vals(c, at, l->items, l->n, out);
+}
+
+static int f_items(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                   tpl_val *out)
+{
+    if (in.type == TPL_UNDEF)
+        return tpl_list_from_vals(c, at, NULL, 0, out);
+    if (in.type != TPL_DICT && in.type != TPL_NS)
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "Can only get item pairs from a mapping.");
+    return tpl_dict_items(c, at, in.u.d, out);
+}
+
+static int f_reverse(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                     tpl_val *out)
+{
+    tpl_list *l = NULL;
+    TPL_TRY(tpl_iterate(c, at, in, &l));
+    tpl_list *r = tpl_list_new(&c->arena, l->n);
+    if (!r)
+        return tpl_fail_nomem(c, at);
+    for (size_t i = 0; i < l->n; i++)
+        r->items[i] = l->items[l->n - 1 - i];
+    r->n = l->n;
+    if (in.type != TPL_STR) {
+        *out = tpl_list_val(r);
+        return 0;
+    }
+    tpl_buf b = {.max_bytes = c->lim.max_output_bytes};
+    int rc = 0;
+    for (size_t i = 0; i < r->n && rc == 0; i++)
+        rc = tpl_buf_put(&b, r->items[i].u.s.p, r->items[i].u.s.n);
+    return tpl_buf_finish(c, at, &b, rc, out);
+}
+
+static int f_join(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                  tpl_val *out)
+{
+    tpl_val sep, attr;
+    tpl_list *l = NULL;
+    arg_or(a, 0, "d", tpl_str("", 0), &sep);
+    arg_or(a, 1, "attribute", tpl_none(), &attr);
+    TPL_TRY(tpl_to_str(c, at, sep, &sep));
+    TPL_TRY(tpl_iterate(c, at, in, &l));
+    tpl_buf b = {.max_bytes = c->lim.max_output_bytes};
+    int rc = 0;
+    for (size_t i = 0; i < l->n && rc == 0; i++) {
+        tpl_val v = l->items[i];
+        if (attr.type != TPL_NONE && (rc = attr_path(c, at, v, attr, &v)) < 0)
+            break;
+        if (i)
+            rc = tpl_buf_put(&b, sep.u.s.p, sep.u.s.n);
+        if (rc == 0)
+            rc = tpl_write_str(&b, v);
+    }
+    if (rc < 0 && rc != LMS_ERR_LIMIT && rc != LMS_ERR_NOMEM) {
+        tpl_buf_free(&b);
+        return rc;
+    }
+    return tpl_buf_finish(c, at, &b, rc, out);
+}
+
+static int f_default(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                     tpl_val *out)
+{
+    tpl_val def;
+    arg_or(a, 0, "default_value", tpl_str("", 0), &def);
+    bool boolean = bool_or(a, 1, "boolean", false);
+    *out = in.type == TPL_UNDEF || (boolean && !tpl_truthy(in)) ? def : in;
+    return 0;
+}
+
+static int f_attr(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                  tpl_val *out)
+{
+    tpl_val name;
+    if (!tpl_arg(a, 0, "name", &name) || name.type != TPL_STR)
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "attr() needs an attribute name");
+    if (in.type == TPL_DICT) { /* attributes of a dict are its methods, not its keys */
+        int found = tpl_method_find(c, at, in, name.u.s.p, name.u.s.n, out);
+        if (found == 0)
+            *out = tpl_undef(name.u.s.p, name.u.s.n, TPL_DICT);
+        return found < 0 ? found : 0;
+    }
+    return tpl_getattr(c, at, in, name.u.s.p, name.u.s.n, out);
+}
+
+static int f_batch(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                   tpl_val *out)
+{
+    int64_t size = int_or(a, 0, "linecount", 0);
+    tpl_val fill;
+    bool has_fill = arg_or(a, 1, "fill_with", tpl_none(), &fill) && fill.type != TPL_NONE;
+    tpl_list *l, *r;
+    if (size <= 0)
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "batch: linecount must be positive");
+    TPL_TRY(tpl_iterate(c, at, in, &l));
+    if (!(r = tpl_list_new(&c->arena, 0)))
+        return tpl_fail_nomem(c, at);
+    for (size_t i = 0; i < l->n; i += (size_t)size) {
+        size_t n = l->n - i < (size_t)size ? l->n - i : (size_t)size;
+        tpl_val row;
+        TPL_TRY(tpl_list_from_vals(c, at, l->items + i, n, &row));
+        while (has_fill && row.u.l->n < (size_t)size)
+            if (tpl_list_push(&c->arena, row.u.l, fill) < 0)
+                return tpl_fail_nomem(c, at);
+        if (tpl_list_push(&c->arena, r, row) < 0)
+            return tpl_fail_nomem(c, at);
+    }
+    *out = tpl_list_val(r);
+    return 0;
+}
+
+static int f_sort(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                  tpl_val *out)
+{
+    bool reverse = bool_or(a, 0, "reverse", false), cs = bool_or(a, 1, "case_sensitive", false);
+    tpl_val attr;
+    tpl_list *l = NULL;
+    arg_or(a, 2, "attribute", tpl_none(), &attr);
+    TPL_TRY(tpl_iterate(c, at, in, &l));
+    tpl_val *keys = tpl_alloc(&c->arena, (l->n + 1) * sizeof *keys);
+    if (!keys)
+        return tpl_fail_nomem(c, at);
+    for (size_t i = 0; i < l->n; i++)
+        TPL_TRY(sort_key(c, at, l->items[i], attr, cs, &keys[i]));
+    return sorted_list(c, at, l, keys, reverse, out);
+}
+
+static int f_dictsort(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                      tpl_val *out)
+{
+    bool cs = bool_or(a, 0, "case_sensitive", false), reverse = bool_or(a, 2, "reverse", false);
+    tpl_val by, items;
+    arg_or(a, 1, "by", tpl_cstr("key"), &by);
+    bool by_value = by.type == TPL_STR && by.u.s.n == 5 && memcmp(by.u.s.p, "value", 5) == 0;
+    TPL_TRY(f_items(c, at, in, a, 0, &items));
+    tpl_list *l = items.u.l;
+    tpl_val *keys = tpl_alloc(&c->arena, (l->n + 1) * sizeof *keys);
+    if (!keys)
+        return tpl_fail_nomem(c, at);
+    for (size_t i = 0; i < l->n; i++)
+        TPL_TRY(sort_key(c, at, l->items[i].u.l->items[by_value], tpl_none(), cs, &keys[i]));
+    return sorted_list(c, at, l, keys, reverse, out);
+}
+
+static int f_unique(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                    tpl_val *out)
+{
+    bool cs = bool_or(a, 0, "case_sensitive", false);
+    tpl_val attr;
+    tpl_list *l = NULL;
+    arg_or(a, 1, "attribute", tpl_none(), &attr);
+    TPL_TRY(tpl_iterate(c, at, in, &l));
+    tpl_val *keys = tpl_alloc(&c->arena, (l->n + 1) * sizeof *keys);
+    tpl_list *r = tpl_list_new(&c->arena, l->n);
+    if (!keys || !r)
+        return tpl_fail_nomem(c, at);
+    size_t nk = 0;
+    for (size_t i = 0; i < l->n; i++) {
+        tpl_val k;
+        bool seen = false;
+        TPL_TRY(sort_key(c, at, l->items[i], attr, cs, &k));
+        for (size_t j = 0; j < nk && !seen; j++) {
+            seen = tpl_equal(keys[j], k);
+            TPL_TRY(tpl_tick(c, at)); /* quadratic: keep the clock in view */
+        }
+        if (!seen) {
+            keys[nk++] = k;
+            r->items[r->n++] = l->items[i];
+        }
+    }
+    *out = tpl_list_val(r);
+    return 0;
+}
+
+static int f_minmax(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int max,
+                    tpl_val *out)
+{
+    bool cs = bool_or(a, 0, "case_sensitive", false);
+    tpl_val attr, best_key = tpl_none();
+    tpl_list *l = NULL;
+    arg_or(a, 1, "attribute", tpl_none(), &attr);
+    TPL_TRY(tpl_iterate(c, at, in, &l));
+    *out = tpl_undef(max ? "max" : "min", 3, TPL_N_TYPES);
+    for (size_t i = 0; i < l->n; i++) {
+        tpl_val k;
+        bool lt;
+        TPL_TRY(sort_key(c, at, l->items[i], attr, cs, &k));
+        if (i > 0 && !tpl_less(max ? best_key : k, max ? k : best_key, &lt))
+            return tpl_fail(c, at, LMS_ERR_FORMAT, "values cannot be compared");
+        if (i == 0 || lt) {
+            best_key = k;
+            *out = l->items[i];
+        }
+    }
+    return 0;
+}
+
+static int f_sum(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                 tpl_val *out)
+{
+    tpl_val attr, acc;
+    tpl_list *l = NULL;
+    arg_or(a, 0, "attribute", tpl_none(), &attr);
+    arg_or(a, 1, "start", tpl_int(0), &acc);
+    TPL_TRY(tpl_iterate(c, at, in, &l));
+    for (size_t i = 0; i < l->n; i++) {
+        tpl_val v = l->items[i];
+        if (attr.type != TPL_NONE)
+            TPL_TRY(attr_path(c, at, v, attr, &v));
+        if (!tpl_is_number(v) || !tpl_is_number(acc))
+            return tpl_fail(c, at, LMS_ERR_FORMAT, "sum: unsupported operand types '%s' and '%s'",
+                            tpl_type_name(acc), tpl_type_name(v));
+        int64_t x = acc.type == TPL_BOOL ? acc.u.b : acc.u.i,
+                y = v.type == TPL_BOOL ? v.u.b : v.u.i;
+        if (acc.type != TPL_FLOAT && v.type != TPL_FLOAT) {
+            if (lms_ckd_add(&x, x, y))
+                return tpl_fail(c, at, LMS_ERR_RANGE, "integer overflow");
+            acc = tpl_int(x);
+        } else
+            acc = tpl_float(tpl_as_double(acc) + tpl_as_double(v));
+    }
+    *out = acc;
+    return 0;
+}
+
+/* ---- select / reject / map --------------------------------------------------------- */
+
+/* Runs a test named by args[first] (with the rest as its arguments) on v;
+ * no test name means truthiness. */
+static int run_named_test(tpl_ctx *c, const tpl_node *at, tpl_val v, const tpl_args *a,
+                          size_t first, bool *out)
+{
+    if (a->n_pos <= first) {
+        *out = tpl_truthy(v);
+        return 0;
+    }
+    tpl_val name = a->pos[first];
+    char buf[32];
+    int id = -1;
+    if (name.type == TPL_STR && name.u.s.n < sizeof buf) {
+        snprintf(buf, sizeof buf, "%.*s", (int)name.u.s.n, name.u.s.p);
+        id = tpl_test_find(buf);
+    }
+    if (id < 0)
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "unknown test '%.*s'",
+                        name.type == TPL_STR ? (int)(name.u.s.n > 40 ? 40 : name.u.s.n) : 1,
+                        name.type == TPL_STR ? name.u.s.p : "?");
+    tpl_args rest = {a->pos + first + 1, a->n_pos - first - 1, a->kw_names, a->kw_vals, a->n_kw};
+    return tpl_test_apply(c, at, id, v, &rest, out);
+}
+
+/* select / reject / selectattr / rejectattr; mode bits: SEL_ATTR tests an
+ * attribute of each item, SEL_KEEP keeps the items that pass. */
+enum { SEL_ATTR = 1, SEL_KEEP = 2 };
+
+static int f_select(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int mode,
+                    tpl_val *out)
+{
+    bool by_attr = mode & SEL_ATTR, keep = mode & SEL_KEEP;
+    tpl_list *l = NULL;
+    TPL_TRY(tpl_iterate(c, at, in, &l));
+    if (by_attr && a->n_pos == 0)
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "Missing parameter for attribute name");
+    tpl_list *r = tpl_list_new(&c->arena, l->n);
+    if (!r)
+        return tpl_fail_nomem(c, at);
+    for (size_t i = 0; i < l->n; i++) {
+        tpl_val v = l->items[i];
+        bool ok;
+        if (by_attr)
+            TPL_TRY(attr_path(c, at, v, a->pos[0], &v));
+        TPL_TRY(run_named_test(c, at, v, a, by_attr ? 1 : 0, &ok));
+        if (ok == keep)
+            r->items[r->n++] = l->items[i];
+    }
+    *out = tpl_list_val(r);
+    return 0;
+}
+
+/* map(attribute="x", default=...) or map("filter", args...). */
+static int f_map(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                 tpl_val *out)
+{
+    tpl_list *l = NULL;
+    TPL_TRY(tpl_iterate(c, at, in, &l));
+    tpl_list *r = tpl_list_new(&c->arena, l->n);
+    if (!r)
+        return tpl_fail_nomem(c, at);
+    tpl_val attr, def;
+    bool by_attr = a->n_pos == 0 && tpl_arg(a, 99, "attribute", &attr);
+    bool has_def = tpl_arg(a, 99, "default", &def);
+    int id = -1;
+    if (!by_attr) {
+        char buf[32];
+        if (a->n_pos == 0 || a->pos[0].type != TPL_STR || a->pos[0].u.s.n >= sizeof buf)
+            return tpl_fail(c, at, LMS_ERR_FORMAT, "map: expected a filter name or attribute=");
+        snprintf(buf, sizeof buf, "%.*s", (int)a->pos[0].u.s.n, a->pos[0].u.s.p);
+        if ((id = tpl_filter_find(buf)) < 0)
+            return tpl_fail(c, at, LMS_ERR_FORMAT, "unknown filter '%s'", buf);
+    }
+    tpl_args rest = {a->pos + 1, a->n_pos ? a->n_pos - 1 : 0, a->kw_names, a->kw_vals, a->n_kw};
+    for (size_t i = 0; i < l->n; i++) {
+        tpl_val v = l->items[i];
+        if (by_attr) {
+            TPL_TRY(attr_path(c, at, v, attr, &v));
+            if (v.type == TPL_UNDEF && has_def)
+                v = def;
+        } else {
+            TPL_TRY(tpl_filter_apply(c, at, id, v, &rest, &v));
+        }
+        r->items[r->n++] = v;
+    }
+    *out = tpl_list_val(r);
+    return 0;
+}
+
+/* ---- filter table ------------------------------------------------------------------ */
+
+typedef struct filter_def {
+    const char *name;
+    filter_fn fn;
+    const char *params; /* accepted names, comma-separated; NULL = any */
+    int arg;            /* passed to fn */
+} filter_def;
+
+static const filter_def k_filters[] = {
+    {"abs", f_abs, "", 0},
+    {"attr", f_attr, "name", 0},
+    {"batch", f_batch, "linecount,fill_with", 0},
+    {"capitalize", f_case, "", TPL_CASE_CAPITALIZE},
+    {"center", f_center, "width", 0},
+    {"count", f_length, "", 0},
+    {"d", f_default, "default_value,boolean", 0},
+    {"default", f_default, "default_value,boolean", 0},
+    {"dictsort", f_dictsort, "case_sensitive,by,reverse", 0},
+    {"e", f_escape, "", 0},
+    {"escape", f_escape, "", 0},
+    {"first", f_first_last, "", false},
+    {"float", f_float, "default", 0},
+    {"format", f_format, NULL, 0},
+    {"indent", f_indent, "width,first,blank", 0},
+    {"int", f_int, "default,base", 0},
+    {"items", f_items, "", 0},
+    {"join", f_join, "d,attribute", 0},
+    {"last", f_first_last, "", true},
+    {"length", f_length, "", 0},
+    {"list", f_list, "", 0},
+    {"lower", f_case, "", TPL_CASE_LOWER},
+    {"map", f_map, NULL, 0},
+    {"max", f_minmax, "case_sensitive,attribute", true},
+    {"min", f_minmax, "case_sensitive,attribute", false},
+    {"pprint", f_pprint, "", 0},
+    {"reject", f_select, NULL, 0},
+    {"rejectattr", f_select, NULL, SEL_ATTR},
+    {"replace", f_replace, "old,new,count", 0},
+    {"reverse", f_reverse, "", 0},
+    {"round", f_round, "precision,method", 0},
+    {"safe", f_safe, "", 0},
+    {"select", f_select, NULL, SEL_KEEP},
+    {"selectattr", f_select, NULL, SEL_ATTR | SEL_KEEP},
+    {"sort", f_sort, "reverse,case_sensitive,attribute", 0},
+    {"string", f_string, "", 0},
+    {"sum", f_sum, "attribute,start", 0},
+    {"title", f_case, "", TPL_CASE_JTITLE},
+    {"tojson", f_tojson, "ensure_ascii,indent,separators,sort_keys", 0},
+    {"trim", f_trim, "chars", 0},
+    {"truncate", f_truncate, "length,killwords,end,leeway", 0},
+    {"unique", f_unique, "case_sensitive,attribute", 0},
+    {"upper", f_case, "", TPL_CASE_UPPER},
+    {"wordcount", f_wordcount, "", 0},
+};
+
+#define N_FILTERS (int)(sizeof k_filters / sizeof k_filters[0])
+
+int tpl_filter_find(const char *name)
+{
+    for (int k = 0; k < N_FILTERS; k++)
+        if (strcmp(k_filters[k].name, name) == 0)
+            return k;
+    return -1;
+}
+
+int tpl_filter_apply(tpl_ctx *c, const tpl_node *at, int id, tpl_val in, const tpl_args *a,
+                     tpl_val *out)
+{
+    const filter_def *f = &k_filters[id];
+    if (f->params) {
+        char what[48];
+        snprintf(what, sizeof what, "filter '%s'", f->name);
+        TPL_TRY(tpl_args_check(c, at, a, what, f->params));
+    }
+    TPL_TRY(tpl_tick(c, at));
+    return f->fn(c, at, in, a, f->arg, out);
+}
+
+/* ---- tests ------------------------------------------------------------------------ */
+
+static int t_arg(tpl_ctx *c, const tpl_node *at, const tpl_args *a, const char *test, tpl_val *v)
+{
+    if (!tpl_arg(a, 0, "other", v) && !tpl_arg(a, 0, "value", v) && !tpl_arg(a, 0, "num", v))
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "test '%s' needs an argument", test);
+    return 0;
+}
+
+/* op: 0 ==, 1 !=, 2 <, 3 <=, 4 >, 5 >= */
+static int t_compare(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int op,
+                     bool *out)
+{
+    tpl_val other;
+    bool lt;
+    TPL_TRY(t_arg(c, at, a, "comparison", &other));
+    if (op == 0 || op == 1) {
+        *out = tpl_equal(in, other) == (op == 0);
+        return 0;
+    }
+    /* 2: <, 3: <=, 4: >, 5: >= */
+    tpl_val x = op == 2 || op == 5 ? in : other, y = op == 2 || op == 5 ? other : in;
+    if (!tpl_less(x, y, &lt))
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "values of types '%s' and '%s' cannot be compared",
+                        tpl_type_name(in), tpl_type_name(other));
+    *out = op == 2 || op == 4 ? lt : !lt;
+    return 0;
+}
+
+/* Type tests that need no arguments, by a bit per enum tpl_type. */
+static bool type_in(tpl_val v, unsigned mask) { return (mask >> v.type) & 1u; }
+
+#define B(t) (1u << (t))
+enum {
+    TT_DEFINED,
+    TT_UNDEFINED,
+    TT_NONE,
+    TT_BOOLEAN,
+    TT_FALSE,
+    TT_TRUE,
+    TT_INTEGER,
+    TT_FLOAT,
+    TT_NUMBER,
+    TT_STRING,
+    TT_MAPPING,
+    TT_ITERABLE,
+    TT_SEQUENCE,
+    TT_CALLABLE
+};
+static const unsigned k_type_masks[] = {
+    [TT_INTEGER] = B(TPL_INT),
+    [TT_FLOAT] = B(TPL_FLOAT),
+    [TT_NUMBER] = B(TPL_INT) | B(TPL_FLOAT) | B(TPL_BOOL),
+    [TT_STRING] = B(TPL_STR),
+    [TT_MAPPING] = B(TPL_DICT),
+    /* jinja2's Undefined iterates (empty) and has __len__/__getitem__ */
+    [TT_ITERABLE] = B(TPL_LIST) | B(TPL_DICT) | B(TPL_STR) | B(TPL_UNDEF) | B(TPL_LOOP),
+    [TT_SEQUENCE] = B(TPL_LIST) | B(TPL_DICT) | B(TPL_STR) | B(TPL_UNDEF),
+    [TT_CALLABLE] = B(TPL_MACRO) | B(TPL_FUNC) | B(TPL_METHOD),
+};
+
+static bool type_test(int which, tpl_val v)
+{
+    switch (which) {
+    case TT_DEFINED: return v.type != TPL_UNDEF;
+    case TT_UNDEFINED: return v.type == TPL_UNDEF;
+    case TT_NONE: return v.type == TPL_NONE;
+    case TT_BOOLEAN: return v.type == TPL_BOOL;
+    case TT_FALSE: return v.type == TPL_BOOL && !v.u.b;
+    case TT_TRUE: return v.type == TPL_BOOL && v.u.b;
+    default: return type_in(v, k_type_masks[which]);
+    }
+}
+
+static int t_type(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int which,
+                  bool *out)
+{
+    *out = type_test(which, in);
+    return 0;
+}
+
+static int parity(tpl_ctx *c, const tpl_node *at, tpl_val in, int64_t mod, int64_t want, bool *out)
+{
+    if (in.type != TPL_INT && in.type != TPL_BOOL)
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "divisibility test on a %s", tpl_type_name(in));
+    if (mod == 0)
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "integer division or modulo by zero");
+    int64_t v = in.type == TPL_BOOL ? in.u.b : in.u.i;
+    int64_t r = mod == -1 ? 0 : v % mod;
+    *out = (r < 0 ? -r : r) == want;
+    return 0;
+}
+
+/* even (arg 0) and odd (arg 1) */
+static int t_parity(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int odd,
+                    bool *out)
+{
+    return parity(c, at, in, 2, odd, out);
+}
+
+static int t_divisibleby(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                         bool *out)
+{
+    tpl_val n;
+    TPL_TRY(t_arg(c, at, a, "divisibleby", &n));
+    if (n.type != TPL_INT)
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "divisibleby needs an integer");
+    return parity(c, at, in, n.u.i, 0, out);
+}
+
+static int t_in(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg, bool *out)
+{
+    tpl_val seq;
+    tpl_list *l = NULL;
+    TPL_TRY(t_arg(c, at, a, "in", &seq));
+    if (seq.type == TPL_STR && in.type == TPL_STR) {
+        *out = in.u.s.n == 0 || memmem(seq.u.s.p, seq.u.s.n, in.u.s.p, in.u.s.n);
+        return 0;
+    }
+    if (seq.type == TPL_DICT || seq.type == TPL_NS) {
+        *out = tpl_dict_find(seq.u.d, in) >= 0;
+        return 0;
+    }
+    TPL_TRY(tpl_iterate(c, at, seq, &l));
+    *out = false;
+    for (size_t i = 0; i < l->n && !*out; i++)
+        *out = tpl_equal(l->items[i], in);
+    return 0;
+}
+
+static int t_sameas(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                    bool *out)
+{
+    tpl_val other;
+    TPL_TRY(t_arg(c, at, a, "sameas", &other));
+    /* Identity: containers by pointer, scalars by value and type. */
+    *out = in.type == other.type &&
+           (in.type == TPL_LIST  ? in.u.l == other.u.l
+            : in.type == TPL_STR ? in.u.s.p == other.u.s.p && in.u.s.n == other.u.s.n
+                                 : tpl_equal(in, other));
+    return 0;
+}
+
+static int t_case(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int mode,
+                  bool *out)
+{
+    tpl_val s, conv;
+    TPL_TRY(tpl_to_str(c, at, in, &s));
+    TPL_TRY(tpl_str_case(c, at, s, mode, &conv));
+    *out = tpl_equal(s, conv);
+    return 0;
+}
+
+static int t_escaped(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                     bool *out)
+{
+    *out = false;
+    return 0;
+}
+
+/* `is filter` (arg 1) / `is test` (arg 0): does a filter or test have that name? */
+static int t_name_exists(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int filter,
+                         bool *out)
+{
+    char buf[32];
+    *out = false;
+    if (in.type == TPL_STR && in.u.s.n < sizeof buf) {
+        snprintf(buf, sizeof buf, "%.*s", (int)in.u.s.n, in.u.s.p);
+        *out = (filter ? tpl_filter_find(buf) : tpl_test_find(buf)) >= 0;
+    }
+    return 0;
+}
+
+typedef struct test_def {
+    const char *name;
+    test_fn fn;
+    int arg; /* passed to fn */
+} test_def;
+
+static const test_def k_tests[] = {
+    {"boolean", t_type, TT_BOOLEAN},
+    {"callable", t_type, TT_CALLABLE},
+    {"defined", t_type, TT_DEFINED},
+    {"divisibleby", t_divisibleby, 0},
+    {"eq", t_compare, 0},
+    {"equalto", t_compare, 0},
+    {"==", t_compare, 0},
+    {"escaped", t_escaped, 0},
+    {"even", t_parity, 0},
+    {"false", t_type, TT_FALSE},
+    {"filter", t_name_exists, true},
+    {"float", t_type, TT_FLOAT},
+    {"ge", t_compare, 5},
+    {">=", t_compare, 5},
+    {"gt", t_compare, 4},
+    {"greaterthan", t_compare, 4},
+    {">", t_compare, 4},
+    {"in", t_in, 0},
+    {"integer", t_type, TT_INTEGER},
+    {"iterable", t_type, TT_ITERABLE},
+    {"le", t_compare, 3},
+    {"<=", t_compare, 3},
+    {"lower", t_case, TPL_CASE_LOWER},
+    {"lt", t_compare, 2},
+    {"lessthan", t_compare, 2},
+    {"<", t_compare, 2},
+    {"mapping", t_type, TT_MAPPING},
+    {"ne", t_compare, 1},
+    {"!=", t_compare, 1},
+    {"none", t_type, TT_NONE},
+    {"number", t_type, TT_NUMBER},
+    {"odd", t_parity, 1},
+    {"sameas", t_sameas, 0},
+    {"sequence", t_type, TT_SEQUENCE},
+    {"string", t_type, TT_STRING},
+    {"test", t_name_exists, false},
+    {"true", t_type, TT_TRUE},
+    {"undefined", t_type, TT_UNDEFINED},
+    {"upper", t_case, TPL_CASE_UPPER},
+};
+
+int tpl_test_find(const char *name)
+{
+    for (size_t k = 0; k < sizeof k_tests / sizeof k_tests[0]; k++)
+        if (strcmp(k_tests[k].name, name) == 0)
+            return (int)k;
+    return -1;
+}
+
+int tpl_test_apply(tpl_ctx *c, const tpl_node *at, int id, tpl_val in, const tpl_args *a, bool *out)
+{
+    return k_tests[id].fn(c, at, in, a, k_tests[id].arg, out);
+}

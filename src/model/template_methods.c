@@ -1,0 +1,965 @@
+/*
+ * template_methods.c - what templates call: the global functions
+ * (namespace, range, dict, raise_exception, strftime_now) and the Python
+ * methods of str, dict and list values ("a,b".split(","), d.items(),
+ * msg.get("tool_calls"), loop.cycle(...)).
+ *
+ * String methods follow CPython on UTF-8 text: whitespace is Python's set
+ * of Unicode spaces (tpl_cp_is_space), strip(chars) treats chars as a set of code points,
+ * split() without a separator splits on runs of whitespace. Case mapping
+ * covers ASCII, Latin-1, Greek and Cyrillic (templates upper-case role
+ * names, not arbitrary scripts).
+ *
+ * As in transformers' ImmutableSandboxedEnvironment, methods that mutate
+ * a list or dict (append, pop, update, ...) are refused.
+ */
+#include "model/template_impl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/ckd.h"
+#include "base/err.h"
+
+#define TPL_MAX_RANGE 100000 /* jinja2's sandbox limit for range() */
+
+static double ceil_div(double a, double b) { return ceil(a / b); }
+
+/* ---- code points ------------------------------------------------------------- */
+
+/* Lower/upper case pairs as ranges: [lo, hi] maps to [lo + delta, ...]. */
+typedef struct case_range {
+    uint32_t lo, hi;
+    int32_t delta; /* upper -> lower */
+} case_range;
+
+static const case_range k_upper_ranges[] = {
+    {'A', 'Z', 32},     {0xC0, 0xD6, 32},   {0xD8, 0xDE, 32},   {0x391, 0x3A1, 32},
+    {0x3A3, 0x3AB, 32}, {0x400, 0x40F, 80}, {0x410, 0x42F, 32},
+};
+
+static uint32_t cp_lower(uint32_t cp)
+{
+    for (size_t k = 0; k < sizeof k_upper_ranges / sizeof k_upper_ranges[0]; k++)
+        if (cp >= k_upper_ranges[k].lo && cp <= k_upper_ranges[k].hi)
+            return cp + (uint32_t)k_upper_ranges[k].delta;
+    return cp;
+}
+
+static uint32_t cp_upper(uint32_t cp)
+{
+    if (cp == 0x3C2) /* final sigma */
+        return 0x3A3;
+    for (size_t k = 0; k < sizeof k_upper_ranges / sizeof k_upper_ranges[0]; k++) {
+        const case_range *r = &k_upper_ranges[k];
+        if (cp >= r->lo + (uint32_t)r->delta && cp <= r->hi + (uint32_t)r->delta)
+            return cp - (uint32_t)r->delta;
+    }
+    return cp;
+}
+
+/* A letter for title()/capitalize(): cased ASCII, or any non-ASCII letter
+ * we can map, or other non-ASCII text (treated as letters, uncased). */
+static bool cp_is_letter(uint32_t cp)
+{
+    return (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z') ||
+           (cp >= 0xC0 && cp != 0xD7 && cp != 0xF7 && !tpl_cp_is_space(cp));
+}
+
+/* ---- str helpers shared with filters --------------------------------------------- */
+
+int tpl_buf_finish(tpl_ctx *c, const tpl_node *at, tpl_buf *b, int rc, tpl_val *out)
+{
+    char *o = NULL;
+    if (rc == LMS_ERR_LIMIT || rc == LMS_ERR_NOMEM)
+        rc =
+            tpl_fail(c, at, rc,
+                     rc == LMS_ERR_LIMIT ? "string longer than the output limit" : "out of memory");
+    if (rc == 0)
+        rc = tpl_new_str(c, at, b->n, &o, out);
+    if (rc == 0 && b->n)
+        memcpy(o, b->p, b->n);
+    tpl_buf_free(b);
+    return rc;
+}
+
+#define SHARP_S 0xDF /* ß: lower case, upper-cases to "SS" */
+
+static bool cp_is_lower(uint32_t cp) { return cp_upper(cp) != cp || cp == SHARP_S; }
+
+/* Should code point cp start with a capital in this mode? prev is the code
+ * point before it (0 at the start). */
+static bool starts_word(int mode, uint32_t prev, bool first)
+{
+    switch (mode) {
+    case TPL_CASE_UPPER: return true;
+    case TPL_CASE_LOWER: return false;
+    case TPL_CASE_CAPITALIZE: return first;
+    case TPL_CASE_TITLE: return first || !cp_is_letter(prev);
+    default: /* TPL_CASE_JTITLE */
+        return first || tpl_cp_is_space(prev) || (prev < 0x80 && strchr("-({[<", (int)prev));
+    }
+}
+
+int tpl_str_case(tpl_ctx *c, const tpl_node *at, tpl_val s, int mode, tpl_val *out)
+{
+    char *p = NULL;
+    /* Case pairs here keep their UTF-8 length (ß and "SS" are both 2 bytes);
+     * invalid bytes are copied: the output is never longer than the input. */
+    TPL_TRY(tpl_new_str(c, at, s.u.s.n, &p, out));
+    size_t o = 0;
+    uint32_t prev = 0;
+    for (size_t i = 0; i < s.u.s.n;) {
+        size_t k;
+        uint32_t cp = tpl_utf8_decode(s.u.s.p + i, s.u.s.n - i, &k);
+        bool cap = starts_word(mode, prev, i == 0);
+        if (k == 1 && cp >= 0x80) { /* an invalid byte */
+            p[o++] = s.u.s.p[i];
+        } else if (cap && cp == SHARP_S) {
+            p[o++] = 'S';
+            p[o++] = mode == TPL_CASE_UPPER || mode == TPL_CASE_JTITLE ? 'S' : 's';
+        } else {
+            o += tpl_utf8_put(p + o, cap ? cp_upper(cp) : cp_lower(cp));
+        }
+        prev = cp;
+        i += k;
+    }
+    out->u.s.n = o;
+    return 0;
+}
+
+/* Does the code point at p belong to the set `chars` (or whitespace)? */
+static bool in_set(tpl_val chars, uint32_t cp)
+{
+    if (chars.type != TPL_STR)
+        return tpl_cp_is_space(cp);
+    for (size_t i = 0; i < chars.u.s.n;) {
+        size_t k;
+        if (tpl_utf8_decode(chars.u.s.p + i, chars.u.s.n - i, &k) == cp)
+            return true;
+        i += k;
+    }
+    return false;
+}
+
+/* Start of the UTF-8 sequence that ends at p[e-1]. */
+static size_t cp_start_before(const char *p, size_t e)
+{
+    size_t b = e - 1;
+    while (b > 0 && ((unsigned char)p[b] & 0xC0) == 0x80 && e - b < 4)
+        b--;
+    return b;
+}
+
+int tpl_str_strip(tpl_ctx *c, const tpl_node *at, tpl_val s, tpl_val chars, int sides, tpl_val *out)
+{
+    if (chars.type != TPL_STR && chars.type != TPL_NONE && chars.type != TPL_UNDEF)
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "strip arg must be None or str");
+    const char *p = s.u.s.p;
+    size_t b = 0, e = s.u.s.n, k;
+    while ((sides & 1) && b < e) {
+        uint32_t cp = tpl_utf8_decode(p + b, e - b, &k);
+        if (!in_set(chars, cp))
+            break;
+        b += k;
+    }
+    while ((sides & 2) && e > b) {
+        size_t st = cp_start_before(p, e);
+        if (st < b)
+            st = b;
+        if (!in_set(chars, tpl_utf8_decode(p + st, e - st, &k)))
+            break;
+        e = st;
+    }
+    *out = tpl_str(p + b, e - b);
+    return 0;
+}
+
+int tpl_str_replace(tpl_ctx *c, const tpl_node *at, tpl_val s, tpl_val from, tpl_val to,
+                    int64_t count, tpl_val *out)
+{
+    if (from.type != TPL_STR || to.type != TPL_STR)
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "replace() arguments must be str");
+    tpl_buf b = {.max_bytes = c->lim.max_output_bytes};
+    const char *p = s.u.s.p, *end = p + s.u.s.n;
+    int rc = 0;
+    for (int64_t done = 0; rc == 0 && (count < 0 || done < count); done++) {
+        const char *hit;
+        if (from.u.s.n == 0) { /* Python inserts `to` between every character */
+            if (done > 0 && p >= end)
+                break;
+            rc = tpl_buf_put(&b, to.u.s.p, to.u.s.n);
+            size_t k = p < end ? tpl_utf8_offset(p, (size_t)(end - p), 1) : 0;
+            if (rc == 0)
+                rc = tpl_buf_put(&b, p, k);
+            p += k;
+            if (k == 0)
+                break;
+            continue;
+        }
+        if (!(hit = memmem(p, (size_t)(end - p), from.u.s.p, from.u.s.n)))
+            break;
+        rc = tpl_buf_put(&b, p, (size_t)(hit - p));
+        if (rc == 0)
+            rc = tpl_buf_put(&b, to.u.s.p, to.u.s.n);
+        p = hit + from.u.s.n;
+    }
+    if (rc == 0)
+        rc = tpl_buf_put(&b, p, (size_t)(end - p));
+    return tpl_buf_finish(c, at, &b, rc, out);
+}
+
+/* ---- split ----------------------------------------------------------------- */
+
+static int push(tpl_ctx *c, const tpl_node *at, tpl_list *l, tpl_val v)
+{
+    return tpl_list_push(&c->arena, l, v) < 0 ? tpl_fail_nomem(c, at) : 0;
+}
+
+/* Last occurrence of needle in hay, or NULL. */
+static const char *find_last(const char *hay, size_t n, const char *needle, size_t k)
+{
+    for (size_t i = n >= k ? n - k + 1 : 0; i-- > 0;)
+        if (memcmp(hay + i, needle, k) == 0)
+            return hay + i;
+    return NULL;
+}
+
+static void reverse_vals(tpl_list *l)
+{
+    for (size_t a = 0, z = l->n ? l->n - 1 : 0; a < z; a++, z--) {
+        tpl_val t = l->items[a];
+        l->items[a] = l->items[z];
+        l->items[z] = t;
+    }
+}
+
+/* split/rsplit with a separator: at most maxsplit cuts (all if < 0). */
+static int split_sep(tpl_ctx *c, const tpl_node *at, tpl_list *l, tpl_val s, tpl_val sep,
+                     int64_t maxsplit, bool from_right)
+{
+    const char *p = s.u.s.p;
+    size_t b = 0, e = s.u.s.n, k = sep.u.s.n;
+    for (int64_t cuts = 0; maxsplit < 0 || cuts < maxsplit; cuts++) {
+        const char *hit =
+            from_right ? find_last(p + b, e - b, sep.u.s.p, k) : memmem(p + b, e - b, sep.u.s.p, k);
+        if (!hit)
+            break;
+        size_t h = (size_t)(hit - p);
+        TPL_TRY(push(c, at, l, from_right ? tpl_str(hit + k, e - h - k) : tpl_str(p + b, h - b)));
+        if (from_right)
+            e = h;
+        else
+            b = h + k;
+    }
+    TPL_TRY(push(c, at, l, tpl_str(p + b, e - b)));
+    if (from_right)
+        reverse_vals(l);
+    return 0;
+}
+
+static bool space_at(const char *p, size_t n, size_t i, size_t *len)
+{
+    return tpl_cp_is_space(tpl_utf8_decode(p + i, n - i, len));
+}
+
+static bool space_before(const char *p, size_t e, size_t *len)
+{
+    size_t b = cp_start_before(p, e);
+    *len = e - b;
+    return tpl_cp_is_space(tpl_utf8_decode(p + b, e - b, len));
+}
+
+/* split()/rsplit() on runs of whitespace: no empty parts; once maxsplit
+ * parts are cut, the rest (minus the whitespace that was cut at) is the
+ * last part, keeping its whitespace on the far side, as Python does. */
+static int split_ws(tpl_ctx *c, const tpl_node *at, tpl_list *l, tpl_val s, int64_t maxsplit,
+                    bool from_right)
+{
+    const char *p = s.u.s.p;
+    size_t b = 0, e = s.u.s.n, k;
+    for (int64_t parts = 0;; parts++) {
+        if (from_right)
+            while (e > b && space_before(p, e, &k))
+                e -= k;
+        else
+            while (b < e && space_at(p, e, b, &k))
+                b += k;
+        if (b >= e)
+            break;
+        if (maxsplit >= 0 && parts >= maxsplit) {
+            TPL_TRY(push(c, at, l, tpl_str(p + b, e - b)));
+            break;
+        }
+        size_t w = from_right ? e : b; /* the word's other end */
+        if (from_right)
+            while (w > b && !space_before(p, w, &k))
+                w -= k;
+        else
+            while (w < e && !space_at(p, e, w, &k))
+                w += k;
+        TPL_TRY(push(c, at, l, from_right ? tpl_str(p + w, e - w) : tpl_str(p + b, w - b)));
+        if (from_right)
+            e = w;
+        else
+            b = w;
+    }
+    if (from_right)
+        reverse_vals(l);
+    return 0;
+}
+
+/* Python str.split / str.rsplit (from_right) with maxsplit. */
+static int str_split(tpl_ctx *c, const tpl_node *at, tpl_val s, tpl_val sep, int64_t maxsplit,
+                     bool from_right, tpl_val *out)
+{
+    if (sep.type == TPL_STR && sep.u.s.n == 0)
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "empty separator");
+    tpl_list *l = tpl_list_new(&c->arena, 4);
+    if (!l)
+        return tpl_fail_nomem(c, at);
+    TPL_TRY(sep.type == TPL_STR ? split_sep(c, at, l, s, sep, maxsplit, from_right)
+                                : split_ws(c, at, l, s, maxsplit, from_right));
+    *out = tpl_list_val(l);
+    return 0;
+}
+
+static int str_splitlines(tpl_ctx *c, const tpl_node *at, tpl_val s, bool keepends, tpl_val *out)
+{
+    tpl_list *l = tpl_list_new(&c->arena, 4);
+    if (!l)
+        return tpl_fail_nomem(c, at);
+    const char *p = s.u.s.p;
+    size_t n = s.u.s.n, b = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] != '\n' && p[i] != '\r')
+            continue;
+        size_t e = i + (p[i] == '\r' && i + 1 < n && p[i + 1] == '\n');
+        TPL_TRY(push(c, at, l, tpl_str(p + b, (keepends ? e + 1 : i) - b)));
+        i = e;
+        b = e + 1;
+    }
+    if (b < n)
+        TPL_TRY(push(c, at, l, tpl_str(p + b, n - b)));
+    *out = tpl_list_val(l);
+    return 0;
+}
+
+/* ---- formatting ----------------------------------------------------------------- */
+
+/* One %-conversion (s, r, d, i, f, x, %). */
+static int format_one(tpl_ctx *c, const tpl_node *at, tpl_buf *b, char conv, int prec, tpl_val v)
+{
+    switch (conv) {
+    case 's': return tpl_write_str(b, v);
+    case 'r': return tpl_write_repr(b, v);
+    case 'd':
+    case 'i':
+        if (!tpl_is_number(v))
+            return tpl_fail(c, at, LMS_ERR_FORMAT, "%%d format: a real number is required, not %s",
+                            tpl_type_name(v));
+        return tpl_buf_printf(b, "%lld",
+                              (long long)(v.type == TPL_FLOAT  ? (int64_t)v.u.f
+                                          : v.type == TPL_BOOL ? v.u.b
+                                                               : v.u.i));
+    case 'f':
+        if (!tpl_is_number(v))
+            return tpl_fail(c, at, LMS_ERR_FORMAT, "%%f format: a real number is required, not %s",
+                            tpl_type_name(v));
+        return tpl_buf_printf(b, "%.*f", prec < 0 ? 6 : prec > 50 ? 50 : prec, tpl_as_double(v));
+    default: return tpl_fail(c, at, LMS_ERR_FORMAT, "unsupported format character '%c'", conv);
+    }
+}
+
+int tpl_str_format(tpl_ctx *c, const tpl_node *at, tpl_val fmt, tpl_val args, tpl_val *out)
+{
+    const tpl_list *tuple = args.type == TPL_LIST && (args.flags & TPL_F_TUPLE) ? args.u.l : NULL;
+    size_t next = 0;
+    tpl_buf b = {.max_bytes = c->lim.max_output_bytes};
+    int rc = 0;
+    const char *p = fmt.u.s.p, *end = p + fmt.u.s.n;
+    while (rc == 0 && p < end) {
+        const char *pct = memchr(p, '%', (size_t)(end - p));
+        rc = tpl_buf_put(&b, p, pct ? (size_t)(pct - p) : (size_t)(end - p));
+        if (!pct || rc)
+            break;
+        p = pct + 1;
+        int prec = -1;
+        if (p < end && *p == '.') {
+            prec = 0;
+            for (p++; p < end && *p >= '0' && *p <= '9' && prec < 100; p++)
+                prec = prec * 10 + (*p - '0');
+        }
+        if (p >= end) {
+            rc = tpl_fail(c, at, LMS_ERR_FORMAT, "incomplete format");
+            break;
+        }
+        char conv = *p++;
+        if (conv == '%') {
+            rc = tpl_buf_putc(&b, '%');
+            continue;
+        }
+        tpl_val v = tuple ? (next < tuple->n ? tuple->items[next] : tpl_undef(NULL, 0, 0)) : args;
+        if ((tuple && next >= tuple->n) || (!tuple && next > 0)) {
+            rc = tpl_fail(c, at, LMS_ERR_FORMAT, "not enough arguments for format string");
+            break;
+        }
+        next++;
+        rc = format_one(c, at, &b, conv, prec, v);
+    }
+    return tpl_buf_finish(c, at, &b, rc, out);
+}
+
+/* str.format with "{}", "{0}", "{name}" fields (no format specs). */
+static int str_format_method(tpl_ctx *c, const tpl_node *at, tpl_val fmt, const tpl_args *a,
+                             tpl_val *out)
+{
+    tpl_buf b = {.max_bytes = c->lim.max_output_bytes};
+    const char *p = fmt.u.s.p, *end = p + fmt.u.s.n;
+    size_t auto_idx = 0;
+    int rc = 0;
+    while (rc == 0 && p < end) {
+        if ((*p == '{' || *p == '}') && p + 1 < end && p[1] == *p) {
+            rc = tpl_buf_putc(&b, *p);
+            p += 2;
+            continue;
+        }
+        if (*p != '{') {
+            rc = tpl_buf_putc(&b, *p++);
+            continue;
+        }
+        const char *close = memchr(p, '}', (size_t)(end - p));
+        if (!close) {
+            rc = tpl_fail(c, at, LMS_ERR_FORMAT, "single '{' encountered in format string");
+            break;
+        }
+        const char *f = p + 1;
+        size_t fn = (size_t)(close - f);
+        tpl_val v = tpl_undef(NULL, 0, TPL_N_TYPES);
+        bool found;
+        if (fn == 0) {
+            found = auto_idx < a->n_pos && (v = a->pos[auto_idx], true);
+            auto_idx++;
+        } else if (f[0] >= '0' && f[0] <= '9') {
+            size_t idx = (size_t)strtoul(f, NULL, 10);
+            found = idx < a->n_pos && (v = a->pos[idx], true);
+        } else {
+            char name[64];
+            snprintf(name, sizeof name, "%.*s", (int)fn, f);
+            found = tpl_arg(
+                &(tpl_args){.kw_names = a->kw_names, .kw_vals = a->kw_vals, .n_kw = a->n_kw}, 0,
+                name, &v);
+        }
+        if (!found || memchr(f, ':', fn) || memchr(f, '!', fn)) {
+            rc = tpl_fail(c, at, LMS_ERR_FORMAT, "unsupported or missing format field '{%.*s}'",
+                          (int)(fn > 40 ? 40 : fn), f);
+            break;
+        }
+        rc = tpl_write_str(&b, v);
+        p = close + 1;
+    }
+    return tpl_buf_finish(c, at, &b, rc, out);
+}
+
+/* ---- method table ----------------------------------------------------------------- */
+
+/* arg: the table entry's mode (which case mapping, which sides, ...). */
+typedef int (*method_fn)(tpl_ctx *c, const tpl_node *at, tpl_val self, const tpl_args *a, int arg,
+                         tpl_val *out);
+
+typedef struct method_def {
+    uint8_t type; /* enum tpl_type of self */
+    const char *name;
+    method_fn fn;       /* NULL: refused by the sandbox (mutates self) */
+    const char *params; /* comma-separated names, for argument checks */
+    int arg;            /* passed to fn */
+} method_def;
+
+static int str_arg(tpl_ctx *c, const tpl_node *at, const tpl_args *a, size_t i, const char *name,
+                   tpl_val *v)
+{
+    if (!tpl_arg(a, i, name, v))
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "missing argument '%s'", name);
+    if (v->type != TPL_STR)
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "argument '%s' must be str, not %s", name,
+                        tpl_type_name(*v));
+    return 0;
+}
+
+static int64_t int_arg(const tpl_args *a, size_t i, const char *name, int64_t def)
+{
+    tpl_val v;
+    if (!tpl_arg(a, i, name, &v) || (v.type != TPL_INT && v.type != TPL_BOOL))
+        return def;
+    return v.type == TPL_BOOL ? v.u.b : v.u.i;
+}
+
+static int m_case(tpl_ctx *c, const tpl_node *at, tpl_val s, const tpl_args *a, int mode,
+                  tpl_val *out)
+{
+    return tpl_str_case(c, at, s, mode, out);
+}
+
+static int m_strip(tpl_ctx *c, const tpl_node *at, tpl_val s, const tpl_args *a, int sides,
+                   tpl_val *out)
+{
+    tpl_val chars = tpl_none();
+    tpl_arg(a, 0, "chars", &chars);
+    return tpl_str_strip(c, at, s, chars, sides, out);
+}
+
+static int m_split(tpl_ctx *c, const tpl_node *at, tpl_val s, const tpl_args *a, int right,
+                   tpl_val *out)
+{
+    tpl_val sep = tpl_none();
+    tpl_arg(a, 0, "sep", &sep);
+    if (sep.type != TPL_STR && sep.type != TPL_NONE)
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "must be str or None, not %s", tpl_type_name(sep));
+    return str_split(c, at, s, sep, int_arg(a, 1, "maxsplit", -1), right, out);
+}
+
+static int m_splitlines(tpl_ctx *c, const tpl_node *at, tpl_val s, const tpl_args *a, int arg,
+                        tpl_val *out)
+{
+    tpl_val keep = tpl_bool(false);
+    tpl_arg(a, 0, "keepends", &keep);
+    return str_splitlines(c, at, s, tpl_truthy(keep), out);
+}
+
+static int m_replace(tpl_ctx *c, const tpl_node *at, tpl_val s, const tpl_args *a, int arg,
+                     tpl_val *out)
+{
+    tpl_val from, to;
+    TPL_TRY(str_arg(c, at, a, 0, "old", &from));
+    TPL_TRY(str_arg(c, at, a, 1, "new", &to));
+    return tpl_str_replace(c, at, s, from, to, int_arg(a, 2, "count", -1), out);
+}
+
+/* startswith/endswith: the argument may be a str or a tuple/list of str. */
+static int m_affix(tpl_ctx *c, const tpl_node *at, tpl_val s, const tpl_args *a, int end,
+                   tpl_val *out)
+{
+    tpl_val x;
+    if (!tpl_arg(a, 0, end ? "suffix" : "prefix", &x))
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "%s() takes at least 1 argument",
+                        end ? "endswith" : "startswith");
+    const tpl_val *opts = &x;
+    size_t n_opts = 1;
+    if (x.type == TPL_LIST) {
+        opts = x.u.l->items;
+        n_opts = x.u.l->n;
+    }
+    bool hit = false;
+    for (size_t k = 0; k < n_opts && !hit; k++) {
+        tpl_val o = opts[k];
+        if (o.type != TPL_STR)
+            return tpl_fail(c, at, LMS_ERR_FORMAT, "%s arg must be str or a tuple of str, not %s",
+                            end ? "endswith" : "startswith", tpl_type_name(o));
+        hit = o.u.s.n <= s.u.s.n &&
+              memcmp(s.u.s.p + (end ? s.u.s.n - o.u.s.n : 0), o.u.s.p, o.u.s.n) == 0;
+    }
+    *out = tpl_bool(hit);
+    return 0;
+}
+
+/* find (mode 0), rfind (1), count (2), index (3) of a substring; results
+ * in code points. */
+static int m_search(tpl_ctx *c, const tpl_node *at, tpl_val s, const tpl_args *a, int mode,
+                    tpl_val *out)
+{
+    tpl_val sub;
+    TPL_TRY(str_arg(c, at, a, 0, "sub", &sub));
+    int64_t count = 0, first = -1, last = -1;
+    const char *p = s.u.s.p, *end = p + s.u.s.n;
+    for (const char *q = p; q <= end;) {
+        const char *hit = memmem(q, (size_t)(end - q), sub.u.s.p, sub.u.s.n);
+        if (!hit)
+            break;
+        int64_t idx = (int64_t)tpl_utf8_len(p, (size_t)(hit - p));
+        if (first < 0)
+            first = idx;
+        last = idx;
+        count++;
+        q = hit + (sub.u.s.n ? sub.u.s.n : 1);
+        if (mode == 0 && first >= 0)
+            break;
+    }
+    if (mode == 3 && first < 0)
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "substring not found");
+    *out = tpl_int(mode == 0 || mode == 3 ? first : mode == 1 ? last : count);
+    return 0;
+}
+
+static int m_join(tpl_ctx *c, const tpl_node *at, tpl_val s, const tpl_args *a, int arg,
+                  tpl_val *out)
+{
+    tpl_val seq;
+    tpl_list *items = NULL;
+    if (!tpl_arg(a, 0, "iterable", &seq))
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "join() takes exactly one argument");
+    TPL_TRY(tpl_iterate(c, at, seq, &items));
+    tpl_buf b = {.max_bytes = c->lim.max_output_bytes};
+    int rc = 0;
+    for (size_t i = 0; i < items->n && rc == 0; i++) {
+        if (items->items[i].type != TPL_STR) {
+            tpl_buf_free(&b);
+            return tpl_fail(c, at, LMS_ERR_FORMAT,
+                            "sequence item %zu: expected str instance, %s found", i,
+                            tpl_type_name(items->items[i]));
+        }
+        if (i)
+            rc = tpl_buf_put(&b, s.u.s.p, s.u.s.n);
+        if (rc == 0)
+            rc = tpl_buf_put(&b, items->items[i].u.s.p, items->items[i].u.s.n);
+    }
+    return tpl_buf_finish(c, at, &b, rc, out);
+}
+
+static int m_format(tpl_ctx *c, const tpl_node *at, tpl_val s, const tpl_args *a, int arg,
+                    tpl_val *out)
+{
+    return str_format_method(c, at, s, a, out);
+}
+
+/* isdigit/isalpha/isalnum/isspace/isupper/islower, ASCII-based except
+ * isspace (non-ASCII code points count as letters for isalpha/isalnum). */
+static int m_is(tpl_ctx *c, const tpl_node *at, tpl_val s, const tpl_args *a, int kind,
+                tpl_val *out)
+{
+    bool ok = s.u.s.n > 0, cased = false;
+    for (size_t i = 0; i < s.u.s.n && ok;) {
+        size_t k;
+        uint32_t cp = tpl_utf8_decode(s.u.s.p + i, s.u.s.n - i, &k);
+        bool digit = cp >= '0' && cp <= '9', alpha = cp_is_letter(cp) && !tpl_cp_is_space(cp);
+        bool up = cp_lower(cp) != cp, low = cp_is_lower(cp);
+        cased |= up || low;
+        switch (kind) {
+        case 0: ok = digit; break;
+        case 1: ok = alpha; break;
+        case 2: ok = alpha || digit; break;
+        case 3: ok = tpl_cp_is_space(cp); break;
+        case 4: ok = !low; break;
+        default: ok = !up; break;
+        }
+        i += k;
+    }
+    *out = tpl_bool(ok && (kind < 4 || cased));
+    return 0;
+}
+
+/* dict.items() / keys() / values() as lists (of tuples for items). */
+static int dict_view(tpl_ctx *c, const tpl_node *at, const tpl_dict *d, int which, tpl_val *out)
+{
+    tpl_list *l = tpl_list_new(&c->arena, d->n);
+    if (!l)
+        return tpl_fail_nomem(c, at);
+    for (size_t i = 0; i < d->n; i++) {
+        if (which == 0) {
+            tpl_val pair[2] = {d->keys[i], d->vals[i]};
+            TPL_TRY(tpl_list_from_vals(c, at, pair, 2, &l->items[i]));
+            l->items[i].flags = TPL_F_TUPLE;
+        } else {
+            l->items[i] = which == 1 ? d->keys[i] : d->vals[i];
+        }
+    }
+    l->n = d->n;
+    *out = tpl_list_val(l);
+    return 0;
+}
+
+int tpl_dict_items(tpl_ctx *c, const tpl_node *at, const tpl_dict *d, tpl_val *out)
+{
+    return dict_view(c, at, d, 0, out);
+}
+
+static int m_view(tpl_ctx *c, const tpl_node *at, tpl_val d, const tpl_args *a, int which,
+                  tpl_val *out)
+{
+    return dict_view(c, at, d.u.d, which, out);
+}
+
+static int m_get(tpl_ctx *c, const tpl_node *at, tpl_val d, const tpl_args *a, int arg,
+                 tpl_val *out)
+{
+    tpl_val key, def = tpl_none();
+    if (!tpl_arg(a, 0, "key", &key))
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "get expected at least 1 argument, got 0");
+    tpl_arg(a, 1, "default", &def);
+    long i = tpl_dict_find(d.u.d, key);
+    *out = i >= 0 ? d.u.d->vals[i] : def;
+    return 0;
+}
+
+static int m_copy(tpl_ctx *c, const tpl_node *at, tpl_val v, const tpl_args *a, int arg,
+                  tpl_val *out)
+{
+    if (v.type == TPL_LIST)
+        return tpl_list_from_vals(c, at, v.u.l->items, v.u.l->n, out);
+    tpl_dict *d = tpl_dict_new(&c->arena, v.u.d->n);
+    if (!d)
+        return tpl_fail_nomem(c, at);
+    for (size_t i = 0; i < v.u.d->n; i++) {
+        d->keys[i] = v.u.d->keys[i];
+        d->vals[i] = v.u.d->vals[i];
+    }
+    d->n = v.u.d->n;
+    *out = tpl_dict_val(d);
+    return 0;
+}
+
+static int m_lindex(tpl_ctx *c, const tpl_node *at, tpl_val l, const tpl_args *a, int arg,
+                    tpl_val *out)
+{
+    tpl_val x;
+    if (!tpl_arg(a, 0, "value", &x))
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "index expected at least 1 argument, got 0");
+    for (size_t i = 0; i < l.u.l->n; i++) {
+        if (tpl_equal(l.u.l->items[i], x)) {
+            *out = tpl_int((int64_t)i);
+            return 0;
+        }
+    }
+    return tpl_fail(c, at, LMS_ERR_FORMAT, "value is not in list");
+}
+
+static int m_lcount(tpl_ctx *c, const tpl_node *at, tpl_val l, const tpl_args *a, int arg,
+                    tpl_val *out)
+{
+    tpl_val x;
+    int64_t n = 0;
+    if (!tpl_arg(a, 0, "value", &x))
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "count() takes exactly one argument (0 given)");
+    for (size_t i = 0; i < l.u.l->n; i++)
+        n += tpl_equal(l.u.l->items[i], x);
+    *out = tpl_int(n);
+    return 0;
+}
+
+static int m_cycle(tpl_ctx *c, const tpl_node *at, tpl_val lp, const tpl_args *a, int arg,
+                   tpl_val *out)
+{
+    if (a->n_pos == 0)
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "no items for cycling given");
+    *out = a->pos[lp.u.loop->index0 % a->n_pos];
+    return 0;
+}
+
+static int m_changed(tpl_ctx *c, const tpl_node *at, tpl_val lp, const tpl_args *a, int arg,
+                     tpl_val *out)
+{
+    tpl_loop *l = lp.u.loop;
+    tpl_val now;
+    TPL_TRY(tpl_list_from_vals(c, at, a->pos, a->n_pos, &now));
+    bool changed = !l->has_changed || !tpl_equal(l->last_changed, now);
+    l->last_changed = now;
+    l->has_changed = true;
+    *out = tpl_bool(changed);
+    return 0;
+}
+
+static const method_def k_methods[] = {
+    {TPL_STR, "upper", m_case, "", TPL_CASE_UPPER},
+    {TPL_STR, "lower", m_case, "", TPL_CASE_LOWER},
+    {TPL_STR, "casefold", m_case, "", TPL_CASE_LOWER},
+    {TPL_STR, "title", m_case, "", TPL_CASE_TITLE},
+    {TPL_STR, "capitalize", m_case, "", TPL_CASE_CAPITALIZE},
+    {TPL_STR, "strip", m_strip, "chars", 3},
+    {TPL_STR, "lstrip", m_strip, "chars", 1},
+    {TPL_STR, "rstrip", m_strip, "chars", 2},
+    {TPL_STR, "split", m_split, "sep,maxsplit", false},
+    {TPL_STR, "rsplit", m_split, "sep,maxsplit", true},
+    {TPL_STR, "splitlines", m_splitlines, "keepends", 0},
+    {TPL_STR, "replace", m_replace, "old,new,count", 0},
+    {TPL_STR, "startswith", m_affix, "prefix", false},
+    {TPL_STR, "endswith", m_affix, "suffix", true},
+    {TPL_STR, "find", m_search, "sub", 0},
+    {TPL_STR, "rfind", m_search, "sub", 1},
+    {TPL_STR, "count", m_search, "sub", 2},
+    {TPL_STR, "index", m_search, "sub", 3},
+    {TPL_STR, "join", m_join, "iterable", 0},
+    {TPL_STR, "format", m_format, NULL, 0},
+    {TPL_STR, "isdigit", m_is, "", 0},
+    {TPL_STR, "isalpha", m_is, "", 1},
+    {TPL_STR, "isalnum", m_is, "", 2},
+    {TPL_STR, "isspace", m_is, "", 3},
+    {TPL_STR, "isupper", m_is, "", 4},
+    {TPL_STR, "islower", m_is, "", 5},
+    {TPL_DICT, "items", m_view, "", 0},
+    {TPL_DICT, "keys", m_view, "", 1},
+    {TPL_DICT, "values", m_view, "", 2},
+    {TPL_DICT, "get", m_get, "key,default", 0},
+    {TPL_DICT, "copy", m_copy, "", 0},
+    {TPL_DICT, "pop", NULL, NULL, 0},
+    {TPL_DICT, "popitem", NULL, NULL, 0},
+    {TPL_DICT, "update", NULL, NULL, 0},
+    {TPL_DICT, "clear", NULL, NULL, 0},
+    {TPL_DICT, "setdefault", NULL, NULL, 0},
+    {TPL_LIST, "index", m_lindex, "value", 0},
+    {TPL_LIST, "count", m_lcount, "value", 0},
+    {TPL_LIST, "copy", m_copy, "", 0},
+    {TPL_LIST, "append", NULL, NULL, 0},
+    {TPL_LIST, "extend", NULL, NULL, 0},
+    {TPL_LIST, "insert", NULL, NULL, 0},
+    {TPL_LIST, "pop", NULL, NULL, 0},
+    {TPL_LIST, "remove", NULL, NULL, 0},
+    {TPL_LIST, "reverse", NULL, NULL, 0},
+    {TPL_LIST, "sort", NULL, NULL, 0},
+    {TPL_LIST, "clear", NULL, NULL, 0},
+    {TPL_LOOP, "cycle", m_cycle, NULL, 0},
+    {TPL_LOOP, "changed", m_changed, NULL, 0},
+};
+
+int tpl_method_find(tpl_ctx *c, const tpl_node *at, tpl_val obj, const char *name, size_t n,
+                    tpl_val *out)
+{
+    for (size_t k = 0; k < sizeof k_methods / sizeof k_methods[0]; k++) {
+        const method_def *m = &k_methods[k];
+        if (m->type != obj.type || strlen(m->name) != n || memcmp(m->name, name, n) != 0)
+            continue;
+        if (!m->fn) {
+            *out = tpl_undef(m->name, n, obj.type);
+            out->flags = TPL_F_UNSAFE;
+            return 1;
+        }
+        tpl_method *bm = tpl_alloc(&c->arena, sizeof *bm);
+        if (!bm)
+            return tpl_fail_nomem(c, at);
+        bm->self = obj;
+        bm->name = m->name;
+        bm->id = (int)k;
+        *out = (tpl_val){.type = TPL_METHOD};
+        out->u.meth = bm;
+        return 1;
+    }
+    return 0;
+}
+
+int tpl_method_call(tpl_ctx *c, const tpl_node *at, const tpl_method *m, const tpl_args *a,
+                    tpl_val *out)
+{
+    const method_def *def = &k_methods[m->id];
+    if (def->params) {
+        char what[48];
+        snprintf(what, sizeof what, "%s.%s()", tpl_type_name(m->self), def->name);
+        TPL_TRY(tpl_args_check(c, at, a, what, def->params));
+    }
+    return def->fn(c, at, m->self, a, def->arg, out);
+}
+
+/* ---- global functions --------------------------------------------------------------- */
+
+static const char *const k_func_names[FN_COUNT] = {
+    [FN_NAMESPACE] = "namespace",   [FN_RANGE] = "range",           [FN_DICT] = "dict",
+    [FN_RAISE] = "raise_exception", [FN_STRFTIME] = "strftime_now",
+};
+
+const char *tpl_func_name(int fn) { return fn >= 0 && fn < FN_COUNT ? k_func_names[fn] : "?"; }
+
+/* namespace(...) and dict(...): dict(mapping?, **kwargs). */
+static int fn_mapping(tpl_ctx *c, const tpl_node *at, const tpl_args *a, int type, tpl_val *out)
+{
+    tpl_dict *d = tpl_dict_new(&c->arena, a->n_kw + 4);
+    if (!d)
+        return tpl_fail_nomem(c, at);
+    if (a->n_pos > 1)
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "%s expected at most 1 positional argument",
+                        type == TPL_NS ? "namespace" : "dict");
+    if (a->n_pos == 1) {
+        tpl_val src = a->pos[0];
+        if (src.type != TPL_DICT && src.type != TPL_NS)
+            return tpl_fail(c, at, LMS_ERR_FORMAT, "cannot convert %s to a mapping",
+                            tpl_type_name(src));
+        for (size_t i = 0; i < src.u.d->n; i++)
+            if (tpl_dict_set(&c->arena, d, src.u.d->keys[i], src.u.d->vals[i]) < 0)
+                return tpl_fail_nomem(c, at);
+    }
+    for (size_t k = 0; k < a->n_kw; k++)
+        if (tpl_dict_set(&c->arena, d, a->kw_names[k], a->kw_vals[k]) < 0)
+            return tpl_fail_nomem(c, at);
+    *out = tpl_dict_val(d);
+    out->type = (uint8_t)type;
+    return 0;
+}
+
+static int fn_range(tpl_ctx *c, const tpl_node *at, const tpl_args *a, tpl_val *out)
+{
+    int64_t v[3] = {0, 0, 1};
+    if (a->n_pos < 1 || a->n_pos > 3 || a->n_kw)
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "range expected 1 to 3 integer arguments");
+    for (size_t k = 0; k < a->n_pos; k++) {
+        if (a->pos[k].type != TPL_INT && a->pos[k].type != TPL_BOOL)
+            return tpl_fail(c, at, LMS_ERR_FORMAT,
+                            "'%s' object cannot be interpreted as an integer",
+                            tpl_type_name(a->pos[k]));
+        v[a->n_pos == 1 ? 1 : k] = a->pos[k].type == TPL_BOOL ? a->pos[k].u.b : a->pos[k].u.i;
+    }
+    if (v[2] == 0)
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "range() arg 3 must not be zero");
+    double count = ceil_div(v[1] - (double)v[0], (double)v[2]);
+    if (count > TPL_MAX_RANGE)
+        return tpl_fail(c, at, LMS_ERR_LIMIT,
+                        "Range too big. The sandbox blocks ranges larger than MAX_RANGE (%d).",
+                        TPL_MAX_RANGE);
+    size_t n = count > 0 ? (size_t)count : 0;
+    tpl_list *l = tpl_list_new(&c->arena, n);
+    if (!l)
+        return tpl_fail_nomem(c, at);
+    for (size_t k = 0; k < n; k++)
+        l->items[k] = tpl_int(v[0] + (int64_t)k * v[2]);
+    l->n = n;
+    *out = tpl_list_val(l);
+    return 0;
+}
+
+static int fn_raise(tpl_ctx *c, const tpl_node *at, const tpl_args *a, tpl_val *out)
+{
+    tpl_val msg = a->n_pos ? a->pos[0] : tpl_str("", 0);
+    TPL_TRY(tpl_to_str(c, at, msg, &msg));
+    c->failed = true;
+    return lms_errf(c->err, c->errsz, LMS_ERR_INVAL, "%.*s", (int)msg.u.s.n, msg.u.s.p);
+}
+
+static int fn_strftime(tpl_ctx *c, const tpl_node *at, const tpl_args *a, tpl_val *out)
+{
+    tpl_val fmt;
+    if (a->n_pos != 1 || a->pos[0].type != TPL_STR)
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "strftime_now() takes one string argument");
+    fmt = a->pos[0];
+    if (c->vars->now_text) {
+        *out = tpl_cstr(c->vars->now_text);
+        return 0;
+    }
+    char f[256], buf[512];
+    if (fmt.u.s.n >= sizeof f)
+        return tpl_fail(c, at, LMS_ERR_LIMIT, "strftime_now() format longer than %zu bytes",
+                        sizeof f - 1);
+    memcpy(f, fmt.u.s.p, fmt.u.s.n);
+    f[fmt.u.s.n] = 0;
+    time_t t = c->vars->now ? (time_t)c->vars->now : time(NULL);
+    struct tm tm;
+    localtime_r(&t, &tm);
+    /* The format comes from the template; strftime only reads it. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+    size_t n = strftime(buf, sizeof buf, f, &tm);
+#pragma GCC diagnostic pop
+    char *p = NULL;
+    TPL_TRY(tpl_new_str(c, at, n, &p, out));
+    memcpy(p, buf, n);
+    return 0;
+}
+
+int tpl_func_call(tpl_ctx *c, const tpl_node *at, int fn, const tpl_args *a, tpl_val *out)
+{
+    switch (fn) {
+    case FN_NAMESPACE: return fn_mapping(c, at, a, TPL_NS, out);
+    case FN_DICT: return fn_mapping(c, at, a, TPL_DICT, out);
+    case FN_RANGE: return fn_range(c, at, a, out);
+    case FN_RAISE: return fn_raise(c, at, a, out);
+    case FN_STRFTIME: return fn_strftime(c, at, a, out);
+    default: return tpl_fail(c, at, LMS_ERR_FORMAT, "unknown function");
+    }
+}
