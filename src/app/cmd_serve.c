@@ -4,10 +4,23 @@
  *   lmserv serve -m MODEL.gguf [--host 127.0.0.1] [--port 8080] [-t N]
  *                [--parallel 4] [-c CTX] [--api-key KEY] [--max-body BYTES]
  *                [--queue N] [--batch N] [--max-conns N] [--grace SECONDS]
- *                [--alias NAME]
+ *                [--alias NAME] [--log-file PATH] [--log-max-mb N] [--log-keep N]
+ *                [--log-level debug|info|warn|error] [--log-prompts]
+ *                [--thermal-limit C] [--stall-ms MS] [--min-tps T]
+ *                [--gpu-layers auto|N|all] [--vram-margin-mb N] [--vram-budget-mb N]
  *
  * Environment (flags win): INFERENCE_MODEL_NAME (model path),
  * INFERENCE_HOST, INFERENCE_PORT, LMSERV_API_KEY.
+ *
+ * With no model at all, a small random-weight model is written once to
+ * $XDG_CACHE_HOME/lmserv (or ~/.cache/lmserv) by `synth` and served, so
+ * that the server works out of the box (it talks nonsense).
+ *
+ * Operations: JSON-lines logs (stderr, or a file rotated by size; SIGHUP
+ * reopens it), the GPU monitor feeding thermal protection (slow above
+ * --thermal-limit, pause 10 degrees higher, resume 5 below), a watchdog
+ * that restarts the engine when a step stalls for --stall-ms, and a
+ * supervisor that restarts it when decode speed stays under --min-tps.
  *
  * Threads: the main thread runs the server's event loop; a loader thread
  * reads the model and starts the scheduler, then hands both over
@@ -24,16 +37,26 @@
 #include <string.h>
 #include <time.h>
 
+#include <sys/stat.h>
+
 #include "app/args.h"
 #include "app/cli.h"
+#include "app/common.h"
 #include "base/err.h"
+#include "model/synth.h"
 #include "ops/log.h"
+#include "ops/thermal.h"
+#include "ops/watchdog.h"
 #include "serve/server.h"
 
 typedef struct serve_opts {
-    const char *model, *host, *api_key, *alias;
+    const char *model, *host, *api_key, *alias, *log_file, *log_level;
     int64_t port, threads, parallel, n_ctx, max_body, queue, batch, max_conns;
-    double grace_s;
+    int64_t log_max_mb, log_keep, stall_ms;
+    app_gpu_opts gpu;
+    double grace_s, thermal_limit, min_tps;
+    bool log_prompts;
+    char default_model[1024];
 } serve_opts;
 
 typedef struct loader {
@@ -57,6 +80,11 @@ static void defaults(serve_opts *o)
     o->max_body = 1 << 20;
     o->max_conns = 512;
     o->grace_s = 10;
+    o->log_max_mb = 64;
+    o->log_keep = 5;
+    o->log_level = "info";
+    o->thermal_limit = 80;
+    o->stall_ms = 120000;
 }
 
 static bool int_flag(int argc, char **argv, int *i, serve_opts *o, bool *ok)
@@ -70,6 +98,10 @@ static bool int_flag(int argc, char **argv, int *i, serve_opts *o, bool *ok)
         {"--queue", NULL, offsetof(serve_opts, queue), 0, 1 << 20},
         {"--batch", "-b", offsetof(serve_opts, batch), 1, 1 << 20},
         {"--max-conns", NULL, offsetof(serve_opts, max_conns), 1, 60000},
+        {"--log-max-mb", NULL, offsetof(serve_opts, log_max_mb), 1, 1 << 20},
+        {"--log-keep", NULL, offsetof(serve_opts, log_keep), 0, 1000},
+        {"--stall-ms", NULL, offsetof(serve_opts, stall_ms), 100, 86400000},
+
     };
     const char *a = argv[*i];
     for (size_t k = 0; k < sizeof tab / sizeof tab[0]; k++) {
@@ -90,15 +122,26 @@ static int parse(int argc, char **argv, serve_opts *o)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool ok = true;
+        int gpu;
         const char **str = !strcmp(a, "-m") || !strcmp(a, "--model") ? &o->model
                            : !strcmp(a, "--host")                    ? &o->host
                            : !strcmp(a, "--api-key")                 ? &o->api_key
                            : !strcmp(a, "--alias")                   ? &o->alias
+                           : !strcmp(a, "--log-file")                ? &o->log_file
+                           : !strcmp(a, "--log-level")               ? &o->log_level
                                                                      : NULL;
         if (str)
             ok = (*str = args_value(argc, argv, &i)) != NULL;
         else if (!strcmp(a, "--grace"))
             ok = i + 1 < argc && args_float(a, argv[++i], 0.1, 3600, &o->grace_s);
+        else if (!strcmp(a, "--thermal-limit"))
+            ok = i + 1 < argc && args_float(a, argv[++i], 30, 120, &o->thermal_limit);
+        else if (!strcmp(a, "--min-tps"))
+            ok = i + 1 < argc && args_float(a, argv[++i], 0, 1e6, &o->min_tps);
+        else if (!strcmp(a, "--log-prompts"))
+            o->log_prompts = true;
+        else if ((gpu = app_gpu_arg(argc, argv, &i, &o->gpu)) != 0)
+            ok = gpu > 0; /* errors are printed by app_gpu_arg */
         else if (!int_flag(argc, argv, &i, o, &ok)) {
             fprintf(stderr, "lmserv serve: unknown option '%s'\n", a);
             return -1;
@@ -106,8 +149,77 @@ static int parse(int argc, char **argv, serve_opts *o)
         if (!ok)
             return -1;
     }
-    if (!o->model || !o->model[0]) {
-        fprintf(stderr, "lmserv serve: no model: pass -m MODEL.gguf or set INFERENCE_MODEL_NAME\n");
+    return 0;
+}
+
+/* The out-of-the-box model: written by synth on first use. */
+static int default_model(serve_opts *o)
+{
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    char dir[900];
+    if (xdg && xdg[0])
+        snprintf(dir, sizeof dir, "%s/lmserv", xdg);
+    else
+        snprintf(dir, sizeof dir, "%s/.cache/lmserv", home && home[0] ? home : "/tmp");
+    snprintf(o->default_model, sizeof o->default_model, "%s/default-tiny.gguf", dir);
+    o->model = o->default_model;
+    struct stat st;
+    if (stat(o->model, &st) == 0)
+        return 0;
+    char parent[900];
+    snprintf(parent, sizeof parent, "%s", dir);
+    char *slash = strrchr(parent, '/');
+    if (slash && slash != parent) {
+        *slash = 0;
+        mkdir(parent, 0755);
+    }
+    mkdir(dir, 0755);
+    char err[512], tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s.tmp", o->model);
+    fprintf(stderr, "lmserv serve: no model given; writing a small random-weight model to %s "
+                    "(it talks nonsense; serve a real one with -m FILE.gguf)\n", o->model);
+    if (lms_synth_write(lms_synth_find("tiny"), "Q8_0", 1234, tmp, err, sizeof err) < 0 ||
+        rename(tmp, o->model) != 0) {
+        fprintf(stderr, "lmserv serve: cannot write the default model: %s\n", err);
+        return -1;
+    }
+    return 0;
+}
+
+/* Engine-wide operations objects, shared by the loader and the server. */
+typedef struct ops_objs {
+    lms_thermal *thermal;
+    lms_watchdog *watchdog;
+    lms_server *srv;
+} ops_objs;
+
+static ops_objs g_ops;
+
+static void on_stall(void *ud, lms_sched *s)
+{
+    (void)s;
+    lms_server_engine_stalled(((ops_objs *)ud)->srv);
+}
+
+static void on_thermal(void *ud, lms_thermal_state from, lms_thermal_state to, double temp_c)
+{
+    (void)ud;
+    lms_log(to == LMS_THERMAL_NORMAL ? LMS_LOG_INFO : LMS_LOG_WARN, "thermal_state", "from",
+            LMS_LOG_STR(lms_thermal_state_name(from)), "to", LMS_LOG_STR(lms_thermal_state_name(to)),
+            "temp_c", LMS_LOG_F64(temp_c));
+}
+
+static int open_logs(const serve_opts *o)
+{
+    lms_log_level level;
+    if (lms_log_level_parse(o->log_level, &level) < 0) {
+        fprintf(stderr, "lmserv serve: --log-level '%s': use debug, info, warn or error\n", o->log_level);
+        return -1;
+    }
+    lms_log_config lc = {.level = level, .path = o->log_file,
+                         .max_bytes = (uint64_t)o->log_max_mb << 20, .keep = (int)o->log_keep};
+    if (lms_log_open(&lc) < 0) {
+        fprintf(stderr, "lmserv serve: cannot open log file '%s'\n", o->log_file);
         return -1;
     }
     return 0;
@@ -140,7 +252,12 @@ static void *load_main(void *arg)
             n_ctx = m->hp.n_ctx_train > 0 && m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
         lms_sched_params sp = {.n_ctx = n_ctx, .n_parallel = (int32_t)o->parallel,
                                .n_batch = (int32_t)o->batch, .max_queue = (int32_t)o->queue,
-                               .n_threads = (int32_t)o->threads};
+                               .n_threads = (int32_t)o->threads, .thermal = g_ops.thermal,
+                               .watchdog = g_ops.watchdog, .stall_ms = (int)o->stall_ms,
+                               .on_stall = on_stall, .stall_ud = &g_ops,
+                               .gpu_layers = o->gpu.gpu_layers,
+                               .vram_margin_mb = o->gpu.vram_margin_mb,
+                               .vram_budget_mb = o->gpu.vram_budget_mb};
         rc = lms_sched_create(m, &sp, &sched, err, sizeof err);
     }
     if (rc == 0)
@@ -167,11 +284,15 @@ static void *signal_main(void *arg)
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGUSR1);
+    sigaddset(&set, SIGHUP);
     for (;;) {
         int sig;
         if (sigwait(&set, &sig) != 0 || sig == SIGUSR1)
             return NULL; /* SIGUSR1: main is done */
-        lms_server_stop(srv);
+        if (sig == SIGHUP)
+            lms_log_reopen(); /* logrotate moved the file */
+        else
+            lms_server_stop(srv);
     }
 }
 
@@ -182,6 +303,7 @@ static void block_signals(void)
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGUSR1);
+    sigaddset(&set, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
 }
@@ -194,6 +316,7 @@ static int start_server(const serve_opts *o, lms_server **srv)
         .host = o->host, .port = (int)o->port, .api_key = o->api_key,
         .max_body_bytes = (size_t)o->max_body, .max_conns = (int)o->max_conns,
         .grace_ms = o->grace_s * 1000.0, .model_path = o->model, .model_alias = o->alias,
+        .thermal = g_ops.thermal, .min_tps = o->min_tps, .log_prompts = o->log_prompts,
     };
     char err[256];
     if (lms_server_create(&p, srv, err, sizeof err) < 0) {
@@ -209,10 +332,17 @@ int cmd_serve(int argc, char **argv)
     defaults(&o);
     if (parse(argc, argv, &o) < 0)
         return 2;
-    block_signals();
+    block_signals(); /* before any thread starts: only the signal thread takes them */
+    if (open_logs(&o) < 0 || ((!o.model || !o.model[0]) && default_model(&o) < 0))
+        return 1;
+    lms_thermal_params tp;
+    lms_thermal_params_default(&tp, o.thermal_limit);
+    g_ops.thermal = lms_thermal_create(&tp, on_thermal, NULL);
+    g_ops.watchdog = lms_watchdog_create(0);
     lms_server *srv;
     if (start_server(&o, &srv) < 0)
         return 1;
+    g_ops.srv = srv;
     loader l = {.o = &o, .srv = srv};
     pthread_t lt, st;
     if (pthread_create(&lt, NULL, load_main, &l) != 0 ||
@@ -226,6 +356,9 @@ int cmd_serve(int argc, char **argv)
     pthread_join(st, NULL);
     lms_server_destroy(srv);
     lms_model_free(l.model);
+    lms_watchdog_destroy(g_ops.watchdog);
+    lms_thermal_destroy(g_ops.thermal);
     lms_log(LMS_LOG_INFO, "server_stopped", "exit", LMS_LOG_I64(rc));
+    lms_log_close();
     return rc;
 }

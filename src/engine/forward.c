@@ -372,6 +372,11 @@ int lms_forward(lms_ctx *c, const lms_batch *b, float *logits)
     int rc = check_batch(c, b);
     if (rc < 0)
         return rc;
+#ifdef _OPENMP
+    /* the team size is per calling thread (the scheduler's, the CLI's) and
+     * the per-thread scratch is sized for exactly n_threads */
+    omp_set_num_threads(c->n_threads);
+#endif
     const lms_model *m = c->m;
     const int64_t e = m->hp.n_embd, n = b->n_tokens;
     lms_mat emb = as_mat(&m->tok_embd);

@@ -60,6 +60,8 @@ typedef struct sreq {
     float *embd;             /* pooled embedding accumulator [n_embd] */
     int32_t n_embd_rows;
     const char *done;        /* finish reason once decided this step */
+    lms_event *final;        /* the terminal event, allocated at submit so
+                              * that it can always be sent */
 } sreq;
 
 struct lms_sched {
@@ -78,7 +80,6 @@ struct lms_sched {
     int32_t n_queued;
     uint64_t *aborts;
     int32_t n_aborts, cap_aborts;
-    uint64_t next_id;
     lms_sched_stats st;
     /* scheduler thread only */
     sreq **run;              /* [n_parallel] */
@@ -130,6 +131,7 @@ static void stats_of(const sreq *q, const char *finish, lms_req_stats *st)
 
 static void sreq_free(lms_sched *s, sreq *q)
 {
+    lms_event_free(q->final);
     lms_kv_seq_release(lms_ctx_kv(s->ctx), &q->kv);
     lms_sampler_destroy(q->smp);
     lms_stopstr_deinit(&q->stop);
@@ -144,8 +146,13 @@ static void sreq_free(lms_sched *s, sreq *q)
 /* Sends the terminal event and frees the request. */
 static void finish(lms_sched *s, sreq *q, const char *reason, int err, const char *msg)
 {
-    lms_event *ev = new_event(q, err ? LMS_EV_ERROR : LMS_EV_END);
-    if (ev) {
+    lms_event *ev = q->final;
+    q->final = NULL;
+    ev->type = err ? LMS_EV_ERROR : LMS_EV_END;
+    ev->id = q->id;
+    ev->user = q->r.user;
+    ev->token = -1;
+    {
         stats_of(q, reason, &ev->stats);
         ev->err = err;
         if (msg)
@@ -159,18 +166,21 @@ static void finish(lms_sched *s, sreq *q, const char *reason, int err, const cha
     else
         s->st.n_requests++;
     if (!err && q->n_gen > 0) {
-        s->st.last_tps = ev ? ev->stats.tps : 0;
-        s->st.last_ttft_ms = ev ? ev->stats.ttft_ms : 0;
+        s->st.last_tps = ev->stats.tps;
+        s->st.last_ttft_ms = ev->stats.ttft_ms;
     }
     pthread_mutex_unlock(&s->mu);
     lms_event_fn cb = q->r.cb;
     void *user = q->r.user;
     sreq_free(s, q);
-    if (ev)
-        cb(user, ev);
+    cb(user, ev);
 }
 
 /* ---- submit / abort (any thread) -------------------------------------------- */
+
+/* Request ids are unique in the process, across schedulers: a restarted
+ * engine never reuses the id of a request that is still being reported. */
+static uint64_t g_next_id;
 
 static int check_request(const lms_sched *s, const lms_request *r, char *err, size_t errsz)
 {
@@ -209,13 +219,15 @@ static sreq *sreq_new(const lms_sched *s, const lms_request *r)
     q->n_prompt = r->n_tokens;
     q->cap = q->n_total + 1;
     q->tokens = malloc((size_t)q->cap * sizeof *q->tokens);
-    bool ok = q->tokens != NULL;
+    q->final = calloc(1, sizeof *q->final);
+    bool ok = q->tokens != NULL && q->final != NULL;
     for (int i = 0; i < r->n_stop && ok; i++)
         ok = (q->stops[i] = strdup(r->stop[i])) != NULL;
     if (!ok) {
         for (int i = 0; i < LMS_MAX_STOP; i++)
             free(q->stops[i]);
         free(q->tokens);
+        free(q->final);
         free(q);
         return NULL;
     }
@@ -247,7 +259,7 @@ int lms_sched_submit(lms_sched *s, const lms_request *r, uint64_t *id, char *err
         return lms_errf(err, errsz, LMS_ERR_BUSY, "the server is overloaded: %d requests queued",
                         s->p.max_queue);
     }
-    q->id = ++s->next_id;
+    q->id = __atomic_add_fetch(&g_next_id, 1, __ATOMIC_RELAXED);
     if (s->q_tail)
         s->q_tail->next = q;
     else
@@ -821,8 +833,13 @@ void lms_sched_destroy(lms_sched *s)
  * scheduler thread (which may still be inside a step that reads it). */
 static void fail_in_place(sreq *q, const char *msg)
 {
-    lms_event *ev = new_event(q, LMS_EV_ERROR);
+    lms_event *ev = q->final;
+    q->final = NULL;
     if (ev) {
+        ev->type = LMS_EV_ERROR;
+        ev->id = q->id;
+        ev->user = q->r.user;
+        ev->token = -1;
         stats_of(q, "error", &ev->stats);
         ev->err = LMS_ERR_DEVICE;
         snprintf(ev->message, sizeof ev->message, "%s", msg);

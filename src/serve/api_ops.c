@@ -13,9 +13,18 @@ int api_health(conn *c)
     json_t *o = json_object();
     bool ok = s->state == SRV_READY;
     const char *status = ok ? "ok" : s->state == SRV_LOADING ? "loading" : "unavailable";
+    if (ok && s->p.thermal) { /* hot: still serving, but slowed or paused */
+        lms_thermal_out th;
+        lms_thermal_get(s->p.thermal, &th);
+        if (th.state != LMS_THERMAL_NORMAL)
+            status = "degraded";
+        json_object_set_new(o, "thermal", json_string(lms_thermal_state_name(th.state)));
+    }
     json_object_set_new(o, "status", json_string(status));
-    if (ok)
+    if (ok) {
         json_object_set_new(o, "model", json_string_lossy(s->model_id, strlen(s->model_id)));
+        json_object_set_new(o, "engine_restarts", json_integer((json_int_t)s->n_restarts));
+    }
     return http_reply_json(c, ok ? 200 : 503, o);
 }
 

@@ -30,6 +30,7 @@ conn *conn_create(lms_server *s, struct lws *wsi)
     c->wsi = wsi;
     c->cid = ++s->next_cid;
     c->txn.route = -1;
+    lws_get_peer_simple(wsi, c->peer, sizeof c->peer);
     c->next = s->conns;
     if (s->conns)
         s->conns->prev = c;

@@ -34,6 +34,7 @@
 #include "model/template.h"
 #include "ops/gpumon.h"
 #include "serve/server.h"
+#include "ops/supervisor.h"
 
 typedef struct conn conn;
 typedef struct task task;
@@ -192,6 +193,7 @@ struct lms_server {
     bool pend_attach;
     char *pend_fail;
     int stop_requests;
+    bool pend_restart;         /* the engine stalled: restart it */
 
     /* event-loop thread only */
     int state;                 /* enum srv_state */
@@ -212,6 +214,8 @@ struct lms_server {
     size_t n_tasks;
     metrics met;
     lms_gpumon *gpu;           /* NVML through dlopen; polled by the tick */
+    lms_supervisor *sup;       /* decode-speed floor (NULL: off) */
+    uint64_t n_restarts;       /* engine restarts after a stall */
     lws_sorted_usec_list_t sul_tick;
     double t_start_ms, t_last_broadcast, drain_deadline;
     int64_t t_start_wall;      /* seconds since the epoch */
@@ -247,6 +251,7 @@ struct task {
     const task_ops *ops;
     void *state;
     double t_last_tok;         /* inter-token latency */
+    char peer[64];             /* client address, for the request log */
     task *c_next, *c_prev;     /* the connection's tasks */
     task *h_next;              /* hash chain */
 };
@@ -262,6 +267,8 @@ void task_cancel(task *t);
 void task_dispatch(lms_server *s, lms_event *ev, double t_ms);
 /* The scheduler callback (scheduler thread): queue + wake. */
 void task_sched_cb(void *user, lms_event *ev);
+/* Loop thread: restart the engine at the next wake-up (supervisor). */
+void server_request_restart(lms_server *s);
 
 /* ---- connections (conn.c) ------------------------------------------------------ */
 
@@ -296,6 +303,7 @@ typedef struct wsmsg {
 } wsmsg;
 
 struct conn {
+    char peer[64];             /* client address, for the request log */
     lms_server *srv;
     struct lws *wsi;
     uint64_t cid;

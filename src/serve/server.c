@@ -20,6 +20,7 @@
  * final events land in a queue nobody wakes any more and are freed.
  */
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -149,6 +150,45 @@ static void begin_drain(lms_server *s)
     lws_sul_schedule(s->ctx, 0, &s->sul_tick, tick_cb, DRAIN_TICK_US); /* check soon */
 }
 
+/* The engine stalled: its requests end with an error (their events arrive
+ * through the queue like any other), a new scheduler with the same
+ * parameters takes its place. Request ids are unique across schedulers. */
+static void restart_engine(lms_server *s)
+{
+    if (!s->sched || s->state != SRV_READY)
+        return;
+    lms_sched_params p = *lms_sched_params_of(s->sched);
+    lms_sched_abandon(s->sched, "the engine stalled and was restarted; please retry");
+    s->sched = NULL;
+    char err[256];
+    if (lms_sched_create(s->model, &p, &s->sched, err, sizeof err) < 0) {
+        lms_log(LMS_LOG_ERROR, "engine_restart_failed", "error", LMS_LOG_STR(err));
+        s->state = SRV_FAILED;
+        s->exit_code = 1;
+        set_done(s);
+        return;
+    }
+    s->n_restarts++;
+    if (s->sup)
+        lms_supervisor_reset(s->sup);
+    lms_log(LMS_LOG_WARN, "engine_restarted", "model", LMS_LOG_STR(s->model_id), "restarts",
+            LMS_LOG_U64(s->n_restarts));
+}
+
+void lms_server_engine_stalled(lms_server *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->pend_restart = true;
+    if (s->ctx_alive)
+        lws_cancel_service(s->ctx);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void server_request_restart(lms_server *s)
+{
+    lms_server_engine_stalled(s);
+}
+
 /* EVENT_WAIT_CANCELLED: everything other threads posted. */
 static void drain_queue(lms_server *s)
 {
@@ -163,7 +203,12 @@ static void drain_queue(lms_server *s)
     char *fail = s->pend_fail;
     s->pend_fail = NULL;
     int stops = s->stop_requests;
+    bool restart = s->pend_restart;
+    s->pend_restart = false;
     pthread_mutex_unlock(&s->mu);
+
+    if (restart)
+        restart_engine(s);
 
     if (attach)
         do_attach(s, s->pend_model, s->pend_sched, &s->pend_fmt);
@@ -212,8 +257,17 @@ static void tick_cb(lws_sorted_usec_list_t *sul)
 {
     lms_server *s = lws_container_of(sul, lms_server, sul_tick);
     double now = lms_now_ms();
-    if (s->gpu && lms_gpumon_available(s->gpu))
+    if (s->gpu && lms_gpumon_available(s->gpu)) {
         lms_gpumon_poll_if_older(s->gpu, 900);
+        if (s->p.thermal) {
+            lms_gpu_snapshot snap;
+            double temp = NAN;
+            lms_gpumon_snapshot(s->gpu, &snap);
+            if (!lms_gpu_snapshot_max_temp(&snap, &temp))
+                temp = NAN;
+            lms_thermal_update(s->p.thermal, temp, now);
+        }
+    }
     if (s->sched && now - s->t_last_broadcast >= 990) {
         s->t_last_broadcast = now;
         bool any = false;
@@ -398,6 +452,10 @@ int lms_server_create(const lms_server_params *p, lms_server **out, char *err, s
     pthread_mutex_init(&s->mu, NULL);
     set_defaults(s, p);
     s->gpu = lms_gpumon_create(NULL); /* NULL only when out of memory: then no GPU data */
+    if (p->min_tps > 0) {
+        lms_supervisor_params sp = {.floor_tps = p->min_tps, .window = 8, .min_tokens = 16};
+        s->sup = lms_supervisor_create(&sp, NULL, NULL);
+    }
     int rc = create_context(s, err, errsz);
     if (rc < 0) {
         lms_server_destroy(s);
@@ -486,6 +544,7 @@ void lms_server_destroy(lms_server *s)
     free(s->pend_fail);
     tasks_deinit(s);
     lms_gpumon_destroy(s->gpu);
+    lms_supervisor_destroy(s->sup);
     free(s->host);
     free(s->api_key);
     free(s->model_path);

@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "engine/sched.h"
+#include "ops/thermal.h"
 #include "model/model.h"
 
 typedef struct lms_server_params {
@@ -35,6 +36,11 @@ typedef struct lms_server_params {
     double grace_ms;          /* shutdown: how long running streams may finish; 0 = 10 s */
     const char *model_path;   /* its base name is accepted as a model id too (may be NULL) */
     const char *model_alias;  /* the model id clients see; NULL = the model's name */
+    lms_thermal *thermal;     /* borrowed: fed the hottest GPU's temperature every second and
+                               * shown by /health, /stats, /metrics (NULL: off) */
+    double min_tps;           /* supervisor: restart the engine when the decode speed of the
+                               * last requests stays under this (0: off) */
+    bool log_prompts;         /* request logs carry the prompt text */
 } lms_server_params;
 
 typedef struct lms_server lms_server;
@@ -53,6 +59,10 @@ int lms_server_attach(lms_server *s, lms_model *m, lms_sched *sched, char *err, 
 /* Loading failed (any thread): the server logs msg and lms_server_run
  * returns 1. */
 void lms_server_fail(lms_server *s, const char *msg);
+/* The engine stalled (watchdog) or crawls (supervisor): any thread may
+ * call this; the loop thread then abandons the scheduler (its requests end
+ * with an error), starts a new one with the same parameters and serves on. */
+void lms_server_engine_stalled(lms_server *s);
 /* Graceful stop (any thread): stop accepting, let running streams finish
  * for up to grace_ms, then lms_server_run returns 0. A second call stops
  * at once. */

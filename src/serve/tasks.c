@@ -133,6 +133,7 @@ task *task_submit(conn *c, lms_request *r, const task_ops *ops, void *state, req
     }
     t->id = id;
     t->c = c;
+    memcpy(t->peer, c->peer, sizeof t->peer);
     t->ops = ops;
     t->state = state;
     link_task(s, t);
@@ -147,15 +148,18 @@ void task_cancel(task *t)
     remove_task(s, t);
 }
 
-static void log_end(const lms_event *ev, bool client_gone)
+static void log_end(lms_server *s, const lms_event *ev, const task *t)
 {
     const lms_req_stats *st = &ev->stats;
+    const char *peer = t ? t->peer : "";
     if (ev->type == LMS_EV_ERROR)
-        lms_log(LMS_LOG_WARN, "request_failed", "req_id", LMS_LOG_U64(ev->id), "error",
+        lms_log(LMS_LOG_WARN, "request_failed", "req_id", LMS_LOG_U64(ev->id), "model",
+                LMS_LOG_STR(s->model_id), "client", LMS_LOG_STR(peer), "error",
                 LMS_LOG_STR(ev->message));
     else
-        lms_log(LMS_LOG_INFO, "request_end", "req_id", LMS_LOG_U64(ev->id), "finish",
-                LMS_LOG_STR(st->finish), "client_gone", LMS_LOG_BOOL(client_gone),
+        lms_log(LMS_LOG_INFO, "request_end", "req_id", LMS_LOG_U64(ev->id), "model",
+                LMS_LOG_STR(s->model_id), "client", LMS_LOG_STR(peer), "finish",
+                LMS_LOG_STR(st->finish), "client_gone", LMS_LOG_BOOL(!t),
                 "prompt_tokens", LMS_LOG_I64(st->n_prompt), "cached_tokens",
                 LMS_LOG_I64(st->n_cached), "gen_tokens", LMS_LOG_I64(st->n_gen), "ttft_ms",
                 LMS_LOG_F64(st->ttft_ms), "total_ms", LMS_LOG_F64(st->total_ms), "tps",
@@ -176,11 +180,16 @@ void task_dispatch(lms_server *s, lms_event *ev, double t_ms)
             s->met.total_gen_tokens++;
         }
         t->ops->on_event(t, ev, t_ms);
-        if (terminal)
-            remove_task(s, t);
     }
-    if (terminal)
-        log_end(ev, !t);
+    if (terminal) {
+        log_end(s, ev, t);
+        if (t)
+            remove_task(s, t);
+        if (s->sup && ev->type == LMS_EV_END && ev->stats.n_gen > 1 && ev->stats.tps > 0 &&
+            lms_supervisor_record(s->sup, ev->stats.n_gen - 1, (ev->stats.n_gen - 1) * 1000.0 /
+                                                                   ev->stats.tps))
+            server_request_restart(s);
+    }
     lms_event_free(ev);
 }
 
