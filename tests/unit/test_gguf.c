@@ -180,8 +180,9 @@ static void expect_error(uint8_t *buf, size_t n, const char *needle)
 static void test_hostile_headers(void **state)
 {
     uint8_t buf[1024];
-    uint64_t ok[2] = {32, 2}, huge[2] = {1ull << 40, 1ull << 40}, neg[2] = {~0ull, 1};
-    uint64_t odd[2] = {33, 1};
+    /* 8 entries: the n_dims = 9 case writes (up to) 8 dimensions */
+    uint64_t ok[8] = {32, 2, 1, 1, 1, 1, 1, 1}, huge[8] = {1ull << 40, 1ull << 40};
+    uint64_t neg[8] = {~0ull, 1}, odd[8] = {33, 1};
     expect_error(buf, make_tensor_file(buf, 2, huge, LMS_TYPE_F32, 0, 0), "overflow");
     expect_error(buf, make_tensor_file(buf, 2, neg, LMS_TYPE_F32, 0, 0), "w");
     expect_error(buf, make_tensor_file(buf, 9, ok, LMS_TYPE_F32, 0, 0), "n_dims");
