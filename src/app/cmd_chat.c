@@ -63,6 +63,31 @@ static json_t *new_history(const char *system)
     return h;
 }
 
+/* Renders the history; while it leaves less than a quarter of the context
+ * for the reply, forgets the oldest exchange (the system prompt stays). */
+static int render_fitting(const lms_model *m, lms_session *s, const char *tpl, json_t *hist,
+                          int32_t **toks, int32_t *n, char *err, size_t errsz)
+{
+    const int32_t n_ctx = lms_ctx_params_of(s->ctx)->n_ctx;
+    for (;;) {
+        int rc = app_chat_tokens(m, tpl, hist, toks, n, err, errsz);
+        if (rc < 0 || *n <= n_ctx - n_ctx / 4)
+            return rc;
+        size_t first = json_array_size(hist) > 0 &&
+                               !strcmp(json_string_value(json_object_get(json_array_get(hist, 0), "role")),
+                                       "system")
+                           ? 1
+                           : 0;
+        if (json_array_size(hist) <= first + 1)
+            return 0; /* only the new message is left: let generation report it */
+        free(*toks);
+        json_array_remove(hist, first); /* the oldest user message ... */
+        if (json_array_size(hist) > first + 1)
+            json_array_remove(hist, first); /* ... and its answer */
+        fprintf(stderr, "(the conversation is longer than the context: dropped the oldest turn)\n");
+    }
+}
+
 /* One user turn: render, generate, append the reply to the history. */
 static void turn(const lms_model *m, lms_session *s, const char *tpl, json_t *hist,
                  const lms_gen_params *gp, const char *line)
@@ -76,7 +101,7 @@ static void turn(const lms_model *m, lms_session *s, const char *tpl, json_t *hi
     int32_t *toks;
     int32_t n;
     char err[512];
-    if (app_chat_tokens(m, tpl, hist, &toks, &n, err, sizeof err) < 0) {
+    if (render_fitting(m, s, tpl, hist, &toks, &n, err, sizeof err) < 0) {
         fprintf(stderr, "error: %s\n", err);
         json_array_remove(hist, json_array_size(hist) - 1);
         return;
