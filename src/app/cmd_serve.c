@@ -8,6 +8,7 @@
  *                [--log-level debug|info|warn|error] [--log-prompts]
  *                [--thermal-limit C] [--stall-ms MS] [--min-tps T]
  *                [--gpu-layers auto|N|all] [--vram-margin-mb N] [--vram-budget-mb N]
+ *                [--kv-type f16|q8_0] [--kv-budget MIB] [--batch-tokens N]
  *
  * Environment (flags win): INFERENCE_MODEL_NAME (model path),
  * INFERENCE_HOST, INFERENCE_PORT, LMSERV_API_KEY.
@@ -35,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include <sys/stat.h>
@@ -43,6 +45,7 @@
 #include "app/cli.h"
 #include "app/common.h"
 #include "base/err.h"
+#include "kernels/kernels.h"
 #include "model/synth.h"
 #include "ops/log.h"
 #include "ops/thermal.h"
@@ -50,9 +53,9 @@
 #include "serve/server.h"
 
 typedef struct serve_opts {
-    const char *model, *host, *api_key, *alias, *log_file, *log_level;
+    const char *model, *host, *api_key, *alias, *log_file, *log_level, *kv_type;
     int64_t port, threads, parallel, n_ctx, max_body, queue, batch, max_conns;
-    int64_t log_max_mb, log_keep, stall_ms;
+    int64_t log_max_mb, log_keep, stall_ms, kv_budget_mb;
     app_gpu_opts gpu;
     double grace_s, thermal_limit, min_tps;
     bool log_prompts;
@@ -101,6 +104,8 @@ static bool int_flag(int argc, char **argv, int *i, serve_opts *o, bool *ok)
         {"--log-max-mb", NULL, offsetof(serve_opts, log_max_mb), 1, 1 << 20},
         {"--log-keep", NULL, offsetof(serve_opts, log_keep), 0, 1000},
         {"--stall-ms", NULL, offsetof(serve_opts, stall_ms), 100, 86400000},
+        {"--kv-budget", NULL, offsetof(serve_opts, kv_budget_mb), 1, 1 << 24},
+        {"--batch-tokens", NULL, offsetof(serve_opts, batch), 1, 1 << 20},
 
     };
     const char *a = argv[*i];
@@ -129,6 +134,7 @@ static int parse(int argc, char **argv, serve_opts *o)
                            : !strcmp(a, "--alias")                   ? &o->alias
                            : !strcmp(a, "--log-file")                ? &o->log_file
                            : !strcmp(a, "--log-level")               ? &o->log_level
+                           : !strcmp(a, "--kv-type")                 ? &o->kv_type
                                                                      : NULL;
         if (str)
             ok = (*str = args_value(argc, argv, &i)) != NULL;
@@ -148,6 +154,10 @@ static int parse(int argc, char **argv, serve_opts *o)
         }
         if (!ok)
             return -1;
+    }
+    if (o->kv_type && strcasecmp(o->kv_type, "f16") && strcasecmp(o->kv_type, "q8_0")) {
+        fprintf(stderr, "lmserv serve: --kv-type '%s': use f16 or q8_0\n", o->kv_type);
+        return -1;
     }
     return 0;
 }
@@ -256,6 +266,8 @@ static void *load_main(void *arg)
                                .watchdog = g_ops.watchdog, .stall_ms = (int)o->stall_ms,
                                .on_stall = on_stall, .stall_ud = &g_ops,
                                .gpu_layers = o->gpu.gpu_layers,
+                               .kv_type = o->kv_type && !strcasecmp(o->kv_type, "q8_0") ? LMS_TYPE_Q8_0 : 0,
+                               .kv_budget_bytes = o->kv_budget_mb << 20,
                                .vram_margin_mb = o->gpu.vram_margin_mb,
                                .vram_budget_mb = o->gpu.vram_budget_mb};
         rc = lms_sched_create(m, &sp, &sched, err, sizeof err);

@@ -91,6 +91,10 @@ int lms_ctx_create(const lms_model *m, const lms_ctx_params *p, lms_ctx **out, c
         p->n_batch > (1 << 16))
         return lms_errf(err, errsz, LMS_ERR_INVAL, "context: n_ctx %d, n_batch %d, n_seq %d invalid",
                         p->n_ctx, p->n_batch, p->n_seq);
+    int kvt = p->kv_type ? p->kv_type : LMS_TYPE_F16;
+    if ((kvt != LMS_TYPE_F16 && kvt != LMS_TYPE_Q8_0) || (kvt == LMS_TYPE_Q8_0 && hp->head_dim % 32))
+        return lms_errf(err, errsz, LMS_ERR_UNSUPPORTED,
+                        "context: KV cache type must be f16, or q8_0 with head_dim a multiple of 32");
     lms_ctx *c = calloc(1, sizeof *c);
     if (!c)
         return lms_errf(err, errsz, LMS_ERR_NOMEM, "context: out of memory");
@@ -117,13 +121,14 @@ int lms_ctx_create(const lms_model *m, const lms_ctx_params *p, lms_ctx **out, c
     c->hidden = alloc_f32(n * e);
     c->scores = alloc_f32((size_t)c->n_threads * (size_t)p->n_ctx);
     c->qh = malloc((size_t)c->n_threads * hd * sizeof(uint16_t));
+    c->vtmp = alloc_f32((size_t)c->n_threads * hd);
     size_t qs = max_scratch(m, p->n_batch) * 3; /* Q, K, V may need three conversions */
     c->qbuf = aligned_alloc(64, (qs + 63) / 64 * 64);
     int32_t blocks = p->kv_blocks > 0 ? p->kv_blocks
                                       : (p->n_ctx + LMS_KV_BLOCK - 1) / LMS_KV_BLOCK * p->n_seq;
     int rc = LMS_ERR_NOMEM;
     if (c->x && c->xn && c->qb && c->kb && c->vb && c->att && c->ga && c->up && c->hidden &&
-        c->scores && c->qh && c->qbuf) {
+        c->scores && c->qh && c->vtmp && c->qbuf) {
         rc = gpu_setup(c, blocks, err, errsz);
         if (rc < 0) {
             lms_ctx_destroy(c);
@@ -132,7 +137,8 @@ int lms_ctx_create(const lms_model *m, const lms_ctx_params *p, lms_ctx **out, c
         /* the host pool holds the CPU layers only (at least one, for its
          * block bookkeeping) */
         int32_t host_layers = hp->n_layer - c->n_gpu;
-        rc = lms_kv_cache_init(&c->kv, host_layers > 0 ? host_layers : 1, (int32_t)kv, blocks);
+        rc = lms_kv_cache_init(&c->kv, host_layers > 0 ? host_layers : 1, (int32_t)kv, blocks,
+                               p->kv_type ? p->kv_type : LMS_TYPE_F16);
     }
     if (rc < 0) {
         lms_ctx_destroy(c);
@@ -152,7 +158,7 @@ void lms_ctx_destroy(lms_ctx *c)
 #endif
     lms_kv_cache_deinit(&c->kv);
     void *bufs[] = {c->x, c->xn, c->qb, c->kb, c->vb, c->att, c->ga, c->up, c->hidden,
-                    c->scores, c->qh, c->qbuf};
+                    c->scores, c->qh, c->vtmp, c->qbuf};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     free(c);
@@ -233,35 +239,62 @@ static void matmul(lms_ctx *c, const lms_weight *w, const float *x, int64_t n, f
 /* ---- attention ------------------------------------------------------------ */
 
 /* Attention of one query head over positions [0, pos] of its sequence. */
+/* Q.K over positions [0, pos] into w (scaled); K in the cache type. */
+static float scores(lms_ctx *c, int il, const lms_kv_seq *s, int32_t pos, const float *q, int kvh,
+                    float *w, int tid)
+{
+    const int hd = c->m->hp.head_dim;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const lms_kernel_table *k = lms_kernels_get();
+    const int type = c->kv.type;
+    const size_t off = lms_row_size(type, (int64_t)kvh * hd); /* this head in the row */
+    uint16_t *qh = c->qh + (size_t)tid * hd;                  /* hd f16, or hd/32 Q8_0 blocks */
+    if (type == LMS_TYPE_F16)
+        for (int d = 0; d < hd; d++)
+            qh[d] = lms_f32_to_f16(q[d]);
+    else
+        k->from_float[type](q, qh, hd);
+    const lms_vec_dot_fn dot = k->vec_dot[type];
+    float mx = -INFINITY;
+    for (int32_t j = 0; j <= pos; j++) {
+        float sj;
+        dot(hd, &sj, lms_kv_k(&c->kv, s, il - c->n_gpu, j) + off, qh);
+        w[j] = sj * scale;
+        mx = w[j] > mx ? w[j] : mx;
+    }
+    return mx;
+}
+
+/* Attention of one query head over positions [0, pos] of its sequence. */
 static void attend_head(lms_ctx *c, int il, const lms_kv_seq *s, int32_t pos, const float *q,
                         int kvh, float *out, int tid)
 {
     const int hd = c->m->hp.head_dim;
-    const float scale = 1.0f / sqrtf((float)hd);
-    uint16_t *qh = c->qh + (size_t)tid * hd;
     float *w = c->scores + (size_t)tid * c->p.n_ctx;
-    const lms_vec_dot_fn dot16 = lms_kernels_get()->vec_dot[LMS_TYPE_F16];
-    for (int d = 0; d < hd; d++)
-        qh[d] = lms_f32_to_f16(q[d]);
-    float mx = -INFINITY;
-    for (int32_t j = 0; j <= pos; j++) {
-        float sj;
-        dot16(hd, &sj, lms_kv_k(&c->kv, s, il - c->n_gpu, j) + (size_t)kvh * hd, qh);
-        w[j] = sj * scale;
-        mx = w[j] > mx ? w[j] : mx;
-    }
+    float *vrow = c->vtmp + (size_t)tid * hd;
+    const float mx = scores(c, il, s, pos, q, kvh, w, tid);
     double sum = 0.0;
     for (int32_t j = 0; j <= pos; j++) {
         w[j] = expf(w[j] - mx);
         sum += (double)w[j];
     }
     const float inv = (float)(1.0 / sum);
+    const bool f16 = c->kv.type == LMS_TYPE_F16;
+    const size_t off = lms_row_size(c->kv.type, (int64_t)kvh * hd);
+    const lms_to_float_fn deq = lms_kernels_get()->to_float[c->kv.type];
     memset(out, 0, (size_t)hd * sizeof *out);
     for (int32_t j = 0; j <= pos; j++) {
         const float wj = lms_f16_to_f32(lms_f32_to_f16(w[j] * inv));
-        const uint16_t *vr = lms_kv_v(&c->kv, s, il - c->n_gpu, j) + (size_t)kvh * hd;
-        for (int d = 0; d < hd; d++)
-            out[d] += wj * lms_f16_to_f32(vr[d]);
+        const uint8_t *vr = lms_kv_v(&c->kv, s, il - c->n_gpu, j) + off;
+        if (f16) {
+            const uint16_t *vh = (const uint16_t *)vr;
+            for (int d = 0; d < hd; d++)
+                out[d] += wj * lms_f16_to_f32(vh[d]);
+        } else {
+            deq(vr, vrow, hd);
+            for (int d = 0; d < hd; d++)
+                out[d] += wj * vrow[d];
+        }
     }
 }
 
@@ -316,11 +349,17 @@ static void qkv(lms_ctx *c, const lms_layer *l, int il, const lms_batch *b)
                 rms_norm(kt + h * hd, l->k_norm.data, kt + h * hd, hd, hp->rms_eps);
         rope(hp, ff, qt, hp->n_head, b->pos[t]);
         rope(hp, ff, kt, hp->n_head_kv, b->pos[t]);
-        uint16_t *kc = lms_kv_k(&c->kv, b->seq[t], il - c->n_gpu, b->pos[t]);
-        uint16_t *vc = lms_kv_v(&c->kv, b->seq[t], il - c->n_gpu, b->pos[t]);
-        for (int64_t i = 0; i < kv; i++) {
-            kc[i] = lms_f32_to_f16(kt[i]);
-            vc[i] = lms_f32_to_f16(c->vb[t * kv + i]);
+        uint8_t *kc = lms_kv_k(&c->kv, b->seq[t], il - c->n_gpu, b->pos[t]);
+        uint8_t *vc = lms_kv_v(&c->kv, b->seq[t], il - c->n_gpu, b->pos[t]);
+        if (c->kv.type == LMS_TYPE_F16) {
+            for (int64_t i = 0; i < kv; i++) {
+                ((uint16_t *)kc)[i] = lms_f32_to_f16(kt[i]);
+                ((uint16_t *)vc)[i] = lms_f32_to_f16(c->vb[t * kv + i]);
+            }
+        } else {
+            const lms_from_float_fn q8 = lms_kernels_get()->from_float[c->kv.type];
+            q8(kt, kc, kv);
+            q8(c->vb + t * kv, vc, kv);
         }
     }
 }

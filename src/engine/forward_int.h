@@ -24,7 +24,8 @@ struct lms_ctx {
     float *x, *xn, *qb, *kb, *vb, *att, *ga, *up; /* see forward.c's shapes */
     float *hidden;      /* [n_batch][e] normed rows that want logits */
     float *scores;      /* [n_threads][n_ctx] attention weights */
-    uint16_t *qh;       /* [n_threads][hd] f16 query of one head */
+    uint16_t *qh;       /* [n_threads][hd] query of one head in the cache type */
+    float *vtmp;        /* [n_threads][hd] a dequantized V row (Q8_0 cache) */
     void *qbuf;         /* activation conversion scratch */
     int32_t n_hidden;
     int32_t n_gpu;      /* layers on the GPU (0: CPU only) */

@@ -9,6 +9,7 @@
 
 #include "base/ckd.h"
 #include "base/err.h"
+#include "kernels/kernels.h"
 
 /* ---- LRU free list ----------------------------------------------------------- */
 
@@ -100,17 +101,21 @@ static void drop_hash(lms_kv_cache *c, int32_t b)
 
 /* ---- pool -------------------------------------------------------------------- */
 
-int lms_kv_cache_init(lms_kv_cache *c, int32_t n_layer, int32_t n_kv_dim, int32_t n_blocks)
+int lms_kv_cache_init(lms_kv_cache *c, int32_t n_layer, int32_t n_kv_dim, int32_t n_blocks,
+                      int type)
 {
     memset(c, 0, sizeof *c);
-    size_t per_layer, total, bytes;
-    if (n_layer <= 0 || n_kv_dim <= 0 || n_blocks <= 0 || n_blocks > (1 << 24) ||
-        lms_ckd_mul(&per_layer, (size_t)n_blocks * LMS_KV_BLOCK, (size_t)n_kv_dim) ||
-        lms_ckd_mul(&total, per_layer, (size_t)n_layer) || lms_ckd_mul(&bytes, total, sizeof(uint16_t)))
+    size_t row = (type == LMS_TYPE_F16 || type == LMS_TYPE_Q8_0) ? lms_row_size(type, n_kv_dim) : 0;
+    size_t per_layer, bytes;
+    if (n_layer <= 0 || n_kv_dim <= 0 || n_blocks <= 0 || n_blocks > (1 << 24) || row == 0 ||
+        lms_ckd_mul(&per_layer, (size_t)n_blocks * LMS_KV_BLOCK, row) ||
+        lms_ckd_mul(&bytes, per_layer, (size_t)n_layer))
         return LMS_ERR_INVAL;
     c->n_layer = n_layer;
     c->n_kv_dim = n_kv_dim;
     c->n_blocks = n_blocks;
+    c->type = type;
+    c->row_bytes = row;
     c->layer_stride = per_layer;
     uint32_t tsize = 16;
     while (tsize < (uint32_t)n_blocks * 2)
@@ -263,11 +268,11 @@ int lms_kv_make_private(lms_kv_cache *c, lms_kv_seq *s, int32_t i)
     if (c->n_free == 0)
         return LMS_ERR_LIMIT;
     int32_t nb = take_block(c);
-    size_t cells = (size_t)LMS_KV_BLOCK * (size_t)c->n_kv_dim;
+    size_t bb = (size_t)LMS_KV_BLOCK * c->row_bytes; /* bytes of one block in one layer */
     for (int32_t il = 0; il < c->n_layer; il++) {
         size_t base = (size_t)il * c->layer_stride;
-        memcpy(c->k + base + (size_t)nb * cells, c->k + base + (size_t)old * cells, cells * 2);
-        memcpy(c->v + base + (size_t)nb * cells, c->v + base + (size_t)old * cells, cells * 2);
+        memcpy(c->k + base + (size_t)nb * bb, c->k + base + (size_t)old * bb, bb);
+        memcpy(c->v + base + (size_t)nb * bb, c->v + base + (size_t)old * bb, bb);
     }
     s->blocks[i] = nb;
     unref_block(c, old);

@@ -2,7 +2,9 @@
  * kv_cache.h - the paged K/V cache: one pool of fixed-size blocks reserved
  * at start, per-sequence block tables, and a prefix cache over full blocks.
  *
- * Cell layout (f16): k[layer][block][slot][n_kv_head * head_dim], v alike.
+ * Cell layout: k[layer][block][slot][row], v alike, where a row holds the
+ * n_kv_head * head_dim values of one position in the cache type: F16
+ * (default) or Q8_0 (half the memory; each head's values are whole blocks).
  * Position p of a sequence lives in block seq->blocks[p / LMS_KV_BLOCK],
  * slot p % LMS_KV_BLOCK.
  *
@@ -44,9 +46,11 @@ typedef struct lms_kv_cache {
     int32_t n_layer;
     int32_t n_kv_dim;      /* n_head_kv * head_dim */
     int32_t n_blocks;
-    size_t layer_stride;   /* elements per layer: n_blocks * BLOCK * n_kv_dim */
-    uint16_t *k;           /* [n_layer][n_blocks][BLOCK][n_kv_dim] f16 */
-    uint16_t *v;           /* same layout */
+    int type;              /* LMS_TYPE_F16 or LMS_TYPE_Q8_0 */
+    size_t row_bytes;      /* one position's K (or V) row */
+    size_t layer_stride;   /* bytes per layer: n_blocks * BLOCK * row_bytes */
+    uint8_t *k;            /* [n_layer][n_blocks][BLOCK][row] */
+    uint8_t *v;            /* same layout */
     lms_kv_block_meta *meta; /* [n_blocks] */
     int32_t lru_head, lru_tail; /* free list: head = least recently freed */
     int32_t n_free;        /* blocks with refcnt 0 */
@@ -62,7 +66,9 @@ typedef struct lms_kv_seq {
     int32_t n_pos;         /* positions whose K/V are written */
 } lms_kv_seq;
 
-int lms_kv_cache_init(lms_kv_cache *c, int32_t n_layer, int32_t n_kv_dim, int32_t n_blocks);
+/* type: LMS_TYPE_F16 or LMS_TYPE_Q8_0 (n_kv_dim a multiple of 32). */
+int lms_kv_cache_init(lms_kv_cache *c, int32_t n_layer, int32_t n_kv_dim, int32_t n_blocks,
+                      int type);
 void lms_kv_cache_deinit(lms_kv_cache *c);
 
 /* Makes seq able to hold n_pos positions, taking blocks from the pool.
@@ -95,16 +101,16 @@ static inline int32_t lms_kv_used(const lms_kv_cache *c)
 }
 
 /* Pointer to the K (or V) row of position pos of seq in layer il. */
-static inline uint16_t *lms_kv_k(const lms_kv_cache *c, const lms_kv_seq *s, int il, int32_t pos)
+static inline uint8_t *lms_kv_k(const lms_kv_cache *c, const lms_kv_seq *s, int il, int32_t pos)
 {
     size_t cell = (size_t)s->blocks[pos / LMS_KV_BLOCK] * LMS_KV_BLOCK + (size_t)(pos % LMS_KV_BLOCK);
-    return c->k + (size_t)il * c->layer_stride + cell * (size_t)c->n_kv_dim;
+    return c->k + (size_t)il * c->layer_stride + cell * c->row_bytes;
 }
 
-static inline uint16_t *lms_kv_v(const lms_kv_cache *c, const lms_kv_seq *s, int il, int32_t pos)
+static inline uint8_t *lms_kv_v(const lms_kv_cache *c, const lms_kv_seq *s, int il, int32_t pos)
 {
     size_t cell = (size_t)s->blocks[pos / LMS_KV_BLOCK] * LMS_KV_BLOCK + (size_t)(pos % LMS_KV_BLOCK);
-    return c->v + (size_t)il * c->layer_stride + cell * (size_t)c->n_kv_dim;
+    return c->v + (size_t)il * c->layer_stride + cell * c->row_bytes;
 }
 
 #endif

@@ -28,6 +28,7 @@
 #include "base/err.h"
 #include "base/timeutil.h"
 #include "engine/forward.h"
+#include "kernels/kernels.h"
 #include "model/tokenizer.h"
 #include "ops/fault.h"
 #include "ops/log.h"
@@ -740,7 +741,9 @@ static int32_t pool_blocks(const lms_sched_params *p, const lms_hparams *hp)
 {
     if (p->kv_budget_bytes <= 0)
         return 0;
-    int64_t per_block = (int64_t)LMS_KV_BLOCK * hp->n_layer * hp->n_head_kv * hp->head_dim * 2 * 2;
+    int64_t row = (int64_t)lms_row_size(p->kv_type ? p->kv_type : LMS_TYPE_F16,
+                                        (int64_t)hp->n_head_kv * hp->head_dim);
+    int64_t per_block = (int64_t)LMS_KV_BLOCK * hp->n_layer * row * 2;
     int64_t n = p->kv_budget_bytes / per_block;
     return n > (1 << 24) ? (1 << 24) : (int32_t)(n > 0 ? n : 1);
 }
@@ -762,6 +765,7 @@ int lms_sched_create(lms_model *m, const lms_sched_params *p, lms_sched **out, c
         s->p.n_batch = s->p.n_parallel; /* every decoding sequence fits a step */
     lms_ctx_params cp = {.n_ctx = p->n_ctx, .n_batch = s->p.n_batch, .n_seq = p->n_parallel,
                          .n_threads = p->n_threads, .kv_blocks = pool_blocks(p, &m->hp),
+                         .kv_type = p->kv_type,
                          .gpu_layers = p->gpu_layers, .vram_margin_mb = p->vram_margin_mb,
                          .vram_budget_mb = p->vram_budget_mb};
     int rc = lms_ctx_create(m, &cp, &s->ctx, err, errsz);

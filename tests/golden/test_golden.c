@@ -22,14 +22,18 @@
 typedef struct golden_model {
     const char *name;
     float tol;
+    int kv_type; /* 0: the default f16 cache */
 } golden_model;
 
 static const golden_model models[] = {
-    {"stories260K", 2e-2f},        {"stories260K-q8_0", 0.5f},   {"llama-synth-f32", 1e-2f},
-    {"llama-synth-f16", 2e-2f},    {"llama-synth-bf16", 5e-2f},  {"llama-synth-q8_0", 0.25f},
-    {"llama-synth-q4_0", 0.25f},   {"llama-synth-q4_k_m", 0.25f}, {"llama-synth-q5_k_m", 0.25f},
-    {"llama-synth-q6_k", 0.25f},   {"qwen2-synth-f16", 2e-2f},   {"qwen2-synth-q4_k_m", 0.25f},
-    {"qwen3-synth-f16", 2e-2f},    {"qwen3-synth-q4_k_m", 0.25f},
+    {"stories260K", 2e-2f, 0},        {"stories260K-q8_0", 0.5f, 0},   {"llama-synth-f32", 1e-2f, 0},
+    {"llama-synth-f16", 2e-2f, 0},    {"llama-synth-bf16", 5e-2f, 0},  {"llama-synth-q8_0", 0.25f, 0},
+    {"llama-synth-q4_0", 0.25f, 0},   {"llama-synth-q4_k_m", 0.25f, 0}, {"llama-synth-q5_k_m", 0.25f, 0},
+    {"llama-synth-q6_k", 0.25f, 0},   {"qwen2-synth-f16", 2e-2f, 0},   {"qwen2-synth-q4_k_m", 0.25f, 0},
+    {"qwen3-synth-f16", 2e-2f, 0},    {"qwen3-synth-q4_k_m", 0.25f, 0},
+    /* Q8_0 K/V cache: tolerance of the 8-bit files (the cache adds one more
+     * 8-bit rounding of K and V) */
+    {"llama-synth-f32", 0.25f, LMS_TYPE_Q8_0}, {"qwen3-synth-q4_k_m", 0.25f, LMS_TYPE_Q8_0},
 };
 
 typedef struct runner {
@@ -225,7 +229,8 @@ static void test_model(void **state)
     runner r = {0};
     if (lms_model_load(tu_data_path(rel), &r.m, err, sizeof err) < 0)
         fail_msg("%s: %s", gm->name, err);
-    lms_ctx_params p = {.n_ctx = 128, .n_batch = 64, .n_seq = 1, .n_threads = 0};
+    lms_ctx_params p = {.n_ctx = 128, .n_batch = 64, .n_seq = 1, .n_threads = 0,
+                        .kv_type = gm->kv_type};
     assert_int_equal(lms_ctx_create(r.m, &p, &r.c, err, sizeof err), 0);
     r.nv = r.m->hp.n_vocab;
     float worst = 0;
@@ -235,8 +240,8 @@ static void test_model(void **state)
         check_free_greedy(&r, gm, "case0");
         check_free_greedy(&r, gm, "case1");
     }
-    printf("golden %-20s isa %-7s max |logit diff| %.3g (tolerance %g)\n", gm->name,
-           lms_kernels_get()->isa, worst, gm->tol);
+    printf("golden %-20s isa %-7s kv %-4s max |logit diff| %.3g (tolerance %g)\n", gm->name,
+           lms_kernels_get()->isa, gm->kv_type ? "q8_0" : "f16", worst, gm->tol);
     lms_ctx_destroy(r.c);
     lms_model_free(r.m);
 }
@@ -245,7 +250,8 @@ int main(void)
 {
     struct CMUnitTest tests[sizeof models / sizeof models[0]];
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
-        tests[i] = (struct CMUnitTest){.name = models[i].name, .test_func = test_model,
+        tests[i] = (struct CMUnitTest){.name = models[i].kv_type ? "q8_0 KV cache" : models[i].name,
+                                       .test_func = test_model,
                                        .initial_state = (void *)&models[i]};
     }
     return cmocka_run_group_tests(tests, NULL, NULL);
