@@ -119,16 +119,16 @@ int lms_ctx_create(const lms_model *m, const lms_ctx_params *p, lms_ctx **out, c
     c->ga = alloc_f32(n * f);
     c->up = alloc_f32(n * f);
     c->hidden = alloc_f32(n * e);
-    c->scores = alloc_f32((size_t)c->n_threads * (size_t)p->n_ctx);
-    c->qh = malloc((size_t)c->n_threads * hd * sizeof(uint16_t));
-    c->vtmp = alloc_f32((size_t)c->n_threads * hd);
+    size_t group = (size_t)(hp->n_head / hp->n_head_kv);
+    c->scores = alloc_f32((size_t)c->n_threads * group * (size_t)p->n_ctx);
+    c->qh = malloc((size_t)c->n_threads * group * hd * sizeof(uint16_t));
     size_t qs = max_scratch(m, p->n_batch) * 3; /* Q, K, V may need three conversions */
     c->qbuf = aligned_alloc(64, (qs + 63) / 64 * 64);
     int32_t blocks = p->kv_blocks > 0 ? p->kv_blocks
                                       : (p->n_ctx + LMS_KV_BLOCK - 1) / LMS_KV_BLOCK * p->n_seq;
     int rc = LMS_ERR_NOMEM;
     if (c->x && c->xn && c->qb && c->kb && c->vb && c->att && c->ga && c->up && c->hidden &&
-        c->scores && c->qh && c->vtmp && c->qbuf) {
+        c->scores && c->qh && c->qbuf) {
         rc = gpu_setup(c, blocks, err, errsz);
         if (rc < 0) {
             lms_ctx_destroy(c);
@@ -158,7 +158,7 @@ void lms_ctx_destroy(lms_ctx *c)
 #endif
     lms_kv_cache_deinit(&c->kv);
     void *bufs[] = {c->x, c->xn, c->qb, c->kb, c->vb, c->att, c->ga, c->up, c->hidden,
-                    c->scores, c->qh, c->vtmp, c->qbuf};
+                    c->scores, c->qh, c->qbuf};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     free(c);
@@ -238,62 +238,96 @@ static void matmul(lms_ctx *c, const lms_weight *w, const float *x, int64_t n, f
 
 /* ---- attention ------------------------------------------------------------ */
 
-/* Attention of one query head over positions [0, pos] of its sequence. */
-/* Q.K over positions [0, pos] into w (scaled); K in the cache type. */
-static float scores(lms_ctx *c, int il, const lms_kv_seq *s, int32_t pos, const float *q, int kvh,
-                    float *w, int tid)
+/*
+ * Decode and prefill attention, one work item per (token, KV head): the
+ * `group` query heads that share a KV head are done together, so each K
+ * and V row is read from memory once per token rather than once per query
+ * head (grouped-query attention). Scores for all positions are kept (one
+ * row per query head), then softmax, then V rows are accumulated.
+ */
+
+/* y[i] += a * x[i] over n values of a V row in the cache type. Built for
+ * several x86 levels (the compiler picks one at load time); the f16 -> f32
+ * conversion is exact, so every level gives the same sums. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#define LMS_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define LMS_CLONES
+#endif
+
+LMS_CLONES static void axpy_f16(int n, float a, const _Float16 *x, float *restrict y)
 {
-    const int hd = c->m->hp.head_dim;
-    const float scale = 1.0f / sqrtf((float)hd);
-    const lms_kernel_table *k = lms_kernels_get();
-    const int type = c->kv.type;
-    const size_t off = lms_row_size(type, (int64_t)kvh * hd); /* this head in the row */
-    uint16_t *qh = c->qh + (size_t)tid * hd;                  /* hd f16, or hd/32 Q8_0 blocks */
-    if (type == LMS_TYPE_F16)
-        for (int d = 0; d < hd; d++)
-            qh[d] = lms_f32_to_f16(q[d]);
-    else
-        k->from_float[type](q, qh, hd);
-    const lms_vec_dot_fn dot = k->vec_dot[type];
-    float mx = -INFINITY;
-    for (int32_t j = 0; j <= pos; j++) {
-        float sj;
-        dot(hd, &sj, lms_kv_k(&c->kv, s, il - c->n_gpu, j) + off, qh);
-        w[j] = sj * scale;
-        mx = w[j] > mx ? w[j] : mx;
-    }
-    return mx;
+    for (int i = 0; i < n; i++)
+        y[i] += a * (float)x[i];
 }
 
-/* Attention of one query head over positions [0, pos] of its sequence. */
-static void attend_head(lms_ctx *c, int il, const lms_kv_seq *s, int32_t pos, const float *q,
-                        int kvh, float *out, int tid)
+LMS_CLONES static void axpy_q8_0(int n, float a, const lms_block_q8_0 *x, float *restrict y)
 {
-    const int hd = c->m->hp.head_dim;
-    float *w = c->scores + (size_t)tid * c->p.n_ctx;
-    float *vrow = c->vtmp + (size_t)tid * hd;
-    const float mx = scores(c, il, s, pos, q, kvh, w, tid);
-    double sum = 0.0;
-    for (int32_t j = 0; j <= pos; j++) {
-        w[j] = expf(w[j] - mx);
-        sum += (double)w[j];
+    for (int b = 0; b < n / LMS_QK8_0; b++) {
+        const float s = a * lms_f16_to_f32(x[b].d);
+        float *yb = y + b * LMS_QK8_0;
+        for (int i = 0; i < LMS_QK8_0; i++)
+            yb[i] += s * (float)x[b].qs[i];
     }
-    const float inv = (float)(1.0 / sum);
-    const bool f16 = c->kv.type == LMS_TYPE_F16;
-    const size_t off = lms_row_size(c->kv.type, (int64_t)kvh * hd);
-    const lms_to_float_fn deq = lms_kernels_get()->to_float[c->kv.type];
-    memset(out, 0, (size_t)hd * sizeof *out);
-    for (int32_t j = 0; j <= pos; j++) {
-        const float wj = lms_f16_to_f32(lms_f32_to_f16(w[j] * inv));
-        const uint8_t *vr = lms_kv_v(&c->kv, s, il - c->n_gpu, j) + off;
-        if (f16) {
-            const uint16_t *vh = (const uint16_t *)vr;
+}
+
+/* Converts the group's queries to the cache type's dot-product form. */
+static void prepare_queries(lms_ctx *c, const float *q, int group, uint8_t *qc)
+{
+    const int hd = c->m->hp.head_dim, type = c->kv.type;
+    const size_t qrow = lms_row_size(type, hd);
+    for (int g = 0; g < group; g++) {
+        if (type == LMS_TYPE_F16) {
+            uint16_t *h = (uint16_t *)(qc + g * qrow);
             for (int d = 0; d < hd; d++)
-                out[d] += wj * lms_f16_to_f32(vh[d]);
+                h[d] = lms_f32_to_f16(q[g * hd + d]);
         } else {
-            deq(vr, vrow, hd);
-            for (int d = 0; d < hd; d++)
-                out[d] += wj * vrow[d];
+            lms_kernels_get()->from_float[type](q + g * hd, qc + g * qrow, hd);
+        }
+    }
+}
+
+static void attend_group(lms_ctx *c, int il, const lms_kv_seq *s, int32_t pos, const float *q,
+                         int kvh, int group, float *out, int tid)
+{
+    const int hd = c->m->hp.head_dim, type = c->kv.type;
+    const int32_t n = pos + 1, stride = c->p.n_ctx;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const size_t off = lms_row_size(type, (int64_t)kvh * hd), qrow = lms_row_size(type, hd);
+    const lms_vec_dot_fn dot = lms_kernels_get()->vec_dot[type];
+    float *w = c->scores + (size_t)tid * group * stride;
+    uint8_t *qc = (uint8_t *)(c->qh + (size_t)tid * group * hd);
+    const int il_host = il - c->n_gpu;
+    prepare_queries(c, q, group, qc);
+    for (int32_t j = 0; j < n; j++) {
+        const uint8_t *kr = lms_kv_k(&c->kv, s, il_host, j) + off;
+        for (int g = 0; g < group; g++) {
+            float sj;
+            dot(hd, &sj, kr, qc + g * qrow);
+            w[g * stride + j] = sj * scale;
+        }
+    }
+    for (int g = 0; g < group; g++) { /* softmax, weights rounded to f16 as llama.cpp */
+        float *wg = w + g * stride, mx = -INFINITY;
+        for (int32_t j = 0; j < n; j++)
+            mx = wg[j] > mx ? wg[j] : mx;
+        double sum = 0.0;
+        for (int32_t j = 0; j < n; j++) {
+            wg[j] = expf(wg[j] - mx);
+            sum += (double)wg[j];
+        }
+        const float inv = (float)(1.0 / sum);
+        for (int32_t j = 0; j < n; j++)
+            wg[j] = lms_f16_to_f32(lms_f32_to_f16(wg[j] * inv));
+    }
+    memset(out, 0, (size_t)group * hd * sizeof *out);
+    for (int32_t j = 0; j < n; j++) {
+        const uint8_t *vr = lms_kv_v(&c->kv, s, il_host, j) + off;
+        for (int g = 0; g < group; g++) {
+            if (type == LMS_TYPE_F16)
+                axpy_f16(hd, w[g * stride + j], (const _Float16 *)vr, out + g * hd);
+            else
+                axpy_q8_0(hd, w[g * stride + j], (const lms_block_q8_0 *)vr, out + g * hd);
         }
     }
 }
@@ -301,24 +335,25 @@ static void attend_head(lms_ctx *c, int il, const lms_kv_seq *s, int32_t pos, co
 static void attention(lms_ctx *c, int il, const lms_batch *b)
 {
     const lms_hparams *hp = &c->m->hp;
-    const int nh = hp->n_head, hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
-    const int64_t q = (int64_t)nh * hd;
-    const int64_t n_work = (int64_t)b->n_tokens * nh;
+    const int nkv = hp->n_head_kv, hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
+    const int64_t q = (int64_t)hp->n_head * hd;
+    const int64_t n_work = (int64_t)b->n_tokens * nkv;
     int64_t n_pos = 0;
     for (int32_t t = 0; t < b->n_tokens; t++)
         n_pos += b->pos[t] + 1;
     const bool par = n_pos * hp->n_head * hd >= 65536;
 #pragma omp parallel for schedule(dynamic, 1) if (par)
     for (int64_t wi = 0; wi < n_work; wi++) {
-        int64_t t = wi / nh;
-        int h = (int)(wi % nh);
+        int64_t t = wi / nkv;
+        int kvh = (int)(wi % nkv);
 #ifdef _OPENMP
         int tid = omp_get_thread_num();
 #else
         int tid = 0;
 #endif
-        attend_head(c, il, b->seq[t], b->pos[t], c->qb + t * q + (int64_t)h * hd, h / group,
-                    c->att + t * q + (int64_t)h * hd, tid);
+        int64_t h0 = (int64_t)kvh * group * hd; /* first query head of the group */
+        attend_group(c, il, b->seq[t], b->pos[t], c->qb + t * q + h0, kvh, group,
+                     c->att + t * q + h0, tid);
     }
 }
 

@@ -23,9 +23,8 @@ struct lms_ctx {
     int n_threads;
     float *x, *xn, *qb, *kb, *vb, *att, *ga, *up; /* see forward.c's shapes */
     float *hidden;      /* [n_batch][e] normed rows that want logits */
-    float *scores;      /* [n_threads][n_ctx] attention weights */
-    uint16_t *qh;       /* [n_threads][hd] query of one head in the cache type */
-    float *vtmp;        /* [n_threads][hd] a dequantized V row (Q8_0 cache) */
+    float *scores;      /* [n_threads][group][n_ctx] attention weights */
+    uint16_t *qh;       /* [n_threads][group][hd] queries of a GQA group, cache type */
     void *qbuf;         /* activation conversion scratch */
     int32_t n_hidden;
     int32_t n_gpu;      /* layers on the GPU (0: CPU only) */
