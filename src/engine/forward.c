@@ -255,10 +255,21 @@ static void matmul(lms_ctx *c, const lms_weight *w, const float *x, int64_t n, f
 #define LMS_CLONES
 #endif
 
-LMS_CLONES static void axpy_f16(int n, float a, const _Float16 *x, float *restrict y)
+/* GCC 12 has _Float16 on x86-64 and ARM: the conversion vectorizes
+ * (vcvtph2ps); elsewhere the bit-exact scalar conversion is used. */
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && \
+    (defined(__x86_64__) || defined(__aarch64__))
+typedef _Float16 half_t;
+#define HALF_TO_F32(x) ((float)(x))
+#else
+typedef uint16_t half_t;
+#define HALF_TO_F32(x) lms_f16_to_f32(x)
+#endif
+
+LMS_CLONES static void axpy_f16(int n, float a, const half_t *x, float *restrict y)
 {
     for (int i = 0; i < n; i++)
-        y[i] += a * (float)x[i];
+        y[i] += a * HALF_TO_F32(x[i]);
 }
 
 LMS_CLONES static void axpy_q8_0(int n, float a, const lms_block_q8_0 *x, float *restrict y)
@@ -325,7 +336,7 @@ static void attend_group(lms_ctx *c, int il, const lms_kv_seq *s, int32_t pos, c
         const uint8_t *vr = lms_kv_v(&c->kv, s, il_host, j) + off;
         for (int g = 0; g < group; g++) {
             if (type == LMS_TYPE_F16)
-                axpy_f16(hd, w[g * stride + j], (const _Float16 *)vr, out + g * hd);
+                axpy_f16(hd, w[g * stride + j], (const half_t *)vr, out + g * hd);
             else
                 axpy_q8_0(hd, w[g * stride + j], (const lms_block_q8_0 *)vr, out + g * hd);
         }

@@ -142,12 +142,46 @@ const lms_kernel_table *lms_kernels_ref(void)
 
 /* ---- CPU features ------------------------------------------------------------------ */
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+
+/* CPUID feature bits plus the OS's consent (XGETBV) to save the vector
+ * state; read directly so that gcc and clang builds agree. */
+typedef struct x86_features {
+    bool avx2, fma, f16c, bmi2, avx512f, avx512bw, avx512vl, avx512dq, avx512vnni, avx512bf16;
+} x86_features;
+
+static x86_features x86_detect(void)
+{
+    x86_features f = {0};
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) /* OSXSAVE */
+        return f;
+    unsigned xlo, xhi;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    bool ymm = (xlo & 0x6) == 0x6, zmm = ymm && (xlo & 0xe0) == 0xe0;
+    f.fma = ymm && (c & (1u << 12));
+    f.f16c = ymm && (c & (1u << 29));
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
+        return f;
+    f.avx2 = ymm && (b & (1u << 5));
+    f.bmi2 = b & (1u << 8);
+    f.avx512f = zmm && (b & (1u << 16));
+    f.avx512dq = zmm && (b & (1u << 17));
+    f.avx512bw = zmm && (b & (1u << 30));
+    f.avx512vl = zmm && (b & (1u << 31));
+    f.avx512vnni = zmm && (c & (1u << 11));
+    if (__get_cpuid_count(7, 1, &a, &b, &c, &d))
+        f.avx512bf16 = zmm && (a & (1u << 5));
+    return f;
+}
+#endif
+
 bool lms_cpu_has_avx2(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+    x86_features f = x86_detect();
+    return f.avx2 && f.fma && f.f16c && f.bmi2;
 #else
     return false;
 #endif
@@ -156,10 +190,9 @@ bool lms_cpu_has_avx2(void)
 bool lms_cpu_has_avx512(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
-    return lms_cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
-           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni") &&
-           __builtin_cpu_supports("avx512bf16");
+    x86_features f = x86_detect();
+    return lms_cpu_has_avx2() && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq &&
+           f.avx512vnni && f.avx512bf16;
 #else
     return false;
 #endif
