@@ -49,6 +49,29 @@ static void on_event(void *user, lms_event *ev)
     lms_event_free(ev);
 }
 
+/* Submits one greedy request (end of text ignored) reporting to r. */
+static int submit_one(lms_sched *s, const int32_t *toks, int32_t n, int32_t gen, par_req *r)
+{
+    lms_request q = {.tokens = toks, .n_tokens = n, .max_tokens = gen, .sp = lms_sampler_defaults(),
+                     .ignore_eos = true, .cb = on_event, .user = r};
+    q.sp.temperature = 0;
+    uint64_t id;
+    char err[256];
+    if (lms_sched_submit(s, &q, &id, err, sizeof err) < 0) {
+        fprintf(stderr, "lmserv bench: %s\n", err);
+        return -1;
+    }
+    return 0;
+}
+
+static void wait_done(par_state *st, int n)
+{
+    pthread_mutex_lock(&st->mu);
+    while (st->n_done < n)
+        pthread_cond_wait(&st->cv, &st->mu);
+    pthread_mutex_unlock(&st->mu);
+}
+
 static int cmp_d(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -69,21 +92,10 @@ static int run_level(lms_sched *s, int n, const bench_opts *o, const char *model
         for (int j = 0; j < PAR_PROMPT; j++)
             toks[i][j] = (int32_t)((uint32_t)(i * 7919 + j * 104729 + 17) % (uint32_t)nv);
         reqs[i] = (par_req){&st, i, t0};
-        lms_request r = {.tokens = toks[i], .n_tokens = PAR_PROMPT, .max_tokens = PAR_GEN,
-                         .sp = lms_sampler_defaults(), .ignore_eos = true, .cb = on_event,
-                         .user = &reqs[i]};
-        r.sp.temperature = 0;
-        uint64_t id;
-        char err[256];
-        if (lms_sched_submit(s, &r, &id, err, sizeof err) < 0) {
-            fprintf(stderr, "lmserv bench: %s\n", err);
+        if (submit_one(s, toks[i], PAR_PROMPT, PAR_GEN, &reqs[i]) < 0)
             return -1;
-        }
     }
-    pthread_mutex_lock(&st.mu);
-    while (st.n_done < n)
-        pthread_cond_wait(&st.cv, &st.mu);
-    pthread_mutex_unlock(&st.mu);
+    wait_done(&st, n);
     double t_end = lms_now_ms(), last_first = 0;
     int gen = 0;
     for (int i = 0; i < n; i++) {
@@ -140,18 +152,9 @@ static double one_ttft(lms_sched *s, const int32_t *toks, int32_t n, lms_req_sta
     pthread_mutex_init(&st.mu, NULL);
     pthread_cond_init(&st.cv, NULL);
     req = (par_req){&st, 0, lms_now_ms()};
-    lms_request r = {.tokens = toks, .n_tokens = n, .max_tokens = 1, .sp = lms_sampler_defaults(),
-                     .ignore_eos = true, .cb = on_event, .user = &req};
-    uint64_t id;
-    char err[256];
-    if (lms_sched_submit(s, &r, &id, err, sizeof err) < 0) {
-        fprintf(stderr, "lmserv bench: %s\n", err);
+    if (submit_one(s, toks, n, 1, &req) < 0)
         return -1;
-    }
-    pthread_mutex_lock(&st.mu);
-    while (st.n_done < 1)
-        pthread_cond_wait(&st.cv, &st.mu);
-    pthread_mutex_unlock(&st.mu);
+    wait_done(&st, 1);
     out->ttft_ms = st.ttft[0];
     return st.ttft[0];
 }

@@ -288,15 +288,21 @@ static void *load_main(void *arg)
 
 /* ---- signals ------------------------------------------------------------------------ */
 
+/* The signals the signal thread takes (all other threads block them). */
+static void serve_signals(sigset_t *set)
+{
+    sigemptyset(set);
+    sigaddset(set, SIGINT);
+    sigaddset(set, SIGTERM);
+    sigaddset(set, SIGUSR1); /* main is done */
+    sigaddset(set, SIGHUP);  /* reopen the log file */
+}
+
 static void *signal_main(void *arg)
 {
     lms_server *srv = arg;
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGUSR1);
-    sigaddset(&set, SIGHUP);
+    serve_signals(&set);
     for (;;) {
         int sig;
         if (sigwait(&set, &sig) != 0 || sig == SIGUSR1)
@@ -311,11 +317,7 @@ static void *signal_main(void *arg)
 static void block_signals(void)
 {
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGUSR1);
-    sigaddset(&set, SIGHUP);
+    serve_signals(&set);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
 }
