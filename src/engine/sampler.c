@@ -135,15 +135,52 @@ static void apply_penalties(lms_sampler *s)
     }
 }
 
-static void compute_lse(lms_sampler *s)
+/* exp(x) for x <= 0 without libm, so the loop below vectorizes: x = n ln2
+ * + r, e^r by a degree-6 polynomial on |r| <= ln2/2 (relative error about
+ * 2e-7), 2^n put into the exponent bits. Values under -87 give ~0. */
+static inline float exp_neg(float x)
+{
+    x = x < -87.0f ? -87.0f : x;
+    const float shift = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    float n = (x * 1.44269504f + shift) - shift;
+    float r = x - n * 0.693145752f - n * 1.42860677e-6f;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666418f +
+                                                  r * (0.00833332818f + r * 0.00138889f)))));
+    union { float f; int32_t i; } u = {.f = p};
+    u.i += (int32_t)n << 23;
+    return u.f;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#define SAMPLER_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define SAMPLER_CLONES
+#endif
+
+SAMPLER_CLONES static float max_of(const float *x, int32_t n)
 {
     float mx = -INFINITY;
-    for (int32_t i = 0; i < s->n_vocab; i++)
-        mx = s->logits[i] > mx ? s->logits[i] : mx;
-    double sum = 0;
-    for (int32_t i = 0; i < s->n_vocab; i++)
-        sum += exp((double)(s->logits[i] - mx));
-    s->lse = mx + (float)log(sum);
+#pragma omp simd reduction(max : mx)
+    for (int32_t i = 0; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    return mx;
+}
+
+SAMPLER_CLONES static float sum_exp(const float *x, int32_t n, float mx)
+{
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int32_t i = 0; i < n; i++)
+        sum += exp_neg(x[i] - mx);
+    return sum;
+}
+
+/* log-sum-exp of the logits: runs for every token of every sequence, over
+ * the whole vocabulary (150k for Qwen), so it is kept vectorizable. */
+static void compute_lse(lms_sampler *s)
+{
+    float mx = max_of(s->logits, s->n_vocab);
+    s->lse = mx + logf(sum_exp(s->logits, s->n_vocab, mx));
 }
 
 static int cand_desc(const void *a, const void *b)
@@ -202,13 +239,15 @@ static int32_t select_top(lms_sampler *s, int32_t k)
     return k;
 }
 
+/* Lowest index of the largest value: a vectorized max, then a scan that
+ * stops at the first match. */
 static int32_t argmax(const float *l, int32_t n)
 {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (l[i] > l[best])
-            best = i;
-    return best;
+    float mx = max_of(l, n);
+    for (int32_t i = 0; i < n; i++)
+        if (l[i] == mx)
+            return i;
+    return 0; /* all NaN */
 }
 
 /* Top-p then min-p on the (sorted) candidates; returns the kept count. */
