@@ -63,6 +63,8 @@ struct fwd_gpu {
     float *act;          /* device activations, carved below */
     size_t act_bytes;
     float *x, *xn, *qb, *kb, *vb, *att, *ga, *up, *logits;
+    void *xq;            /* q8 of the current mat-vec input (decode), or NULL */
+    bool graphs;         /* CUDA graphs for decode steps (LMS_CUDA_GRAPHS=0: off) */
     int32_t *meta;       /* device: pos, tbl_off, tbl */
     int32_t *meta_h;     /* pinned host twin */
     size_t meta_n;       /* ints */
@@ -128,9 +130,11 @@ static void compute_sizes(const lms_ctx *c, int32_t n_blocks, sizes *z)
     size_t wide = e > q ? e : q;
     wide = wide > f ? wide : f;
     size_t head_rows = n < HEAD_CHUNK ? n : HEAD_CHUNK;
+    size_t nq8 = n < LCU_MATVEC_MAX ? n : LCU_MATVEC_MAX;
     z->act = align_up(n * e * 4) + align_up(n * wide * 4) + 2 * align_up(n * q * 4) +
              2 * align_up(n * kv * 4) + 2 * align_up(n * f * 4) +
-             align_up(head_rows * (size_t)hp->n_vocab * 4);
+             align_up(head_rows * (size_t)hp->n_vocab * 4) +
+             (wide % 32 == 0 ? align_up(lcu_q8_bytes((int64_t)nq8, (int64_t)wide)) : 0);
     size_t n_seq = (size_t)(c->p.n_seq < c->p.n_batch ? c->p.n_seq : c->p.n_batch);
     z->meta_n = 2 * n + n_seq * ((size_t)c->p.n_ctx / LMS_KV_BLOCK + 2);
     size_t max_cols = (size_t)hp->n_embd, max_rows = (size_t)hp->n_vocab;
@@ -242,6 +246,11 @@ static int upload_layer(fwd_gpu *gp, const lms_layer *l, gpu_layer *dl, char *er
     return lcu_sync(gp->g, err, errsz);
 }
 
+static size_t head_rows_of(size_t n)
+{
+    return n < HEAD_CHUNK ? n : HEAD_CHUNK;
+}
+
 static int alloc_buffers(lms_ctx *c, fwd_gpu *gp, const sizes *z, int32_t n_blocks, char *err,
                          size_t errsz)
 {
@@ -261,6 +270,11 @@ static int alloc_buffers(lms_ctx *c, fwd_gpu *gp, const sizes *z, int32_t n_bloc
         cur += align_up(lens[i] * 4);
     }
     gp->logits = (float *)cur;
+    cur += align_up(head_rows_of(n) * (size_t)hp->n_vocab * 4);
+    /* one q8 buffer serves every decode product in turn (the stream orders them) */
+    gp->xq = wide % 32 == 0 ? (void *)cur : NULL;
+    const char *gr = getenv("LMS_CUDA_GRAPHS");
+    gp->graphs = !gr || atoi(gr) != 0;
     gp->meta_n = z->meta_n;
     if (!(gp->meta = lcu_alloc(gp->g, z->meta_n * 4, err, errsz)))
         return LMS_ERR_NOMEM;
@@ -443,22 +457,27 @@ static int gpu_layer_run(lms_ctx *c, int il, const lcu_batch *db, int n_split)
     const gpu_layer *l = &gp->layers[il];
     const int64_t n = db->n_tok, e = hp->n_embd, f = hp->n_ff;
     const int64_t q = (int64_t)hp->n_head * hp->head_dim, kv = (int64_t)hp->n_head_kv * hp->head_dim;
+    /* decode: inputs also as int8 (q8) for the int8 mat-vec kernels */
+    void *xq = n <= LCU_MATVEC_MAX ? gp->xq : NULL;
     int rc = 0;
-    lcu_rms_norm(g, gp->x, l->attn_norm, gp->xn, n, e, hp->rms_eps);
-    rc |= lcu_matmul(g, &l->wq, gp->xn, n, gp->qb, false);
-    rc |= lcu_matmul(g, &l->wk, gp->xn, n, gp->kb, false);
-    rc |= lcu_matmul(g, &l->wv, gp->xn, n, gp->vb, false);
+    lcu_rms_norm_q8(g, gp->x, l->attn_norm, gp->xn, xq, n, e, hp->rms_eps);
+    const lcu_mat *qkv[3] = {&l->wq, &l->wk, &l->wv};
+    float *qkv_out[3] = {gp->qb, gp->kb, gp->vb};
+    rc |= lcu_matmul_q8(g, 3, qkv, gp->xn, xq, n, qkv_out, false);
     lcu_add_bias(g, gp->qb, l->bq, n, q);
     lcu_add_bias(g, gp->kb, l->bk, n, kv);
     lcu_add_bias(g, gp->vb, l->bv, n, kv);
     lcu_qkv_post(g, db, &gp->shape, gp->qb, gp->kb, gp->vb, l->q_norm, l->k_norm, l->k, l->v);
-    lcu_attention(g, db, &gp->shape, gp->qb, l->k, l->v, gp->att, n_split);
-    rc |= lcu_matmul(g, &l->wo, gp->att, n, gp->x, true); /* x += Wo·att */
-    lcu_rms_norm(g, gp->x, l->ffn_norm, gp->xn, n, e, hp->rms_eps);
-    rc |= lcu_matmul(g, &l->w_gate, gp->xn, n, gp->ga, false);
-    rc |= lcu_matmul(g, &l->w_up, gp->xn, n, gp->up, false);
-    lcu_swiglu(g, gp->ga, gp->up, n * f);
-    rc |= lcu_matmul(g, &l->w_down, gp->ga, n, gp->x, true); /* x += Wdown·h */
+    lcu_attention(g, db, &gp->shape, gp->qb, l->k, l->v, gp->att, n_split, xq);
+    const lcu_mat *wo[1] = {&l->wo};
+    float *xo[1] = {gp->x};
+    rc |= lcu_matmul_q8(g, 1, wo, gp->att, xq, n, xo, true); /* x += Wo·att */
+    lcu_rms_norm_q8(g, gp->x, l->ffn_norm, gp->xn, xq, n, e, hp->rms_eps);
+    /* ga = silu(Wgate·xn) * (Wup·xn), and its q8 into xq for the down product */
+    rc |= lcu_ffn_gate_up(g, &l->w_gate, &l->w_up, gp->xn, xq, n, gp->ga, gp->up, xq);
+    const lcu_mat *wd[1] = {&l->w_down};
+    rc |= lcu_matmul_q8(g, 1, wd, gp->ga, xq, n, xo, true); /* x += Wdown·h */
+    (void)f;
     return rc ? LMS_ERR_DEVICE : 0;
 }
 
@@ -469,7 +488,33 @@ static int choose_split(int32_t n_tok, int32_t max_npos)
     int cap = lcu_attn_max_split(n_tok);
     int per = n_tok <= LCU_MATVEC_MAX ? 128 : 512;
     int s = (max_npos + per - 1) / per;
-    return s < 1 ? 1 : (s > cap ? cap : s);
+    s = s < 1 ? 1 : (s > cap ? cap : s);
+    if (n_tok <= LCU_MATVEC_MAX) {
+        /* decode: a power of two, so that few graphs cover every length */
+        int p = 1;
+        while (p < s)
+            p *= 2;
+        s = p > cap ? cap : p;
+    }
+    return s;
+}
+
+/* Graph slot of a decode step: by batch size and split count. */
+static int graph_slot(int32_t n_tok, int n_split)
+{
+    int k = 0;
+    while ((1 << k) < n_split)
+        k++;
+    int slot = (n_tok - 1) * 6 + k;
+    return n_tok >= 1 && n_tok <= LCU_MATVEC_MAX && k < 6 && slot < LCU_GRAPH_MAX ? slot : -1;
+}
+
+static int run_layers(lms_ctx *c, const lcu_batch *db, int n_split)
+{
+    int rc = 0;
+    for (int il = 0; il < c->n_gpu && rc == 0; il++)
+        rc = gpu_layer_run(c, il, db, n_split);
+    return rc;
 }
 
 int fwd_gpu_layers(lms_ctx *c, const lms_batch *b)
@@ -487,8 +532,24 @@ int fwd_gpu_layers(lms_ctx *c, const lms_batch *b)
     if (lcu_upload(gp->g, gp->x, gp->x_h, bytes) < 0)
         return LMS_ERR_DEVICE;
     const int n_split = choose_split(b->n_tokens, max_npos);
-    for (int il = 0; il < c->n_gpu && rc == 0; il++)
-        rc = gpu_layer_run(c, il, &db, n_split);
+    /* decode steps replay a captured graph of all GPU layers: the kernels'
+     * arguments depend only on the batch size and split count (positions
+     * and block tables are read from device memory) */
+    const int slot = gp->graphs ? graph_slot(b->n_tokens, n_split) : -1;
+    bool done = false;
+    if (slot >= 0 && !lcu_graph_ready(gp->g, slot) && lcu_graph_begin(gp->g) == 0) {
+        rc = run_layers(c, &db, n_split);
+        if (lcu_graph_end(gp->g, slot) < 0 || rc != 0) {
+            gp->graphs = false; /* capture failed: run directly from now on */
+            rc = 0;
+        }
+    }
+    if (slot >= 0 && gp->graphs && lcu_graph_ready(gp->g, slot)) {
+        rc = lcu_graph_launch(gp->g, slot) < 0 ? LMS_ERR_DEVICE : 0;
+        done = true;
+    }
+    if (!done)
+        rc = run_layers(c, &db, n_split);
     if (rc == 0 && lcu_download(gp->g, gp->x_h, gp->x, bytes) < 0)
         rc = LMS_ERR_DEVICE;
     char err[256];

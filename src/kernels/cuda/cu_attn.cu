@@ -155,14 +155,39 @@ __global__ void __launch_bounds__(32 * ATT_WARPS)
     }
 }
 
+/* With oq (q8 of out, see cu_mmvq.cuh): blockDim == head_dim, a multiple
+ * of 32, so each warp quantizes one 32-value block. */
 __global__ void attn_merge_k(lcu_attn_shape s, const float *__restrict__ part, float *__restrict__ out,
-                             int n_split)
+                             int n_split, int8_t *__restrict__ oq, float2 *__restrict__ od)
 {
     const int t = blockIdx.x, h = blockIdx.y, hd = s.head_dim;
     const float *p = part + ((size_t)t * s.n_head + h) * n_split * (hd + 2);
     float M = -INFINITY;
     for (int i = 0; i < n_split; i++)
         M = fmaxf(M, p[i * (hd + 2)]);
+    if (oq) {
+        const int d = threadIdx.x;
+        float num = 0.0f, den = 0.0f;
+        for (int i = 0; i < n_split; i++) {
+            const float *pi = p + i * (hd + 2);
+            if (pi[0] == -INFINITY)
+                continue;
+            const float f = __expf(pi[0] - M);
+            den += f * pi[1];
+            num += f * pi[2 + d];
+        }
+        const float o = num / den;
+        const size_t flat = ((size_t)t * s.n_head + h) * hd + d;
+        out[flat] = o;
+        const float am = warp_max(fabsf(o));
+        const float dq = am / 127.0f, id = dq > 0.0f ? 1.0f / dq : 0.0f;
+        const int qv = __float2int_rn(o * id);
+        const float sum = warp_sum((float)qv);
+        oq[flat] = (int8_t)qv;
+        if ((threadIdx.x & 31) == 0)
+            od[flat >> 5] = make_float2(dq, dq * sum);
+        return;
+    }
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float num = 0.0f, den = 0.0f;
         for (int i = 0; i < n_split; i++) {
@@ -183,7 +208,8 @@ extern "C" int lcu_attn_max_split(int64_t n_tok)
 }
 
 extern "C" void lcu_attention(lcu *g, const lcu_batch *b, const lcu_attn_shape *s, const float *q,
-                              const uint16_t *kc, const uint16_t *vc, float *out, int n_split)
+                              const uint16_t *kc, const uint16_t *vc, float *out, int n_split,
+                              void *outq)
 {
     if (b->n_tok <= 0)
         return;
@@ -198,6 +224,12 @@ extern "C" void lcu_attention(lcu *g, const lcu_batch *b, const lcu_attn_shape *
     default: attn_k<8><<<grid, 32 * ATT_WARPS, 0, g->stream>>>(*b, *s, q, kc, vc, g->attn_part, n_split); break;
     }
     dim3 mg((unsigned)b->n_tok, (unsigned)s->n_head);
+    const int64_t n_q = (int64_t)s->n_head * s->head_dim;
+    const bool fuse_q = outq && s->head_dim % 32 == 0 && s->head_dim <= 256;
+    int8_t *oq = fuse_q ? (int8_t *)outq : NULL;
+    float2 *od = fuse_q ? (float2 *)((int8_t *)outq + b->n_tok * n_q) : NULL;
     attn_merge_k<<<mg, s->head_dim < 32 ? 32 : (s->head_dim > 256 ? 256 : s->head_dim), 0,
-                   g->stream>>>(*s, g->attn_part, out, n_split);
+                   g->stream>>>(*s, g->attn_part, out, n_split, oq, od);
+    if (outq && !fuse_q && n_q % 32 == 0)
+        lcu_quantize_q8(g, out, outq, b->n_tok, n_q);
 }

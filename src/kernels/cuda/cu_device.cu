@@ -73,6 +73,10 @@ extern "C" int lcu_create(int device, lcu **out, lcu_info *info, char *err, size
     g->device = device;
     const char *mv = getenv("LMS_CUDA_MV_ROWS");
     g->mv_rows = mv ? atoi(mv) : 0;
+    const char *q8 = getenv("LMS_CUDA_MMVQ");
+    g->q8 = q8 ? atoi(q8) != 0 : 1;
+    const char *mw = getenv("LMS_CUDA_MV_WARP");
+    g->mv_warp = mw ? atoi(mw) != 0 : 0;
     if ((e = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking)) != cudaSuccess) {
         free(g);
         return fail(err, errsz, "cuda: cannot create a stream: %s", explain(e));
@@ -116,6 +120,7 @@ extern "C" void lcu_destroy(lcu *g)
     cudaFree(g->x16);
     cudaFree(g->blas_ws);
     cudaFree(g->attn_part);
+    cudaFree(g->xq);
     cublasDestroy(g->blas);
     cudaStreamDestroy(g->stream);
     free(g);
@@ -153,7 +158,8 @@ extern "C" void lcu_free(lcu *g, void *p, size_t bytes)
 
 extern "C" size_t lcu_allocated(const lcu *g)
 {
-    return g->allocated + g->w16_bytes + g->x16_bytes + g->blas_ws_bytes + g->attn_part_bytes;
+    return g->allocated + g->w16_bytes + g->x16_bytes + g->blas_ws_bytes + g->attn_part_bytes +
+           g->xq_bytes;
 }
 
 extern "C" void *lcu_host_alloc(size_t bytes)
@@ -217,24 +223,35 @@ static size_t part_bytes(int64_t n_tok, int n_head, int head_dim)
     return (size_t)(a > b ? a : b) * (size_t)n_head * (size_t)(head_dim + 2) * sizeof(float);
 }
 
+/* q8 activations of lcu_matmul's decode path. */
+static size_t xq_bytes(int64_t max_cols, int64_t n_tok)
+{
+    int64_t n = n_tok < LCU_MATVEC_MAX ? n_tok : LCU_MATVEC_MAX;
+    return max_cols % 32 == 0 ? lcu_q8_bytes(n, max_cols) : 0;
+}
+
 extern "C" size_t lcu_scratch_bytes(int64_t max_cols, int64_t max_rows, int64_t n_tok, int n_head,
                                     int head_dim)
 {
     size_t x16 = n_tok > LCU_MATVEC_MAX ? (size_t)n_tok * (size_t)max_cols * 2 : 0;
     size_t ws = n_tok > LCU_MATVEC_MAX ? LCU_BLAS_WS : 0;
-    return w16_bytes(max_cols, max_rows, n_tok) + x16 + ws + part_bytes(n_tok, n_head, head_dim);
+    return w16_bytes(max_cols, max_rows, n_tok) + x16 + ws + part_bytes(n_tok, n_head, head_dim) +
+           xq_bytes(max_cols, n_tok);
 }
 
 extern "C" int lcu_reserve(lcu *g, int64_t max_cols, int64_t max_rows, int64_t n_tok, int n_head,
                            int head_dim, char *err, size_t errsz)
 {
     g->max_tok = n_tok;
-    size_t sz[4] = {w16_bytes(max_cols, max_rows, n_tok),
+    size_t sz[5] = {w16_bytes(max_cols, max_rows, n_tok),
                     n_tok > LCU_MATVEC_MAX ? (size_t)n_tok * (size_t)max_cols * 2 : 0,
-                    n_tok > LCU_MATVEC_MAX ? LCU_BLAS_WS : 0, part_bytes(n_tok, n_head, head_dim)};
-    void **dst[4] = {(void **)&g->w16, (void **)&g->x16, &g->blas_ws, (void **)&g->attn_part};
-    size_t *rec[4] = {&g->w16_bytes, &g->x16_bytes, &g->blas_ws_bytes, &g->attn_part_bytes};
-    for (int i = 0; i < 4; i++) {
+                    n_tok > LCU_MATVEC_MAX ? LCU_BLAS_WS : 0, part_bytes(n_tok, n_head, head_dim),
+                    xq_bytes(max_cols, n_tok)};
+    void **dst[5] = {(void **)&g->w16, (void **)&g->x16, &g->blas_ws, (void **)&g->attn_part,
+                     &g->xq};
+    size_t *rec[5] = {&g->w16_bytes, &g->x16_bytes, &g->blas_ws_bytes, &g->attn_part_bytes,
+                      &g->xq_bytes};
+    for (int i = 0; i < 5; i++) {
         if (!sz[i])
             continue;
         cudaError_t e = cudaMalloc(dst[i], sz[i]);

@@ -12,7 +12,7 @@
 
 #include "kernels/cuda/cuda_backend.h"
 
-#define LCU_GRAPH_SLOTS 8
+#define LCU_GRAPH_SLOTS LCU_GRAPH_MAX
 
 struct lcu {
     int device;
@@ -31,9 +31,18 @@ struct lcu {
     int64_t max_tok;
     int mv_rows;             /* rows per warp of the decode kernels; 0 = by size
                                 (LMS_CUDA_MV_ROWS=1|2|4 forces one, for tuning) */
+    int q8;                  /* int8 decode kernels on (LMS_CUDA_MMVQ=0 turns them off) */
+    int mv_warp;             /* LMS_CUDA_MV_WARP=1: warp-per-row int8 kernels for 1-2 tokens
+                                (measured slower on H200: 234 vs 250 t/s tg128) */
+    void *xq;                /* q8 activations of lcu_matmul's decode path */
+    size_t xq_bytes;
     cudaGraph_t graph[LCU_GRAPH_SLOTS];
     cudaGraphExec_t exec[LCU_GRAPH_SLOTS];
 };
+
+/* cu_mmvq.cu: lcu_matmul's int8 path (quantizes x into g->xq); 1 if it
+ * does not apply to this product. */
+int lcu_matmul_q8_auto(lcu *g, const lcu_mat *w, const float *x, int64_t n_tok, float *y, bool acc);
 
 /* Launch check: a launch error is remembered by the runtime and reported
  * at the next lcu_sync, so kernels need no error path of their own. */

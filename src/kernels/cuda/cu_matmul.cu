@@ -274,6 +274,8 @@ extern "C" int lcu_matmul(lcu *g, const lcu_mat *w, const float *x, int64_t n_to
             return -2;
         return gemm(g, w, x, n_tok, y, accumulate);
     }
+    if (lcu_matmul_q8_auto(g, w, x, n_tok, y, accumulate) == 0)
+        return 0;
     switch (w->type) {
 #define X(T)                                                                                       \
     case T:                                                                                        \

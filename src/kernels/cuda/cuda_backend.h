@@ -32,6 +32,7 @@ extern "C" {
 
 #define LCU_MATVEC_MAX 8 /* batches up to this many tokens use matrix-vector kernels */
 #define LCU_HEAD_DIM_MAX 256
+#define LCU_GRAPH_MAX 64 /* graph slots */
 
 typedef struct lcu lcu;
 
@@ -91,6 +92,32 @@ bool lcu_type_supported(int type);
 /* y = W·x, or y += W·x when `accumulate`. */
 int lcu_matmul(lcu *g, const lcu_mat *w, const float *x, int64_t n_tok, float *y, bool accumulate);
 
+/* ---- int8 decode path ----------------------------------------------------------
+ * For batches of up to LCU_MATVEC_MAX tokens, Q4_0, Q8_0, Q4_K, Q5_K and Q6_K
+ * weights are multiplied with int8 activations ("q8": per 32 values, int8
+ * values and a float scale and sum; layout in cu_mmvq.cuh) by __dp4a
+ * kernels that read each weight byte once per step for all tokens. The
+ * functions below take an input both as f32 (x) and as q8 (xq): types
+ * without int8 kernels, batches over LCU_MATVEC_MAX, xq == NULL or
+ * LMS_CUDA_MMVQ=0 use x. lcu_matmul on its own quantizes x itself. */
+
+/* Bytes of q8 for n_tok rows of n values (n % 32 == 0). */
+size_t lcu_q8_bytes(int64_t n_tok, int64_t n);
+bool lcu_q8_type(int type);
+/* xq = q8 of x [n_tok][n]. */
+void lcu_quantize_q8(lcu *g, const float *x, void *xq, int64_t n_tok, int64_t n);
+/* lcu_rms_norm, also writing q8 of out to xq (skipped when xq is NULL). */
+void lcu_rms_norm_q8(lcu *g, const float *x, const float *w, float *out, void *xq,
+                     int64_t n_rows, int64_t n, float eps);
+/* y[m] = W[m]·x (or +=) for n_mat <= 3 matrices with the same input, in
+ * one launch where all take the int8 path. */
+int lcu_matmul_q8(lcu *g, int n_mat, const lcu_mat *const *w, const float *x, const void *xq,
+                  int64_t n_tok, float *const *y, bool accumulate);
+/* h = silu(Wg·x) * (Wu·x) [n_tok][n_ff]; `up` is scratch of the same size
+ * for the fallback path; hq (may be NULL) receives q8 of h. */
+int lcu_ffn_gate_up(lcu *g, const lcu_mat *wg, const lcu_mat *wu, const float *x, const void *xq,
+                    int64_t n_tok, float *h, float *up, void *hq);
+
 /* out[r] = x[r] / rms(x[r]) * w (w may be NULL), n_rows rows of n. */
 void lcu_rms_norm(lcu *g, const float *x, const float *w, float *out, int64_t n_rows, int64_t n,
                   float eps);
@@ -125,15 +152,16 @@ void lcu_qkv_post(lcu *g, const lcu_batch *b, const lcu_attn_shape *s, float *q,
                   uint16_t *vc);
 /* out[t][h] = softmax(q·K / sqrt(hd)) V over positions [0, pos[t]] of the
  * token's sequence; the positions are split over `n_split` blocks per
- * head (flash-decoding) and merged. n_split <= lcu_attn_max_split(). */
+ * head (flash-decoding) and merged. n_split <= lcu_attn_max_split().
+ * outq (may be NULL) also receives q8 of out. */
 void lcu_attention(lcu *g, const lcu_batch *b, const lcu_attn_shape *s, const float *q,
-                   const uint16_t *kc, const uint16_t *vc, float *out, int n_split);
+                   const uint16_t *kc, const uint16_t *vc, float *out, int n_split, void *outq);
 int lcu_attn_max_split(int64_t n_tok);
 
 /* ---- CUDA graphs for repeated steps -------------------------------------------- */
 
 /* Starts capturing the stream's work; lcu_graph_end instantiates it into
- * slot `slot` (0..7). lcu_graph_launch replays a slot. Returns < 0 if
+ * slot `slot` (0..LCU_GRAPH_MAX-1). lcu_graph_launch replays a slot. Returns < 0 if
  * capture is not possible (the caller then runs the kernels directly). */
 int lcu_graph_begin(lcu *g);
 int lcu_graph_end(lcu *g, int slot);

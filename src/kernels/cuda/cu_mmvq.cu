@@ -1,0 +1,524 @@
+/*
+ * cu_mmvq.cu - decode-time matrix-vector products on int8 activations
+ * (cu_mmvq.cuh), activation quantization, RMSNorm fused with it, and the
+ * FFN's gate/up products fused with SwiGLU.
+ *
+ * mmvq_k: a block of 128 threads owns RR consecutive rows of one matrix
+ * (up to three matrices that read the same input share one launch, e.g.
+ * Q, K and V). Thread i takes the rows' chunks i, i + 128, ...: it loads
+ * each chunk of its RR rows with wide loads (several loads in flight),
+ * unpacks them once into registers, and dots them with the q8 activations
+ * of every token (NT <= 8) with __dp4a, so the weight bytes are read once
+ * per step whatever the batch, and each activation load serves RR rows.
+ * The block sums its threads' partials (warp shuffles, then shared
+ * memory). RR = 2 for one or two tokens, 4 for more (more reuse of each
+ * activation load from L1 where the batch is larger).
+ *
+ * mmvq_glu_k: the same over RH rows of W_gate and the same RH rows of
+ * W_up; writes h = silu(gate) * up.
+ *
+ * mmvw_k / mmvw_glu_k (LMS_CUDA_MV_WARP=1, one or two tokens): a warp per
+ * row, 4 chunk loads in flight per lane, no barrier. Measured slower than
+ * mmvq_k on an H200 (tg128 234 vs 250 t/s, Llama-3-8B Q4_K_M), so off by
+ * default; kept for tuning on other cards.
+ */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cu_int.cuh"
+#include "kernels/cuda/cu_mmvq.cuh"
+
+#define MMVQ_THREADS 128
+#define MMVQ_WARPS (MMVQ_THREADS / 32)
+
+struct mv_args {
+    const uint8_t *w[3];
+    size_t rb[3];
+    float *y[3];
+    int64_t nr[3];
+    int type[3];
+    int blk0[3]; /* first block of each matrix; INT_MAX when absent */
+    int n_chunks;
+    const int8_t *xs;
+    const float2 *xd;
+    int64_t ldq; /* q8 values per token row (= n_cols) */
+    int accumulate;
+};
+
+template <int T, int NT, int RR>
+__device__ __forceinline__ void mv_accum(const uint8_t *const *rows, int n_chunks,
+                                         const int8_t *__restrict__ xs,
+                                         const float2 *__restrict__ xd, int64_t ldq,
+                                         float (&acc)[RR][NT])
+{
+    typedef mq::ops<T> O;
+    for (int c = threadIdx.x; c < n_chunks; c += MMVQ_THREADS) {
+        typename O::raw r[RR];
+#pragma unroll
+        for (int i = 0; i < RR; i++)
+            O::load(rows[i], c, r[i]);
+        typename O::prep p[RR];
+#pragma unroll
+        for (int i = 0; i < RR; i++)
+            O::unpack(r[i], c, p[i]);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            typename O::act a;
+            O::load_act(xs + t * ldq, xd + t * (ldq / 32), c, a);
+#pragma unroll
+            for (int i = 0; i < RR; i++)
+                acc[i][t] += O::dotp(p[i], a);
+        }
+    }
+}
+
+template <int NT, int RR>
+__device__ __forceinline__ void mv_dispatch(int type, const uint8_t *const *rows, int n_chunks,
+                                            const int8_t *__restrict__ xs,
+                                            const float2 *__restrict__ xd, int64_t ldq,
+                                            float (&acc)[RR][NT])
+{
+    switch (type) {
+    case LMS_TYPE_Q4_K: mv_accum<LMS_TYPE_Q4_K, NT, RR>(rows, n_chunks, xs, xd, ldq, acc); break;
+    case LMS_TYPE_Q6_K: mv_accum<LMS_TYPE_Q6_K, NT, RR>(rows, n_chunks, xs, xd, ldq, acc); break;
+    case LMS_TYPE_Q5_K: mv_accum<LMS_TYPE_Q5_K, NT, RR>(rows, n_chunks, xs, xd, ldq, acc); break;
+    case LMS_TYPE_Q8_0: mv_accum<LMS_TYPE_Q8_0, NT, RR>(rows, n_chunks, xs, xd, ldq, acc); break;
+    case LMS_TYPE_Q4_0: mv_accum<LMS_TYPE_Q4_0, NT, RR>(rows, n_chunks, xs, xd, ldq, acc); break;
+    default: break;
+    }
+}
+
+/* Sums acc over the block into red[0][i] (i < RR*NT); ends with a barrier. */
+template <int NT, int RR>
+__device__ __forceinline__ void block_reduce(float (&acc)[RR][NT], float (*red)[RR * NT])
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int i = 0; i < RR; i++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float v = warp_sum(acc[i][t]);
+            if (lane == 0)
+                red[warp][i * NT + t] = v;
+        }
+    __syncthreads();
+    if (threadIdx.x < RR * NT) {
+        float s = red[0][threadIdx.x];
+#pragma unroll
+        for (int w = 1; w < MMVQ_WARPS; w++)
+            s += red[w][threadIdx.x];
+        red[0][threadIdx.x] = s;
+    }
+    __syncthreads();
+}
+
+template <int NT, int RR>
+__global__ void __launch_bounds__(MMVQ_THREADS, NT <= 2 ? 8 : (NT <= 4 ? 4 : 3)) mmvq_k(mv_args a)
+{
+    __shared__ float red[MMVQ_WARPS][RR * NT];
+    const int b = blockIdx.x;
+    const int m = b >= a.blk0[2] ? 2 : (b >= a.blk0[1] ? 1 : 0);
+    const int64_t nr = a.nr[m], r0 = (int64_t)(b - a.blk0[m]) * RR;
+    const uint8_t *rows[RR];
+#pragma unroll
+    for (int i = 0; i < RR; i++)
+        rows[i] = a.w[m] + (size_t)(r0 + i < nr ? r0 + i : nr - 1) * a.rb[m];
+    float acc[RR][NT];
+#pragma unroll
+    for (int i = 0; i < RR; i++)
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+            acc[i][t] = 0.0f;
+    mv_dispatch<NT, RR>(a.type[m], rows, a.n_chunks, a.xs, a.xd, a.ldq, acc);
+    block_reduce<NT, RR>(acc, red);
+    if (threadIdx.x < RR * NT) {
+        const int i = threadIdx.x / NT, t = threadIdx.x % NT;
+        if (r0 + i < nr) {
+            float *dst = a.y[m] + t * nr + r0 + i;
+            const float v = red[0][threadIdx.x];
+            *dst = a.accumulate ? *dst + v : v;
+        }
+    }
+}
+
+/* RH rows of gate (w[0]) and the same rows of up (w[1]); h = y[0]. */
+template <int NT, int RH>
+__global__ void __launch_bounds__(MMVQ_THREADS, NT <= 2 ? 8 : (NT <= 4 ? 4 : 3)) mmvq_glu_k(mv_args a)
+{
+    __shared__ float red[MMVQ_WARPS][2 * RH * NT];
+    const int64_t nr = a.nr[0], r0 = (int64_t)blockIdx.x * RH;
+    const uint8_t *rows[2 * RH];
+#pragma unroll
+    for (int i = 0; i < RH; i++) {
+        const int64_t r = r0 + i < nr ? r0 + i : nr - 1;
+        rows[i] = a.w[0] + (size_t)r * a.rb[0];
+        rows[RH + i] = a.w[1] + (size_t)r * a.rb[1];
+    }
+    float acc[2 * RH][NT];
+#pragma unroll
+    for (int i = 0; i < 2 * RH; i++)
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+            acc[i][t] = 0.0f;
+    mv_dispatch<NT, 2 * RH>(a.type[0], rows, a.n_chunks, a.xs, a.xd, a.ldq, acc);
+    block_reduce<NT, 2 * RH>(acc, red);
+    if (threadIdx.x < RH * NT) {
+        const int i = threadIdx.x / NT, t = threadIdx.x % NT;
+        if (r0 + i < nr) {
+            const float g = red[0][i * NT + t], u = red[0][(RH + i) * NT + t];
+            a.y[0][t * nr + r0 + i] = g / (1.0f + expf(-g)) * u;
+        }
+    }
+}
+
+/* ---- warp-per-row variant (one or two tokens) -----------------------------------
+ * A warp owns R rows; its lanes take chunks lane, lane + 32, ... in groups
+ * of U whose loads are all issued before any is used, so each lane keeps
+ * U chunk loads per row in flight; no shared memory, no barrier. */
+template <int T, int NT, int R, int U>
+__device__ __forceinline__ void mw_accum(const uint8_t *const *rows, int n_chunks,
+                                         const int8_t *__restrict__ xs,
+                                         const float2 *__restrict__ xd, int64_t ldq,
+                                         float (&acc)[R][NT])
+{
+    typedef mq::ops<T> O;
+    const int lane = threadIdx.x & 31;
+    for (int c0 = lane; c0 < n_chunks; c0 += 32 * U) {
+        typename O::raw r[U][R];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (c0 + 32 * u < n_chunks)
+#pragma unroll
+                for (int i = 0; i < R; i++)
+                    O::load(rows[i], c0 + 32 * u, r[u][i]);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = c0 + 32 * u;
+            if (c < n_chunks) {
+                typename O::prep p[R];
+#pragma unroll
+                for (int i = 0; i < R; i++)
+                    O::unpack(r[u][i], c, p[i]);
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    typename O::act a;
+                    O::load_act(xs + t * ldq, xd + t * (ldq / 32), c, a);
+#pragma unroll
+                    for (int i = 0; i < R; i++)
+                        acc[i][t] += O::dotp(p[i], a);
+                }
+            }
+        }
+    }
+}
+
+template <int NT, int R, int U>
+__device__ __forceinline__ void mw_dispatch(int type, const uint8_t *const *rows, int n_chunks,
+                                            const int8_t *__restrict__ xs,
+                                            const float2 *__restrict__ xd, int64_t ldq,
+                                            float (&acc)[R][NT])
+{
+    switch (type) {
+    case LMS_TYPE_Q4_K: mw_accum<LMS_TYPE_Q4_K, NT, R, U>(rows, n_chunks, xs, xd, ldq, acc); break;
+    case LMS_TYPE_Q6_K: mw_accum<LMS_TYPE_Q6_K, NT, R, U>(rows, n_chunks, xs, xd, ldq, acc); break;
+    case LMS_TYPE_Q5_K: mw_accum<LMS_TYPE_Q5_K, NT, R, U>(rows, n_chunks, xs, xd, ldq, acc); break;
+    case LMS_TYPE_Q8_0: mw_accum<LMS_TYPE_Q8_0, NT, R, U>(rows, n_chunks, xs, xd, ldq, acc); break;
+    case LMS_TYPE_Q4_0: mw_accum<LMS_TYPE_Q4_0, NT, R, U>(rows, n_chunks, xs, xd, ldq, acc); break;
+    default: break;
+    }
+}
+
+/* blk0[] and the row groups count warps here (group = global warp id). */
+template <int NT>
+__global__ void __launch_bounds__(MMVQ_THREADS, 6) mmvw_k(mv_args a)
+{
+    const int wid = blockIdx.x * MMVQ_WARPS + (threadIdx.x >> 5);
+    const int m = wid >= a.blk0[2] ? 2 : (wid >= a.blk0[1] ? 1 : 0);
+    const int64_t nr = a.nr[m], r0 = (int64_t)(wid - a.blk0[m]);
+    if (r0 >= nr)
+        return;
+    const uint8_t *rows[1] = {a.w[m] + (size_t)r0 * a.rb[m]};
+    float acc[1][NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+        acc[0][t] = 0.0f;
+    mw_dispatch<NT, 1, 4>(a.type[m], rows, a.n_chunks, a.xs, a.xd, a.ldq, acc);
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const float v = warp_sum(acc[0][t]);
+        if ((threadIdx.x & 31) == 0) {
+            float *dst = a.y[m] + t * nr + r0;
+            *dst = a.accumulate ? *dst + v : v;
+        }
+    }
+}
+
+/* Row r0 of gate and of up per warp; h = y[0]. */
+template <int NT>
+__global__ void __launch_bounds__(MMVQ_THREADS, 6) mmvw_glu_k(mv_args a)
+{
+    const int64_t nr = a.nr[0], r0 = (int64_t)blockIdx.x * MMVQ_WARPS + (threadIdx.x >> 5);
+    if (r0 >= nr)
+        return;
+    const uint8_t *rows[2] = {a.w[0] + (size_t)r0 * a.rb[0], a.w[1] + (size_t)r0 * a.rb[1]};
+    float acc[2][NT];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+            acc[i][t] = 0.0f;
+    mw_dispatch<NT, 2, 2>(a.type[0], rows, a.n_chunks, a.xs, a.xd, a.ldq, acc);
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const float gv = warp_sum(acc[0][t]), uv = warp_sum(acc[1][t]);
+        if ((threadIdx.x & 31) == 0)
+            a.y[0][t * nr + r0] = gv / (1.0f + expf(-gv)) * uv;
+    }
+}
+
+/* ---- activation quantization ------------------------------------------------------ */
+
+__device__ __forceinline__ void quant_lane(float v, int8_t *qs, float2 *ds, int64_t flat)
+{
+    const float am = warp_max(fabsf(v));
+    const float d = am / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+    const int q = __float2int_rn(v * id);
+    const float s = warp_sum((float)q);
+    qs[flat] = (int8_t)q;
+    if ((threadIdx.x & 31) == 0)
+        ds[flat >> 5] = make_float2(d, d * s);
+}
+
+/* One warp per 32 values; x is [n_tok][n] flat (n % 32 == 0). */
+__global__ void quant_q8_k(const float *__restrict__ x, int8_t *__restrict__ qs,
+                           float2 *__restrict__ ds, int64_t n_blk)
+{
+    const int64_t blk = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (blk >= n_blk)
+        return;
+    const int64_t i = blk * 32 + (threadIdx.x & 31);
+    quant_lane(x[i], qs, ds, i);
+}
+
+/* RMSNorm of a row, written as f32 and as q8 (n % 32 == 0). */
+__global__ void rms_norm_q8_k(const float *__restrict__ x, const float *__restrict__ w,
+                              float *__restrict__ out, int8_t *__restrict__ qs,
+                              float2 *__restrict__ ds, int64_t n, float eps)
+{
+    __shared__ float part[32];
+    const float *xr = x + blockIdx.x * n;
+    float s = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+        s = fmaf(xr[i], xr[i], s);
+    s = warp_sum(s);
+    if ((threadIdx.x & 31) == 0)
+        part[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.0f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0)
+            part[0] = v;
+    }
+    __syncthreads();
+    const float scale = 1.0f / sqrtf(part[0] / (float)n + eps);
+    const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int64_t b = warp; b < n / 32; b += nw) {
+        const int64_t i = b * 32 + (threadIdx.x & 31);
+        const float y = xr[i] * scale * (w ? w[i] : 1.0f);
+        out[blockIdx.x * n + i] = y;
+        quant_lane(y, qs, ds, blockIdx.x * n + i);
+    }
+}
+
+/* ---- host side -------------------------------------------------------------------- */
+
+static inline int8_t *q8_qs(const void *xq)
+{
+    return (int8_t *)xq;
+}
+static inline float2 *q8_ds(const void *xq, int64_t n_tok, int64_t n)
+{
+    return (float2 *)((int8_t *)xq + n_tok * n);
+}
+
+extern "C" size_t lcu_q8_bytes(int64_t n_tok, int64_t n)
+{
+    return (size_t)(n_tok * n) + (size_t)(n_tok * (n / 32)) * sizeof(float2);
+}
+
+extern "C" bool lcu_q8_type(int type)
+{
+    return mq::has_ops(type);
+}
+
+extern "C" void lcu_quantize_q8(lcu *g, const float *x, void *xq, int64_t n_tok, int64_t n)
+{
+    const int64_t nb = n_tok * n / 32;
+    if (nb > 0)
+        quant_q8_k<<<(unsigned)lcu_cdiv(nb, 8), 256, 0, g->stream>>>(x, q8_qs(xq),
+                                                                     q8_ds(xq, n_tok, n), nb);
+}
+
+extern "C" void lcu_rms_norm_q8(lcu *g, const float *x, const float *w, float *out, void *xq,
+                                int64_t n_rows, int64_t n, float eps)
+{
+    if (!xq || n % 32 != 0) {
+        lcu_rms_norm(g, x, w, out, n_rows, n, eps);
+        return;
+    }
+    if (n_rows > 0)
+        rms_norm_q8_k<<<(unsigned)n_rows, 256, 0, g->stream>>>(x, w, out, q8_qs(xq),
+                                                               q8_ds(xq, n_rows, n), n, eps);
+}
+
+/* Whether the int8 kernels take this product. */
+static bool q8_ok(const lcu *g, const lcu_mat *w, int64_t n_tok)
+{
+    return g->q8 && n_tok >= 1 && n_tok <= LCU_MATVEC_MAX && mq::has_ops(w->type) &&
+           w->n_cols % 32 == 0 && w->n_cols / 32 < INT_MAX;
+}
+
+template <int NT> static void launch_mv(lcu *g, const mv_args &a, int blocks)
+{
+    mmvq_k<NT, (NT <= 2 ? 2 : 4)><<<(unsigned)blocks, MMVQ_THREADS, 0, g->stream>>>(a);
+}
+
+template <int NT> static void launch_glu(lcu *g, const mv_args &a, int blocks)
+{
+    mmvq_glu_k<NT, (NT <= 2 ? 1 : 2)><<<(unsigned)blocks, MMVQ_THREADS, 0, g->stream>>>(a);
+}
+
+static bool use_warp(const lcu *g, int64_t n_tok)
+{
+    return n_tok <= 2 && g->mv_warp;
+}
+
+static void mv_launch(lcu *g, int n_mat, const lcu_mat *const *w, const void *xq, int64_t n_tok,
+                      float *const *y, bool acc)
+{
+    const bool wk = use_warp(g, n_tok);
+    const int rr = wk ? 1 : (n_tok <= 2 ? 2 : 4);
+    mv_args a;
+    memset(&a, 0, sizeof a);
+    int blocks = 0;
+    for (int m = 0; m < 3; m++) {
+        if (m < n_mat) {
+            a.w[m] = (const uint8_t *)w[m]->data;
+            a.rb[m] = w[m]->row_bytes;
+            a.y[m] = y[m];
+            a.nr[m] = w[m]->n_rows;
+            a.type[m] = w[m]->type;
+            a.blk0[m] = blocks;
+            blocks += (int)lcu_cdiv(w[m]->n_rows, rr);
+        } else {
+            a.blk0[m] = INT_MAX;
+        }
+    }
+    const int64_t k = w[0]->n_cols;
+    a.n_chunks = (int)(k / 32);
+    a.xs = q8_qs(xq);
+    a.xd = q8_ds(xq, n_tok, k);
+    a.ldq = k;
+    a.accumulate = acc;
+    if (wk) {
+        const unsigned nb = (unsigned)lcu_cdiv(blocks, MMVQ_WARPS);
+        if (n_tok == 1)
+            mmvw_k<1><<<nb, MMVQ_THREADS, 0, g->stream>>>(a);
+        else
+            mmvw_k<2><<<nb, MMVQ_THREADS, 0, g->stream>>>(a);
+        return;
+    }
+    switch (n_tok) {
+    case 1: launch_mv<1>(g, a, blocks); break;
+    case 2: launch_mv<2>(g, a, blocks); break;
+    case 3: launch_mv<3>(g, a, blocks); break;
+    case 4: launch_mv<4>(g, a, blocks); break;
+    case 5: launch_mv<5>(g, a, blocks); break;
+    case 6: launch_mv<6>(g, a, blocks); break;
+    case 7: launch_mv<7>(g, a, blocks); break;
+    default: launch_mv<8>(g, a, blocks); break;
+    }
+}
+
+/* lcu_matmul's decode path for int8-capable types: quantize x into the
+ * lcu's scratch, then the int8 kernel. Returns 1 when it did not apply. */
+int lcu_matmul_q8_auto(lcu *g, const lcu_mat *w, const float *x, int64_t n_tok, float *y, bool acc)
+{
+    if (!q8_ok(g, w, n_tok) || !g->xq || n_tok * w->n_cols * 5 / 4 > (int64_t)g->xq_bytes)
+        return 1;
+    lcu_quantize_q8(g, x, g->xq, n_tok, w->n_cols);
+    mv_launch(g, 1, &w, g->xq, n_tok, &y, acc);
+    return 0;
+}
+
+extern "C" int lcu_matmul_q8(lcu *g, int n_mat, const lcu_mat *const *w, const float *x,
+                             const void *xq, int64_t n_tok, float *const *y, bool accumulate)
+{
+    bool all = xq != NULL && n_mat >= 1 && n_mat <= 3;
+    for (int m = 0; all && m < n_mat; m++)
+        all = q8_ok(g, w[m], n_tok) && w[m]->n_cols == w[0]->n_cols;
+    if (all) {
+        mv_launch(g, n_mat, w, xq, n_tok, y, accumulate);
+        return 0;
+    }
+    int rc = 0;
+    for (int m = 0; m < n_mat; m++) {
+        if (xq && q8_ok(g, w[m], n_tok))
+            mv_launch(g, 1, &w[m], xq, n_tok, &y[m], accumulate);
+        else
+            rc |= lcu_matmul(g, w[m], x, n_tok, y[m], accumulate);
+    }
+    return rc;
+}
+
+extern "C" int lcu_ffn_gate_up(lcu *g, const lcu_mat *wg, const lcu_mat *wu, const float *x,
+                               const void *xq, int64_t n_tok, float *h, float *up, void *hq)
+{
+    const int64_t f = wg->n_rows;
+    if (xq && q8_ok(g, wg, n_tok) && q8_ok(g, wu, n_tok) && wg->type == wu->type &&
+        wg->n_cols == wu->n_cols && wg->n_rows == wu->n_rows) {
+        mv_args a;
+        memset(&a, 0, sizeof a);
+        a.w[0] = (const uint8_t *)wg->data;
+        a.w[1] = (const uint8_t *)wu->data;
+        a.rb[0] = wg->row_bytes;
+        a.rb[1] = wu->row_bytes;
+        a.y[0] = h;
+        a.nr[0] = a.nr[1] = f;
+        a.type[0] = a.type[1] = wg->type;
+        a.n_chunks = (int)(wg->n_cols / 32);
+        a.xs = q8_qs(xq);
+        a.xd = q8_ds(xq, n_tok, wg->n_cols);
+        a.ldq = wg->n_cols;
+        const int rh = n_tok <= 2 ? 1 : 2, blocks = (int)lcu_cdiv(f, rh);
+        if (use_warp(g, n_tok)) {
+            const unsigned nb = (unsigned)lcu_cdiv(f, MMVQ_WARPS);
+            if (n_tok == 1)
+                mmvw_glu_k<1><<<nb, MMVQ_THREADS, 0, g->stream>>>(a);
+            else
+                mmvw_glu_k<2><<<nb, MMVQ_THREADS, 0, g->stream>>>(a);
+        } else
+        switch (n_tok) {
+        case 1: launch_glu<1>(g, a, blocks); break;
+        case 2: launch_glu<2>(g, a, blocks); break;
+        case 3: launch_glu<3>(g, a, blocks); break;
+        case 4: launch_glu<4>(g, a, blocks); break;
+        case 5: launch_glu<5>(g, a, blocks); break;
+        case 6: launch_glu<6>(g, a, blocks); break;
+        case 7: launch_glu<7>(g, a, blocks); break;
+        default: launch_glu<8>(g, a, blocks); break;
+        }
+    } else {
+        const lcu_mat *ws[2] = {wg, wu};
+        float *ys[2] = {h, up};
+        int rc = lcu_matmul_q8(g, 2, ws, x, xq, n_tok, ys, false);
+        if (rc)
+            return rc;
+        lcu_swiglu(g, h, up, n_tok * f);
+    }
+    if (hq && f % 32 == 0)
+        lcu_quantize_q8(g, h, hq, n_tok, f);
+    return 0;
+}
