@@ -53,6 +53,9 @@ struct fwd_gpu {
     lcu *g;
     gpu_layer *layers; /* [n_gpu] */
     lcu_mat output;
+    const float *out_norm; /* device copy of output_norm (fused head), or NULL */
+    bool fuse_head;        /* decode steps end with final norm + head on the GPU */
+    int32_t pre_n;         /* logits rows of this step already in logits_h, or -1 */
     void *out_mem;
     size_t out_bytes;
     bool has_output;
@@ -190,7 +193,8 @@ static int make_plan(lms_ctx *c, size_t free_bytes, const sizes *z, char *err, s
         pl->n_layer_gpu = 0;
         return 0;
     }
-    size_t ob = weight_bytes(&m->output);
+    size_t ob = weight_bytes(&m->output) +
+                (m->output_norm.data ? align_up((size_t)m->hp.n_embd * 4) : 0);
     pl->output_gpu = lcu_type_supported(m->output.type) && used + ob <= usable;
     if (pl->output_gpu) {
         used += ob;
@@ -349,13 +353,23 @@ static int create(lms_ctx *c, fwd_gpu *gp, int32_t n_blocks, char *err, size_t e
         if ((rc = upload_layer(gp, &m->layers[il], &gp->layers[il], err, errsz)) < 0)
             return rc;
     if (c->plan.output_gpu) {
-        gp->out_bytes = weight_bytes(&m->output);
+        gp->out_bytes = weight_bytes(&m->output) +
+                        (m->output_norm.data ? align_up((size_t)hp->n_embd * 4) : 0);
         if (!(gp->out_mem = lcu_alloc(gp->g, gp->out_bytes, err, errsz)))
             return LMS_ERR_NOMEM;
         char *cur = gp->out_mem;
         gp->output = as_lmat(&m->output, put(gp, &m->output, &cur));
         gp->has_output = true;
+        /* all layers and the head on the GPU: a decode step runs the final
+         * norm and the head in its graph too and brings back only logits */
+        const char *fh = getenv("LMS_CUDA_FUSE_HEAD");
+        if (m->output_norm.data && m->output_norm.type == LMS_TYPE_F32 &&
+            m->output_norm.ne[0] == hp->n_embd && (!fh || atoi(fh) != 0)) {
+            gp->out_norm = put(gp, &m->output_norm, &cur);
+            gp->fuse_head = gp->out_norm && c->n_gpu == hp->n_layer && gp->xq;
+        }
     }
+    gp->pre_n = -1;
     if (m->rope_freqs.data) {
         gp->freq_bytes = (size_t)m->rope_freqs.ne[0] * 4;
         if (!(gp->freq_factors = lcu_alloc(gp->g, gp->freq_bytes, err, errsz)))
@@ -486,7 +500,9 @@ static int gpu_layer_run(lms_ctx *c, int il, const lcu_batch *db, int n_split)
 static int choose_split(int32_t n_tok, int32_t max_npos)
 {
     int cap = lcu_attn_max_split(n_tok);
-    int per = n_tok <= LCU_MATVEC_MAX ? 128 : 512;
+    /* decode: few positions per split (each block's 4 warps walk them one
+     * by one), so even short contexts give n_kv_head x splits blocks */
+    int per = n_tok <= LCU_MATVEC_MAX ? 16 : 512;
     int s = (max_npos + per - 1) / per;
     s = s < 1 ? 1 : (s > cap ? cap : s);
     if (n_tok <= LCU_MATVEC_MAX) {
@@ -505,21 +521,36 @@ static int graph_slot(int32_t n_tok, int n_split)
     int k = 0;
     while ((1 << k) < n_split)
         k++;
-    int slot = (n_tok - 1) * 6 + k;
-    return n_tok >= 1 && n_tok <= LCU_MATVEC_MAX && k < 6 && slot < LCU_GRAPH_MAX ? slot : -1;
+    int slot = (n_tok - 1) * 7 + k;
+    return n_tok >= 1 && n_tok <= LCU_MATVEC_MAX && k < 7 && slot < LCU_GRAPH_MAX ? slot : -1;
 }
 
-static int run_layers(lms_ctx *c, const lcu_batch *db, int n_split)
+/* Final RMSNorm of every row and the head over all of them into
+ * gp->logits (decode batches: the head's weights are read once anyway). */
+static int run_head(lms_ctx *c, int32_t n)
+{
+    fwd_gpu *gp = c->gpu;
+    const lms_hparams *hp = &c->m->hp;
+    lcu_rms_norm_q8(gp->g, gp->x, gp->out_norm, gp->xn, gp->xq, n, hp->n_embd, hp->rms_eps);
+    const lcu_mat *wo[1] = {&gp->output};
+    float *lo[1] = {gp->logits};
+    return lcu_matmul_q8(gp->g, 1, wo, gp->xn, gp->xq, n, lo, false) ? LMS_ERR_DEVICE : 0;
+}
+
+static int run_layers(lms_ctx *c, const lcu_batch *db, int n_split, bool head)
 {
     int rc = 0;
     for (int il = 0; il < c->n_gpu && rc == 0; il++)
         rc = gpu_layer_run(c, il, db, n_split);
+    if (rc == 0 && head)
+        rc = run_head(c, db->n_tok);
     return rc;
 }
 
 int fwd_gpu_layers(lms_ctx *c, const lms_batch *b)
 {
     fwd_gpu *gp = c->gpu;
+    gp->pre_n = -1;
     if (c->n_gpu == 0)
         return 0;
     const size_t bytes = (size_t)b->n_tokens * (size_t)c->m->hp.n_embd * sizeof(float);
@@ -536,9 +567,10 @@ int fwd_gpu_layers(lms_ctx *c, const lms_batch *b)
      * arguments depend only on the batch size and split count (positions
      * and block tables are read from device memory) */
     const int slot = gp->graphs ? graph_slot(b->n_tokens, n_split) : -1;
+    const bool head = gp->fuse_head && b->n_tokens <= LCU_MATVEC_MAX;
     bool done = false;
     if (slot >= 0 && !lcu_graph_ready(gp->g, slot) && lcu_graph_begin(gp->g) == 0) {
-        rc = run_layers(c, &db, n_split);
+        rc = run_layers(c, &db, n_split, head);
         if (lcu_graph_end(gp->g, slot) < 0 || rc != 0) {
             gp->graphs = false; /* capture failed: run directly from now on */
             rc = 0;
@@ -549,16 +581,30 @@ int fwd_gpu_layers(lms_ctx *c, const lms_batch *b)
         done = true;
     }
     if (!done)
-        rc = run_layers(c, &db, n_split);
+        rc = run_layers(c, &db, n_split, head);
     if (rc == 0 && lcu_download(gp->g, gp->x_h, gp->x, bytes) < 0)
         rc = LMS_ERR_DEVICE;
+    /* the rows forward.c will ask logits for (its rule), compacted; they
+     * come back with the residual, under the same single wait */
+    int32_t n_lg = 0;
+    const size_t nv = (size_t)c->m->hp.n_vocab;
+    for (int32_t t = 0; head && rc == 0 && t < b->n_tokens; t++) {
+        if (!(b->logits ? b->logits[t] : t == b->n_tokens - 1))
+            continue;
+        if (lcu_download(gp->g, gp->logits_h + (size_t)n_lg * nv, gp->logits + (size_t)t * nv,
+                         nv * sizeof(float)) < 0)
+            rc = LMS_ERR_DEVICE;
+        n_lg++;
+    }
     char err[256];
     if (lcu_sync(gp->g, err, sizeof err) < 0) {
         fprintf(stderr, "lmserv: %s\n", err);
         return LMS_ERR_DEVICE;
     }
-    if (rc == 0)
+    if (rc == 0) {
         memcpy(c->x, gp->x_h, bytes);
+        gp->pre_n = head ? n_lg : -1;
+    }
     return rc;
 }
 
@@ -571,6 +617,12 @@ int fwd_gpu_output(lms_ctx *c, const float *xn, int32_t n, float *logits)
 {
     fwd_gpu *gp = c->gpu;
     const size_t e = (size_t)c->m->hp.n_embd, nv = (size_t)c->m->hp.n_vocab;
+    if (gp->pre_n >= 0 && gp->pre_n == n) { /* computed in this step's graph */
+        memcpy(logits, gp->logits_h, (size_t)n * nv * sizeof(float));
+        gp->pre_n = -1;
+        return 0;
+    }
+    gp->pre_n = -1;
     for (int32_t r0 = 0; r0 < n; r0 += HEAD_CHUNK) {
         int32_t k = n - r0 < HEAD_CHUNK ? n - r0 : HEAD_CHUNK;
         memcpy(gp->x_h, xn + (size_t)r0 * e, (size_t)k * e * sizeof(float));

@@ -204,7 +204,7 @@ __global__ void attn_merge_k(lcu_attn_shape s, const float *__restrict__ part, f
 
 extern "C" int lcu_attn_max_split(int64_t n_tok)
 {
-    return n_tok <= LCU_MATVEC_MAX ? 32 : 4;
+    return n_tok <= LCU_MATVEC_MAX ? 64 : 4;
 }
 
 extern "C" void lcu_attention(lcu *g, const lcu_batch *b, const lcu_attn_shape *s, const float *q,

@@ -51,6 +51,15 @@ static inline int64_t lcu_cdiv(int64_t a, int64_t b)
     return (a + b - 1) / b;
 }
 
+/* Threads of a one-block-per-row reduction over n values: about four
+ * values a thread, a multiple of 32, at most 1024 (the single block of a
+ * decode row is latency-bound: wide blocks cut its serial loop). */
+static inline unsigned lcu_rows_threads(int64_t n)
+{
+    int64_t t = (n / 4 + 31) / 32 * 32;
+    return (unsigned)(t < 64 ? 64 : (t > 1024 ? 1024 : t));
+}
+
 __device__ __forceinline__ float warp_sum(float v)
 {
 #pragma unroll

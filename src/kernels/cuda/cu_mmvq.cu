@@ -332,6 +332,71 @@ __global__ void rms_norm_q8_k(const float *__restrict__ x, const float *__restri
     }
 }
 
+/* The same in one pass over registers (n % 32 == 0, n <= 4 * 4 * blockDim):
+ * each thread holds up to RN_V float4 of the row; a q8 block of 32 values
+ * is 8 neighbouring lanes, so its max and sum take 3 shuffles. */
+#define RN_V 4
+__global__ void __launch_bounds__(1024) rms_norm_q8_reg_k(const float *__restrict__ x,
+                                                          const float *__restrict__ w,
+                                                          float *__restrict__ out,
+                                                          int8_t *__restrict__ qs,
+                                                          float2 *__restrict__ ds, int n, float eps)
+{
+    __shared__ float part[32];
+    const int n4 = n >> 2;
+    const float4 *xr = (const float4 *)(x + (size_t)blockIdx.x * n);
+    float4 v[RN_V];
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < RN_V; k++) {
+        const int c = threadIdx.x + k * blockDim.x;
+        v[k] = c < n4 ? xr[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        s = fmaf(v[k].x, v[k].x, fmaf(v[k].y, v[k].y, fmaf(v[k].z, v[k].z, fmaf(v[k].w, v[k].w, s))));
+    }
+    s = warp_sum(s);
+    if ((threadIdx.x & 31) == 0)
+        part[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float t = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.0f;
+        t = warp_sum(t);
+        if (threadIdx.x == 0)
+            part[0] = t;
+    }
+    __syncthreads();
+    const float scale = 1.0f / sqrtf(part[0] / (float)n + eps);
+#pragma unroll
+    for (int k = 0; k < RN_V; k++) {
+        const int c = threadIdx.x + k * blockDim.x;
+        if (k * blockDim.x >= (unsigned)n4) /* uniform over the block */
+            break;
+        const bool ok = c < n4;
+        float4 y = v[k];
+        const float4 wv = (w && ok) ? ((const float4 *)w)[c] : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+        y.x = y.x * scale * wv.x, y.y = y.y * scale * wv.y;
+        y.z = y.z * scale * wv.z, y.w = y.w * scale * wv.w;
+        float am = fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w)));
+#pragma unroll
+        for (int o = 4; o > 0; o >>= 1)
+            am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, o));
+        const float d = am / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        const int q0 = __float2int_rn(y.x * id), q1 = __float2int_rn(y.y * id);
+        const int q2 = __float2int_rn(y.z * id), q3 = __float2int_rn(y.w * id);
+        float qs_sum = (float)(q0 + q1 + q2 + q3);
+#pragma unroll
+        for (int o = 4; o > 0; o >>= 1)
+            qs_sum += __shfl_xor_sync(0xffffffffu, qs_sum, o);
+        if (ok) {
+            const size_t flat = (size_t)blockIdx.x * n + (size_t)c * 4;
+            *(float4 *)(out + flat) = y;
+            *(char4 *)(qs + flat) = make_char4((signed char)q0, (signed char)q1, (signed char)q2,
+                                               (signed char)q3);
+            if ((threadIdx.x & 7) == 0)
+                ds[flat >> 5] = make_float2(d, d * qs_sum);
+        }
+    }
+}
+
 /* ---- host side -------------------------------------------------------------------- */
 
 static inline int8_t *q8_qs(const void *xq)
@@ -368,8 +433,22 @@ extern "C" void lcu_rms_norm_q8(lcu *g, const float *x, const float *w, float *o
         lcu_rms_norm(g, x, w, out, n_rows, n, eps);
         return;
     }
+    const unsigned th = lcu_rows_threads(n);
+    static int reg = -1;
+    if (reg < 0) {
+        const char *e = getenv("LMS_CUDA_RMS_REG");
+        reg = !e || atoi(e) != 0;
+    }
+    /* one pass over registers: whole float4 per lane, 8 lanes per q8 block */
+    if (n_rows > 0 && reg && n % 32 == 0 && n <= (int64_t)RN_V * 4 * 1024 &&
+        ((uintptr_t)x | (uintptr_t)w | (uintptr_t)out) % 16 == 0) {
+        const unsigned t = (unsigned)((n / 4 + RN_V - 1) / RN_V + 31) / 32 * 32;
+        rms_norm_q8_reg_k<<<(unsigned)n_rows, t < 32 ? 32 : t, 0, g->stream>>>(
+            x, w, out, q8_qs(xq), q8_ds(xq, n_rows, n), (int)n, eps);
+        return;
+    }
     if (n_rows > 0)
-        rms_norm_q8_k<<<(unsigned)n_rows, 256, 0, g->stream>>>(x, w, out, q8_qs(xq),
+        rms_norm_q8_k<<<(unsigned)n_rows, th, 0, g->stream>>>(x, w, out, q8_qs(xq),
                                                                q8_ds(xq, n_rows, n), n, eps);
 }
 

@@ -38,7 +38,7 @@ extern "C" void lcu_rms_norm(lcu *g, const float *x, const float *w, float *out,
                              int64_t n, float eps)
 {
     if (n_rows > 0)
-        rms_norm_k<<<(unsigned)n_rows, 256, 0, g->stream>>>(x, w, out, n, eps);
+        rms_norm_k<<<(unsigned)n_rows, lcu_rows_threads(n), 0, g->stream>>>(x, w, out, n, eps);
 }
 
 __global__ void add_bias_k(float *y, const float *b, int64_t n_tok, int64_t n)
@@ -84,10 +84,12 @@ extern "C" void lcu_swiglu(lcu *g, float *ga, const float *up, int64_t n)
 
 /* ---- Q/K/V epilogue -------------------------------------------------------------- */
 
-#define QKV_WARPS 8
+#define QKV_WARPS 4
 
-/* One block per token; warp w handles heads w, w + 8, ... of q, then k,
- * then v (v is only stored). The head is staged in shared memory. */
+/* Grid (token, head group): one warp per head of q, then k, then v (v is
+ * only stored), QKV_WARPS heads per block, so a decode step spreads its
+ * heads over many SMs instead of walking them in one block. The head is
+ * staged in shared memory. */
 __global__ void __launch_bounds__(32 * QKV_WARPS)
     qkv_post_k(lcu_batch b, lcu_attn_shape s, float *__restrict__ q, const float *__restrict__ k,
                const float *__restrict__ v, const float *__restrict__ q_norm,
@@ -102,7 +104,10 @@ __global__ void __launch_bounds__(32 * QKV_WARPS)
     const size_t cell = ((size_t)blk * 16 + (size_t)(pos % 16)) * (size_t)kvd;
     float *buf = sh[warp];
     const float theta_scale = powf(s.rope_base, -2.0f / (float)s.n_rot);
-    for (int h = warp; h < s.n_head + 2 * s.n_head_kv; h += QKV_WARPS) {
+    {
+        const int h = blockIdx.y * QKV_WARPS + warp;
+        if (h >= s.n_head + 2 * s.n_head_kv)
+            return;
         const bool is_q = h < s.n_head, is_v = h >= s.n_head + s.n_head_kv;
         const int hk = is_q ? h : (is_v ? h - s.n_head - s.n_head_kv : h - s.n_head);
         const float *src = is_q ? q + ((size_t)t * s.n_head + h) * hd
@@ -110,7 +115,7 @@ __global__ void __launch_bounds__(32 * QKV_WARPS)
         if (is_v) {
             for (int d = lane; d < hd; d += 32)
                 vc[cell + (size_t)hk * hd + d] = __half_as_ushort(__float2half_rn(src[d]));
-            continue;
+            return;
         }
         for (int d = lane; d < hd; d += 32)
             buf[d] = src[d];
@@ -152,7 +157,8 @@ extern "C" void lcu_qkv_post(lcu *g, const lcu_batch *b, const lcu_attn_shape *s
                              const float *k, const float *v, const float *q_norm,
                              const float *k_norm, uint16_t *kc, uint16_t *vc)
 {
+    const int heads = s->n_head + 2 * s->n_head_kv;
+    dim3 grid((unsigned)b->n_tok, (unsigned)((heads + QKV_WARPS - 1) / QKV_WARPS));
     if (b->n_tok > 0)
-        qkv_post_k<<<(unsigned)b->n_tok, 32 * QKV_WARPS, 0, g->stream>>>(*b, *s, q, k, v, q_norm,
-                                                                         k_norm, kc, vc);
+        qkv_post_k<<<grid, 32 * QKV_WARPS, 0, g->stream>>>(*b, *s, q, k, v, q_norm, k_norm, kc, vc);
 }
