@@ -138,8 +138,12 @@ static void report(const bench_opts *o, const lms_model *m, const bench_result *
                name, m->name, (long long)o->threads, (long long)o->depth, lms_kernels_get()->isa,
                r->med, r->min, r->max, gbs, gfl, peak);
     } else {
-        printf("%-8s %8.2f t/s (min %.2f, max %.2f)  %7.2f GB/s of %.2f peak (%3.0f%%)  %8.1f GFLOP/s\n",
-               name, r->med, r->min, r->max, gbs, peak, peak > 0 ? 100 * gbs / peak : 0, gfl);
+        if (peak > 0)
+            printf("%-8s %8.2f t/s (min %.2f, max %.2f)  %7.2f GB/s of %.2f peak (%3.0f%%)  %8.1f GFLOP/s\n",
+                   name, r->med, r->min, r->max, gbs, peak, 100 * gbs / peak, gfl);
+        else
+            printf("%-8s %8.2f t/s (min %.2f, max %.2f)  %7.2f GB/s of weights read  %8.1f GFLOP/s\n",
+                   name, r->med, r->min, r->max, gbs, gfl);
     }
 }
 
@@ -219,7 +223,8 @@ int cmd_bench(int argc, char **argv)
     int32_t n_ctx = (int32_t)(o.depth + (o.pp > o.tg ? o.pp : o.tg) + 16);
     if (app_load_gpu(o.model, n_ctx, (int32_t)o.batch, (int32_t)o.threads, &o.gpu, &m, &c) < 0)
         return 1;
-    double peak = measure_bandwidth();
+    /* the machine's read bandwidth is the ceiling of a CPU run only */
+    double peak = o.gpu.gpu_layers == 0 ? measure_bandwidth() : 0.0;
     if (!o.json)
         printf("model %s (%.2f MiB of weights), %lld threads, kernels %s, depth %lld\n", m->name,
                (double)m->weight_bytes / (1 << 20), (long long)o.threads, lms_kernels_get()->isa,
