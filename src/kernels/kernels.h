@@ -41,6 +41,15 @@ size_t lms_row_size(int type, int64_t n);
 /* Dot product of one weight row (type T) with one activation row already in
  * T's vec_dot type; n elements, a multiple of the block size. */
 typedef void (*lms_vec_dot_fn)(int64_t n, float *s, const void *w, const void *x);
+/* A tile of dot products: s[t * lds + r] = vec_dot(n, W row r, x row t) for
+ * r < n_rows, t < n_tok. W rows are ldw bytes apart, x rows (in the vec_dot
+ * type) ldx bytes apart. Each weight block is unpacked once for several
+ * tokens, each activation block loaded once for several rows: this is the
+ * prompt (matrix-matrix) path. Any n_rows, n_tok >= 1; the caller picks
+ * tile sizes that keep the tile's rows and tokens in L1/L2. Results equal
+ * vec_dot's within float rounding (integer parts exact). */
+typedef void (*lms_gemm_fn)(int64_t n, int64_t n_rows, int64_t n_tok, const void *w, size_t ldw,
+                            const void *x, size_t ldx, float *s, size_t lds);
 /* Convert n floats to a type (activation quantization, or quantize). */
 typedef void (*lms_from_float_fn)(const float *x, void *y, int64_t n);
 /* Convert n elements of a type to floats. */
@@ -51,13 +60,16 @@ typedef struct lms_kernel_table {
     lms_vec_dot_fn vec_dot[LMS_TYPE_COUNT];       /* by weight type */
     lms_from_float_fn from_float[LMS_TYPE_COUNT]; /* by destination type */
     lms_to_float_fn to_float[LMS_TYPE_COUNT];     /* by source type */
+    lms_gemm_fn gemm[LMS_TYPE_COUNT];             /* by weight type; NULL: none,
+                                                     matmul loops over vec_dot */
 } lms_kernel_table;
 
 /* The scalar reference table (always complete for every supported type). */
 const lms_kernel_table *lms_kernels_ref(void);
 /* The table for this CPU (or LMS_ISA's choice); entries a SIMD table lacks
- * are filled from the reference table, so every entry is non-NULL for every
- * supported type. Thread-safe after the first call. */
+ * are filled from the reference table, so every vec_dot, from_float and
+ * to_float entry is non-NULL for every supported type (gemm entries stay
+ * NULL where the ISA has none). Thread-safe after the first call. */
 const lms_kernel_table *lms_kernels_get(void);
 
 #endif

@@ -12,6 +12,7 @@
  * differently from separate multiplies and adds: results agree with the
  * reference to float rounding (tests use a relative tolerance).
  */
+#include "kernels/cpu/x86/gemm_x86.h"
 #include "kernels/cpu/x86/quant_x86.h"
 #include "kernels/kernels_impl.h"
 
@@ -121,6 +122,14 @@ static const lms_kernel_table k_avx512 = {
     .to_float = {
         [LMS_TYPE_F16] = to_float_f16_x86,
         [LMS_TYPE_BF16] = to_float_bf16_x86,
+    },
+    .gemm = {
+        [LMS_TYPE_F16] = gemm_f16_f16_avx512,
+        [LMS_TYPE_Q4_0] = gemm_q4_0_q8_0_avx512,
+        [LMS_TYPE_Q8_0] = gemm_q8_0_q8_0_avx512,
+        [LMS_TYPE_Q4_K] = gemm_q4_K_q8_K_avx512,
+        [LMS_TYPE_Q5_K] = gemm_q5_K_q8_K_avx512,
+        [LMS_TYPE_Q6_K] = gemm_q6_K_q8_K_avx512,
     },
 };
 /* clang-format on */
