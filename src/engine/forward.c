@@ -119,16 +119,18 @@ int lms_ctx_create(const lms_model *m, const lms_ctx_params *p, lms_ctx **out, c
     c->ga = alloc_f32(n * f);
     c->up = alloc_f32(n * f);
     c->hidden = alloc_f32(n * e);
-    size_t group = (size_t)(hp->n_head / hp->n_head_kv);
+    size_t group = (size_t)(hp->n_head / hp->n_head_kv) * ATT_TILE;
     c->scores = alloc_f32((size_t)c->n_threads * group * (size_t)p->n_ctx);
     c->qh = malloc((size_t)c->n_threads * group * hd * sizeof(uint16_t));
+    c->tiles = malloc(n * sizeof *c->tiles);
+    c->vconv = alloc_f32((size_t)c->n_threads * (size_t)p->n_ctx * hd);
     size_t qs = max_scratch(m, p->n_batch) * 3; /* Q, K, V may need three conversions */
     c->qbuf = aligned_alloc(64, (qs + 63) / 64 * 64);
     int32_t blocks = p->kv_blocks > 0 ? p->kv_blocks
                                       : (p->n_ctx + LMS_KV_BLOCK - 1) / LMS_KV_BLOCK * p->n_seq;
     int rc = LMS_ERR_NOMEM;
     if (c->x && c->xn && c->qb && c->kb && c->vb && c->att && c->ga && c->up && c->hidden &&
-        c->scores && c->qh && c->qbuf) {
+        c->scores && c->qh && c->tiles && c->vconv && c->qbuf) {
         rc = gpu_setup(c, blocks, err, errsz);
         if (rc < 0) {
             lms_ctx_destroy(c);
@@ -158,7 +160,7 @@ void lms_ctx_destroy(lms_ctx *c)
 #endif
     lms_kv_cache_deinit(&c->kv);
     void *bufs[] = {c->x, c->xn, c->qb, c->kb, c->vb, c->att, c->ga, c->up, c->hidden,
-                    c->scores, c->qh, c->qbuf};
+                    c->scores, c->qh, c->tiles, c->vconv, c->qbuf};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     free(c);
@@ -272,6 +274,32 @@ LMS_CLONES static void axpy_f16(int n, float a, const half_t *x, float *restrict
         y[i] += a * HALF_TO_F32(x[i]);
 }
 
+/* y += a x for an f32 row (V converted once per tile); same contraction as
+ * axpy_f16 on every level, so both paths round alike. */
+LMS_CLONES static void axpy_f32(int n, float a, const float *x, float *restrict y)
+{
+    for (int i = 0; i < n; i++)
+        y[i] += a * x[i];
+}
+
+/* y += a[0] x0 + ... + a[3] x3 for f32 rows (V converted once per tile). */
+LMS_CLONES static void axpy4_f32(int n, const float *a, const float *const *x, float *restrict y)
+{
+    const float *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3];
+    for (int i = 0; i < n; i++)
+        y[i] += a[0] * x0[i] + a[1] * x1[i] + a[2] * x2[i] + a[3] * x3[i];
+}
+
+/* y += a[0] x0 + a[1] x1 + a[2] x2 + a[3] x3: four V rows per pass over y,
+ * so the output row is loaded and stored a quarter as often. */
+LMS_CLONES static void axpy4_f16(int n, const float *a, const half_t *const *x, float *restrict y)
+{
+    const half_t *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3];
+    for (int i = 0; i < n; i++)
+        y[i] += a[0] * HALF_TO_F32(x0[i]) + a[1] * HALF_TO_F32(x1[i]) +
+                a[2] * HALF_TO_F32(x2[i]) + a[3] * HALF_TO_F32(x3[i]);
+}
+
 LMS_CLONES static void axpy_q8_0(int n, float a, const lms_block_q8_0 *x, float *restrict y)
 {
     for (int b = 0; b < n / LMS_QK8_0; b++) {
@@ -282,89 +310,177 @@ LMS_CLONES static void axpy_q8_0(int n, float a, const lms_block_q8_0 *x, float 
     }
 }
 
-/* Converts the group's queries to the cache type's dot-product form. */
-static void prepare_queries(lms_ctx *c, const float *q, int group, uint8_t *qc)
+/* Converts n query vectors (hd floats each, q_stride apart in groups) to
+ * the cache type's dot-product form, packed qrow bytes apart. */
+static void prepare_queries(lms_ctx *c, const float *q, int n, uint8_t *qc)
 {
     const int hd = c->m->hp.head_dim, type = c->kv.type;
     const size_t qrow = lms_row_size(type, hd);
-    for (int g = 0; g < group; g++) {
+    for (int i = 0; i < n; i++) {
         if (type == LMS_TYPE_F16) {
-            uint16_t *h = (uint16_t *)(qc + g * qrow);
+            uint16_t *h = (uint16_t *)(qc + i * qrow);
             for (int d = 0; d < hd; d++)
-                h[d] = lms_f32_to_f16(q[g * hd + d]);
+                h[d] = lms_f32_to_f16(q[i * hd + d]);
         } else {
-            lms_kernels_get()->from_float[type](q + g * hd, qc + g * qrow, hd);
+            lms_kernels_get()->from_float[type](q + i * hd, qc + i * qrow, hd);
         }
     }
 }
 
-static void attend_group(lms_ctx *c, int il, const lms_kv_seq *s, int32_t pos, const float *q,
-                         int kvh, int group, float *out, int tid)
+/* scores[qi][j] = scale * q_qi . K_j for j < n_max, by blocks of the cache:
+ * within a block the K rows are row_bytes apart, which is the stride the
+ * tile kernels take. The tile kernel's result for a (query, row) pair does
+ * not depend on the tile around it, so batching never changes a score. */
+static void tile_scores(lms_ctx *c, int il_host, const att_tile *a, int kvh, const uint8_t *qc,
+                        int n_q, float *w)
 {
     const int hd = c->m->hp.head_dim, type = c->kv.type;
-    const int32_t n = pos + 1, stride = c->p.n_ctx;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const int32_t n_max = a->pos0 + a->n_tok, stride = c->p.n_ctx;
     const size_t off = lms_row_size(type, (int64_t)kvh * hd), qrow = lms_row_size(type, hd);
-    const lms_vec_dot_fn dot = lms_kernels_get()->vec_dot[type];
-    float *w = c->scores + (size_t)tid * group * stride;
-    uint8_t *qc = (uint8_t *)(c->qh + (size_t)tid * group * hd);
+    const lms_kernel_table *k = lms_kernels_get();
+    for (int32_t j0 = 0; j0 < n_max; j0 += LMS_KV_BLOCK) {
+        int32_t nr = n_max - j0 < LMS_KV_BLOCK ? n_max - j0 : LMS_KV_BLOCK;
+        const uint8_t *kr = lms_kv_k(&c->kv, a->seq, il_host, j0) + off;
+        if (k->gemm[type]) {
+            k->gemm[type](hd, nr, n_q, kr, c->kv.row_bytes, qc, qrow, w + j0, (size_t)stride);
+        } else {
+            for (int32_t r = 0; r < nr; r++)
+                for (int qi = 0; qi < n_q; qi++)
+                    k->vec_dot[type](hd, &w[(size_t)qi * stride + j0 + r], kr + r * c->kv.row_bytes,
+                                     qc + qi * qrow);
+        }
+    }
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int qi = 0; qi < n_q; qi++)
+        for (int32_t j = 0; j < n_max; j++)
+            w[(size_t)qi * stride + j] *= scale;
+}
+
+/* Softmax over the n visible positions, weights rounded to f16 as llama.cpp. */
+static void softmax_f16(float *wg, int32_t n)
+{
+    float mx = -INFINITY;
+    for (int32_t j = 0; j < n; j++)
+        mx = wg[j] > mx ? wg[j] : mx;
+    double sum = 0.0;
+    for (int32_t j = 0; j < n; j++) {
+        wg[j] = expf(wg[j] - mx);
+        sum += (double)wg[j];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int32_t j = 0; j < n; j++)
+        wg[j] = lms_f16_to_f32(lms_f32_to_f16(wg[j] * inv));
+}
+
+/* out += sum_j w[j] V_j over positions [0, n) of V (this head's slice at
+ * byte offset off of each cached row). */
+static void accumulate_v(lms_ctx *c, int il_host, const lms_kv_seq *seq, size_t off,
+                         const float *w, int32_t n, float *out)
+{
+    const int hd = c->m->hp.head_dim;
+    int32_t j = 0;
+    if (c->kv.type == LMS_TYPE_F16) {
+        for (; j + 4 <= n; j += 4) {
+            const half_t *rows[4];
+            for (int r = 0; r < 4; r++)
+                rows[r] = (const half_t *)(lms_kv_v(&c->kv, seq, il_host, j + r) + off);
+            axpy4_f16(hd, w + j, rows, out);
+        }
+    }
+    for (; j < n; j++) {
+        const uint8_t *vr = lms_kv_v(&c->kv, seq, il_host, j) + off;
+        if (c->kv.type == LMS_TYPE_F16)
+            axpy_f16(hd, w[j], (const half_t *)vr, out);
+        else
+            axpy_q8_0(hd, w[j], (const lms_block_q8_0 *)vr, out);
+    }
+}
+
+static void accumulate_vf(int hd, const float *vf, const float *w, int32_t n, float *out)
+{
+    int32_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const float *rows[4] = {vf + (size_t)j * hd, vf + (size_t)(j + 1) * hd,
+                                vf + (size_t)(j + 2) * hd, vf + (size_t)(j + 3) * hd};
+        axpy4_f32(hd, w + j, rows, out);
+    }
+    for (; j < n; j++)
+        axpy_f32(hd, w[j], vf + (size_t)j * hd, out);
+}
+
+static void attend_tile(lms_ctx *c, int il, const att_tile *a, int kvh, int tid)
+{
+    const lms_hparams *hp = &c->m->hp;
+    const int hd = hp->head_dim, type = c->kv.type, group = hp->n_head / hp->n_head_kv;
+    const int64_t q_stride = (int64_t)hp->n_head * hd;
+    const int32_t stride = c->p.n_ctx, n_q = a->n_tok * group;
+    const size_t off = lms_row_size(type, (int64_t)kvh * hd), qrow = lms_row_size(type, hd);
+    float *w = c->scores + (size_t)tid * ATT_TILE * group * stride;
+    uint8_t *qc = (uint8_t *)(c->qh + (size_t)tid * ATT_TILE * group * hd);
     const int il_host = il - c->n_gpu;
-    prepare_queries(c, q, group, qc);
-    for (int32_t j = 0; j < n; j++) {
-        const uint8_t *kr = lms_kv_k(&c->kv, s, il_host, j) + off;
+    for (int32_t t = 0; t < a->n_tok; t++) /* the group's heads are adjacent in a token's Q */
+        prepare_queries(c, c->qb + (a->t0 + t) * q_stride + (int64_t)kvh * group * hd, group,
+                        qc + (size_t)t * group * qrow);
+    tile_scores(c, il_host, a, kvh, qc, n_q, w);
+    for (int qi = 0; qi < n_q; qi++)
+        softmax_f16(w + (size_t)qi * stride, a->pos0 + qi / group + 1);
+    for (int32_t t = 0; t < a->n_tok; t++)
+        memset(c->att + (a->t0 + t) * q_stride + (int64_t)kvh * group * hd, 0,
+               (size_t)group * hd * sizeof(float));
+    /* a tile of several tokens reads each V row many times: convert the
+     * rows it sees to f32 once */
+    float *vf = a->n_tok > 1 ? c->vconv + (size_t)tid * stride * hd : NULL;
+    if (vf)
+        for (int32_t j = 0; j < a->pos0 + a->n_tok; j++)
+            lms_kernels_get()->to_float[type](lms_kv_v(&c->kv, a->seq, il_host, j) + off,
+                                               vf + (size_t)j * hd, hd);
+    for (int32_t t = 0; t < a->n_tok; t++) {
+        const int32_t n = a->pos0 + t + 1; /* positions this token sees */
+        float *out = c->att + (a->t0 + t) * q_stride + (int64_t)kvh * group * hd;
         for (int g = 0; g < group; g++) {
-            float sj;
-            dot(hd, &sj, kr, qc + g * qrow);
-            w[g * stride + j] = sj * scale;
-        }
-    }
-    for (int g = 0; g < group; g++) { /* softmax, weights rounded to f16 as llama.cpp */
-        float *wg = w + g * stride, mx = -INFINITY;
-        for (int32_t j = 0; j < n; j++)
-            mx = wg[j] > mx ? wg[j] : mx;
-        double sum = 0.0;
-        for (int32_t j = 0; j < n; j++) {
-            wg[j] = expf(wg[j] - mx);
-            sum += (double)wg[j];
-        }
-        const float inv = (float)(1.0 / sum);
-        for (int32_t j = 0; j < n; j++)
-            wg[j] = lms_f16_to_f32(lms_f32_to_f16(wg[j] * inv));
-    }
-    memset(out, 0, (size_t)group * hd * sizeof *out);
-    for (int32_t j = 0; j < n; j++) {
-        const uint8_t *vr = lms_kv_v(&c->kv, s, il_host, j) + off;
-        for (int g = 0; g < group; g++) {
-            if (type == LMS_TYPE_F16)
-                axpy_f16(hd, w[g * stride + j], (const half_t *)vr, out + g * hd);
+            const float *wg = w + (size_t)(t * group + g) * stride;
+            if (vf)
+                accumulate_vf(hd, vf, wg, n, out + g * hd);
             else
-                axpy_q8_0(hd, w[g * stride + j], (const lms_block_q8_0 *)vr, out + g * hd);
+                accumulate_v(c, il_host, a->seq, off, wg, n, out + g * hd);
         }
     }
+}
+
+/* Splits the batch into tiles of consecutive positions of one sequence. */
+static int32_t make_tiles(const lms_batch *b, att_tile *tiles)
+{
+    int32_t n = 0;
+    for (int32_t t = 0; t < b->n_tokens;) {
+        att_tile a = {b->seq[t], b->pos[t], t, 1};
+        while (t + a.n_tok < b->n_tokens && a.n_tok < ATT_TILE && b->seq[t + a.n_tok] == a.seq &&
+               b->pos[t + a.n_tok] == a.pos0 + a.n_tok)
+            a.n_tok++;
+        tiles[n++] = a;
+        t += a.n_tok;
+    }
+    return n;
 }
 
 static void attention(lms_ctx *c, int il, const lms_batch *b)
 {
     const lms_hparams *hp = &c->m->hp;
-    const int nkv = hp->n_head_kv, hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
-    const int64_t q = (int64_t)hp->n_head * hd;
-    const int64_t n_work = (int64_t)b->n_tokens * nkv;
+    const int nkv = hp->n_head_kv;
+    att_tile *tiles = c->tiles;
+    const int32_t n_tiles = make_tiles(b, tiles);
+    const int64_t n_work = (int64_t)n_tiles * nkv;
     int64_t n_pos = 0;
     for (int32_t t = 0; t < b->n_tokens; t++)
         n_pos += b->pos[t] + 1;
-    const bool par = n_pos * hp->n_head * hd >= 65536;
+    const bool par = n_pos * hp->n_head * hp->head_dim >= 65536;
 #pragma omp parallel for schedule(dynamic, 1) if (par)
     for (int64_t wi = 0; wi < n_work; wi++) {
-        int64_t t = wi / nkv;
-        int kvh = (int)(wi % nkv);
 #ifdef _OPENMP
         int tid = omp_get_thread_num();
 #else
         int tid = 0;
 #endif
-        int64_t h0 = (int64_t)kvh * group * hd; /* first query head of the group */
-        attend_group(c, il, b->seq[t], b->pos[t], c->qb + t * q + h0, kvh, group,
-                     c->att + t * q + h0, tid);
+        attend_tile(c, il, &tiles[wi / nkv], (int)(wi % nkv), tid);
     }
 }
 

@@ -16,6 +16,18 @@
 
 typedef struct fwd_gpu fwd_gpu; /* forward_cuda.c */
 
+/* A tile: up to ATT_TILE consecutive tokens of one sequence (positions
+ * pos0, pos0+1, ...) and one KV head; its n_q = n_tok * group queries are
+ * scored against each K row once. */
+#define ATT_TILE 8
+
+typedef struct att_tile {
+    const lms_kv_seq *seq;
+    int32_t pos0;     /* position of the first token */
+    int32_t t0;       /* its row in the batch */
+    int32_t n_tok;
+} att_tile;
+
 struct lms_ctx {
     const lms_model *m;
     lms_ctx_params p;
@@ -23,8 +35,10 @@ struct lms_ctx {
     int n_threads;
     float *x, *xn, *qb, *kb, *vb, *att, *ga, *up; /* see forward.c's shapes */
     float *hidden;      /* [n_batch][e] normed rows that want logits */
-    float *scores;      /* [n_threads][group][n_ctx] attention weights */
-    uint16_t *qh;       /* [n_threads][group][hd] queries of a GQA group, cache type */
+    float *scores;      /* [n_threads][ATT_TILE * group][n_ctx] attention weights */
+    uint16_t *qh;       /* [n_threads][ATT_TILE * group][hd] a tile's queries, cache type */
+    att_tile *tiles;    /* [n_batch] the batch cut into attention tiles */
+    float *vconv;       /* [n_threads][n_ctx][hd] a tile's V rows as f32 */
     void *qbuf;         /* activation conversion scratch */
     int32_t n_hidden;
     int32_t n_gpu;      /* layers on the GPU (0: CPU only) */
