@@ -26,6 +26,7 @@
 #endif
 
 #include "base/err.h"
+#include "base/fastmath.h"
 #include "base/fp16.h"
 #include "engine/forward_int.h"
 #include "kernels/kernels.h"
@@ -356,18 +357,22 @@ static void tile_scores(lms_ctx *c, int il_host, const att_tile *a, int kvh, con
             w[(size_t)qi * stride + j] *= scale;
 }
 
-/* Softmax over the n visible positions, weights rounded to f16 as llama.cpp. */
-static void softmax_f16(float *wg, int32_t n)
+/* Softmax over the n visible positions, weights rounded to f16 as llama.cpp
+ * does; the exponentials vectorize (lms_exp_neg, like llama.cpp's own
+ * vector exp, within 2e-7). */
+LMS_CLONES static void softmax_f16(float *wg, int32_t n)
 {
     float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
     for (int32_t j = 0; j < n; j++)
         mx = wg[j] > mx ? wg[j] : mx;
-    double sum = 0.0;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
     for (int32_t j = 0; j < n; j++) {
-        wg[j] = expf(wg[j] - mx);
-        sum += (double)wg[j];
+        wg[j] = lms_exp_neg(wg[j] - mx);
+        sum += wg[j];
     }
-    const float inv = (float)(1.0 / sum);
+    const float inv = 1.0f / sum;
     for (int32_t j = 0; j < n; j++)
         wg[j] = lms_f16_to_f32(lms_f32_to_f16(wg[j] * inv));
 }
@@ -427,9 +432,10 @@ static void attend_tile(lms_ctx *c, int il, const att_tile *a, int kvh, int tid)
     for (int32_t t = 0; t < a->n_tok; t++)
         memset(c->att + (a->t0 + t) * q_stride + (int64_t)kvh * group * hd, 0,
                (size_t)group * hd * sizeof(float));
-    /* a tile of several tokens reads each V row many times: convert the
-     * rows it sees to f32 once */
-    float *vf = a->n_tok > 1 ? c->vconv + (size_t)tid * stride * hd : NULL;
+    /* a tile of several queries (tokens, or heads sharing the KV head)
+     * reads each V row many times: convert the rows it sees to f32 once
+     * (the two paths give the same sums) */
+    float *vf = a->n_tok > 1 || group > 1 ? c->vconv + (size_t)tid * stride * hd : NULL;
     if (vf)
         for (int32_t j = 0; j < a->pos0 + a->n_tok; j++)
             lms_kernels_get()->to_float[type](lms_kv_v(&c->kv, a->seq, il_host, j) + off,

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "base/err.h"
+#include "base/fastmath.h"
 
 typedef struct cand {
     int32_t id;
@@ -135,22 +136,6 @@ static void apply_penalties(lms_sampler *s)
     }
 }
 
-/* exp(x) for x <= 0 without libm, so the loop below vectorizes: x = n ln2
- * + r, e^r by a degree-6 polynomial on |r| <= ln2/2 (relative error about
- * 2e-7), 2^n put into the exponent bits. Values under -87 give ~0. */
-static inline float exp_neg(float x)
-{
-    x = x < -87.0f ? -87.0f : x;
-    const float shift = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-    float n = (x * 1.44269504f + shift) - shift;
-    float r = x - n * 0.693145752f - n * 1.42860677e-6f;
-    float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666418f +
-                                                  r * (0.00833332818f + r * 0.00138889f)))));
-    union { float f; int32_t i; } u = {.f = p};
-    u.i += (int32_t)n << 23;
-    return u.f;
-}
-
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
 #define SAMPLER_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
@@ -171,7 +156,7 @@ SAMPLER_CLONES static float sum_exp(const float *x, int32_t n, float mx)
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int32_t i = 0; i < n; i++)
-        sum += exp_neg(x[i] - mx);
+        sum += lms_exp_neg(x[i] - mx);
     return sum;
 }
 
