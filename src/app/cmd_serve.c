@@ -8,7 +8,7 @@
  *                [--log-level debug|info|warn|error] [--log-prompts]
  *                [--thermal-limit C] [--stall-ms MS] [--min-tps T]
  *                [--gpu-layers auto|N|all] [--vram-margin-mb N] [--vram-budget-mb N]
- *                [--kv-type f16|q8_0] [--kv-budget MIB] [--batch-tokens N]
+ *                [--kv-type f16|q8_0] [--kv-budget MIB] [--batch-tokens N] [--timeout S]
  *
  * Environment (flags win): INFERENCE_MODEL_NAME (model path),
  * INFERENCE_HOST, INFERENCE_PORT, LMSERV_API_KEY.
@@ -57,7 +57,7 @@ typedef struct serve_opts {
     int64_t port, threads, parallel, n_ctx, max_body, queue, batch, max_conns;
     int64_t log_max_mb, log_keep, stall_ms, kv_budget_mb;
     app_gpu_opts gpu;
-    double grace_s, thermal_limit, min_tps;
+    double grace_s, thermal_limit, min_tps, timeout_s;
     bool log_prompts;
     char default_model[1024];
 } serve_opts;
@@ -142,6 +142,8 @@ static int parse(int argc, char **argv, serve_opts *o)
             ok = i + 1 < argc && args_float(a, argv[++i], 0.1, 3600, &o->grace_s);
         else if (!strcmp(a, "--thermal-limit"))
             ok = i + 1 < argc && args_float(a, argv[++i], 30, 120, &o->thermal_limit);
+        else if (!strcmp(a, "--timeout"))
+            ok = i + 1 < argc && args_float(a, argv[++i], 0, 86400 * 7, &o->timeout_s);
         else if (!strcmp(a, "--min-tps"))
             ok = i + 1 < argc && args_float(a, argv[++i], 0, 1e6, &o->min_tps);
         else if (!strcmp(a, "--log-prompts"))
@@ -331,6 +333,7 @@ static int start_server(const serve_opts *o, lms_server **srv)
         .max_body_bytes = (size_t)o->max_body, .max_conns = (int)o->max_conns,
         .grace_ms = o->grace_s * 1000.0, .model_path = o->model, .model_alias = o->alias,
         .thermal = g_ops.thermal, .min_tps = o->min_tps, .log_prompts = o->log_prompts,
+        .request_timeout_ms = o->timeout_s * 1000.0,
     };
     char err[256];
     if (lms_server_create(&p, srv, err, sizeof err) < 0) {

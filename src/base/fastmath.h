@@ -20,10 +20,10 @@ static inline float lms_exp_neg(float x)
                                                   r * (0.00833332818f + r * 0.00138889f)))));
     union {
         float f;
-        int32_t i;
-    } u = {.f = p};
-    u.i += (int32_t)n << 23;
-    return u.f;
+        uint32_t u;
+    } v = {.f = p};
+    v.u += (uint32_t)(int32_t)n << 23; /* unsigned: a negative n wraps, as intended */
+    return v.f;
 }
 
 #endif

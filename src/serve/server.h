@@ -41,6 +41,8 @@ typedef struct lms_server_params {
     double min_tps;           /* supervisor: restart the engine when the decode speed of the
                                * last requests stays under this (0: off) */
     bool log_prompts;         /* request logs carry the prompt text */
+    double request_timeout_ms; /* deadline of a request from its arrival (0: none); a request
+                                * past it ends with finish_reason "deadline" */
 } lms_server_params;
 
 typedef struct lms_server lms_server;

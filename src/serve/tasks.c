@@ -19,6 +19,7 @@
 
 #include "base/timeutil.h"
 #include "ops/log.h"
+#include "model/tokenizer.h"
 #include "serve/serve_int.h"
 
 #define TAB_CAP 4096 /* power of two; chains absorb more */
@@ -103,6 +104,22 @@ static int check_budget(const lms_server *s, const lms_request *r, reqerr *e)
     return -1;
 }
 
+/* --log-prompts: the prompt as text (special tokens shown), at most 16 KiB. */
+static void log_prompt(lms_server *s, const lms_request *r, const task *t)
+{
+    enum { CAP = 16384 };
+    char *text = malloc(CAP);
+    size_t n = 0;
+    for (int32_t i = 0; text && i < r->n_tokens && n < CAP - 256; i++) {
+        int k = lms_token_to_piece(s->model->tok, r->tokens[i], true, text + n, CAP - 1 - n);
+        n += k > 0 ? (size_t)k : 0;
+    }
+    lms_log(LMS_LOG_INFO, "request_prompt", "req_id", LMS_LOG_U64(t->id), "client",
+            LMS_LOG_STR(t->peer), "prompt_tokens", LMS_LOG_I64(r->n_tokens), "prompt",
+            LMS_LOG_STRN(text ? text : "", text ? n : 0));
+    free(text);
+}
+
 task *task_submit(conn *c, lms_request *r, const task_ops *ops, void *state, reqerr *e)
 {
     lms_server *s = c->srv;
@@ -115,6 +132,8 @@ task *task_submit(conn *c, lms_request *r, const task_ops *ops, void *state, req
         s->met.by_finish[FIN_REJECTED]++;
         return NULL;
     }
+    if (r->timeout_ms <= 0)
+        r->timeout_ms = s->p.request_timeout_ms; /* --timeout: the deadline of every request */
     task *t = calloc(1, sizeof *t);
     if (!t) {
         reqerr_set(e, 503, NULL, "out of memory");
@@ -137,6 +156,8 @@ task *task_submit(conn *c, lms_request *r, const task_ops *ops, void *state, req
     t->ops = ops;
     t->state = state;
     link_task(s, t);
+    if (s->p.log_prompts)
+        log_prompt(s, r, t);
     return t;
 }
 

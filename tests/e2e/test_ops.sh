@@ -45,6 +45,7 @@ ends = [json.loads(l) for l in open('$TMP/srv.log') if '\"request_end\"' in l]
 e = ends[-1]
 assert e['client'] and e['gen_tokens'] == 8 and 'ttft_ms' in e and 'tps' in e, e
 "
+check "no prompt text without --log-prompts" sh -c "! grep -q 'Once upon' '$TMP/srv.log'"
 # SIGHUP reopens the log file (after logrotate moved it)
 mv "$TMP/srv.log" "$TMP/srv.log.1"
 kill -HUP "$SRV_PID"
@@ -57,12 +58,13 @@ check "clean exit after restart" [ "$SRV_RC" = 0 ]
 # --- thermal protection from a (fake) hot GPU --------------------------------------
 FAKE_NVML="$(dirname "$LMSERV")/tests/libfake_nvml.so"
 if [ -f "$FAKE_NVML" ]; then
-    LMS_NVML_LIB="$FAKE_NVML" FAKE_NVML_TEMP=86 start_server --thermal-limit 80
+    LMS_NVML_LIB="$FAKE_NVML" FAKE_NVML_TEMP=86 start_server --thermal-limit 80 --log-prompts
     sleep 1.3 # one monitor tick
     check "hot GPU: /health degraded" sh -c "curl -s '$BASE/health' | grep -q '\"degraded\"'"
     check "hot GPU: thermal slow" sh -c "curl -s '$BASE/health' | grep -q '\"slow\"'"
     code=$(complete "Once upon a time" 6)
     check "hot GPU: still serving ($code)" [ "$code" = 200 ]
+    check "--log-prompts logs the prompt" grep -q '"request_prompt".*Once upon a time' "$LOG"
     check "GPU temperature in /metrics" sh -c "curl -s '$BASE/metrics' | grep -q 'lmserv_gpu_temperature_celsius{gpu=\"0\"} 86'"
     stop_server
 else

@@ -207,6 +207,16 @@ static void test_abort_every_state(void **state)
     assert_string_equal(r[2].stats.finish, "abort");
     assert_true(r[2].n_tok < 1000);
     lms_sched_abort(s, 987654); /* unknown id: ignored */
+    /* a deadline ends a request like an abort, with its own reason */
+    static result late;
+    lms_request dl = {.tokens = longp, .n_tokens = 10, .max_tokens = 1500, .timeout_ms = 30,
+                      .sp = lms_sampler_defaults(), .cb = on_event, .user = &late, .ignore_eos = true};
+    uint64_t dl_id;
+    char dl_err[128];
+    assert_int_equal(lms_sched_submit(s, &dl, &dl_id, dl_err, sizeof dl_err), 0);
+    wait_done(&late);
+    assert_string_equal(late.stats.finish, "deadline");
+    assert_true(late.n_tok < 1500);
     assert_idle_pool(s);
     submit(s, longp, 10, 5, &after);
     wait_done(&after);
@@ -267,7 +277,13 @@ static void test_refusals(void **state)
     req.n_tokens = 1200;
     req.user = &r[1];
     assert_int_equal(lms_sched_submit(s, &req, &id, err, sizeof err), 0);
-    usleep(2000);
+    for (int i = 0; i < 5000; i++) { /* wait until the first is admitted */
+        lms_sched_stats st;
+        lms_sched_get_stats(s, &st);
+        if (st.n_running == 1 && st.n_queued == 0)
+            break;
+        usleep(1000);
+    }
     req.user = &r[2];
     uint64_t id2;
     assert_int_equal(lms_sched_submit(s, &req, &id2, err, sizeof err), 0);
