@@ -95,6 +95,49 @@ static void vec_dot_bf16_avx512(int64_t n, float *s, const void *vw, const void 
 }
 
 /* clang-format off */
+/* Q4_K against Q8_K with 512-bit registers: two 32-byte groups of codes
+ * per step (four sub-blocks: low nibbles of groups j and j+1, then their
+ * high nibbles), so the decode loop issues half the instructions of the
+ * 256-bit kernel for the same integer sums (exact). */
+static inline __m512i join256(__m256i lo, __m256i hi)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+static void vec_dot_q4_K_q8_K_512(int64_t n, float *s, const void *vw, const void *vx)
+{
+    const lms_block_q4_K *w = vw;
+    const lms_block_q8_K *x = vx;
+    const int64_t nb = n / LMS_QK_K;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *qs = w[i].qs;
+        const int8_t *a = x[i].qs;
+        const __m128i scmn = k4_scales(w[i].scales);
+        const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scmn));
+        __m512i sumi = _mm512_setzero_si512();
+        for (int j = 0; j < 4; j += 2) {
+            const __m512i q = _mm512_loadu_si512(qs + 32 * j);
+            const __m512i lo = _mm512_and_si512(q, m4);
+            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+            const __m512i alo = join256(x86_load(a + 64 * j), x86_load(a + 64 * j + 64));
+            const __m512i ahi = join256(x86_load(a + 64 * j + 32), x86_load(a + 64 * j + 96));
+            const __m512i slo = join256(x86_scale_k(sc16, 2 * j), x86_scale_k(sc16, 2 * j + 2));
+            const __m512i shi = join256(x86_scale_k(sc16, 2 * j + 1), x86_scale_k(sc16, 2 * j + 3));
+            sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(lo, alo), slo);
+            sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(hi, ahi), shi);
+        }
+        const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(sumi),
+                                            _mm512_extracti64x4_epi64(sumi, 1));
+        const float dx = x[i].d;
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(x86_h2f(w[i].d) * dx), _mm256_cvtepi32_ps(s8), acc);
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(x86_h2f(w[i].dmin) * dx),
+                               _mm256_cvtepi32_ps(k4_mins(scmn, x[i].bsums)), accm);
+    }
+    *s = x86_hsum_ps(acc) - x86_hsum_ps(accm);
+}
+
 static const lms_kernel_table k_avx512 = {
     .isa = "avx512",
     .vec_dot = {
@@ -108,7 +151,7 @@ static const lms_kernel_table k_avx512 = {
         [LMS_TYPE_Q5_1] = vec_dot_q5_1_q8_1,
         [LMS_TYPE_Q2_K] = vec_dot_q2_K_q8_K,
         [LMS_TYPE_Q3_K] = vec_dot_q3_K_q8_K,
-        [LMS_TYPE_Q4_K] = vec_dot_q4_K_q8_K,
+        [LMS_TYPE_Q4_K] = vec_dot_q4_K_q8_K_512,
         [LMS_TYPE_Q5_K] = vec_dot_q5_K_q8_K,
         [LMS_TYPE_Q6_K] = vec_dot_q6_K_q8_K,
     },
