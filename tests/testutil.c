@@ -3,6 +3,7 @@
  */
 #include "testutil.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,4 +56,48 @@ float tu_rand_f32(uint64_t *s, float lo, float hi)
 {
     double u = (double)(tu_rand_u64(s) >> 11) * (1.0 / 9007199254740992.0);
     return (float)(lo + (hi - lo) * u);
+}
+
+float *tu_read_f32(const char *path, size_t *n)
+{
+    size_t bytes;
+    char *buf = tu_read_file(path, &bytes);
+    if (buf)
+        *n = bytes / sizeof(float);
+    return (float *)buf;
+}
+
+int32_t *tu_read_ids(const char *path, int32_t *n)
+{
+    char *txt = tu_read_file(path, NULL);
+    if (!txt)
+        return NULL;
+    int32_t *ids = malloc(4096 * sizeof *ids);
+    int32_t k = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(txt, " \n", &save); ids && tok && k < 4096;
+         tok = strtok_r(NULL, " \n", &save))
+        ids[k++] = (int32_t)atol(tok);
+    free(txt);
+    *n = k;
+    return ids;
+}
+
+float tu_max_diff(const float *a, const float *b, size_t n)
+{
+    float d = 0;
+    for (size_t i = 0; i < n; i++) {
+        float e = fabsf(a[i] - b[i]);
+        d = e > d || isnan(e) ? e : d;
+    }
+    return d;
+}
+
+int32_t tu_argmax(const float *v, int32_t n)
+{
+    int32_t b = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (v[i] > v[b])
+            b = i;
+    return b;
 }

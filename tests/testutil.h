@@ -18,6 +18,15 @@ const char *tu_data_path(const char *rel);
 /* Reads a whole file; returns malloc'd bytes (NUL-terminated) or NULL. */
 char *tu_read_file(const char *path, size_t *n_out);
 
+/* Golden data: a file of float32 values (*n of them) / of space-separated
+ * token ids (at most 4096); malloc'd, NULL when the file is missing. */
+float *tu_read_f32(const char *path, size_t *n);
+int32_t *tu_read_ids(const char *path, int32_t *n);
+/* Largest |a[i] - b[i]| (NaN counts as infinitely large). */
+float tu_max_diff(const float *a, const float *b, size_t n);
+/* Index of the largest value, lowest index on ties. */
+int32_t tu_argmax(const float *v, int32_t n);
+
 /* Deterministic xorshift random numbers for test data. */
 uint64_t tu_rand_u64(uint64_t *state);
 float tu_rand_f32(uint64_t *state, float lo, float hi);

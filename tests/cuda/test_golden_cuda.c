@@ -50,48 +50,9 @@ typedef struct runner {
     int32_t nv;
 } runner;
 
-static int32_t *read_ids(const char *path, int32_t *n)
-{
-    char *txt = tu_read_file(path, NULL);
-    if (!txt)
-        return NULL;
-    int32_t *ids = malloc(4096 * sizeof *ids);
-    int32_t k = 0;
-    char *save = NULL;
-    for (char *tok = strtok_r(txt, " \n", &save); tok && k < 4096; tok = strtok_r(NULL, " \n", &save))
-        ids[k++] = (int32_t)atol(tok);
-    free(txt);
-    *n = k;
-    return ids;
-}
 
-static float *read_f32(const char *path, size_t *n)
-{
-    size_t bytes;
-    char *buf = tu_read_file(path, &bytes);
-    if (buf)
-        *n = bytes / sizeof(float);
-    return (float *)buf;
-}
 
-static float max_diff(const float *a, const float *b, size_t n)
-{
-    float d = 0;
-    for (size_t i = 0; i < n; i++) {
-        float e = fabsf(a[i] - b[i]);
-        d = e > d || isnan(e) ? e : d;
-    }
-    return d;
-}
 
-static int32_t argmax(const float *v, int32_t n)
-{
-    int32_t b = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (v[i] > v[b])
-            b = i;
-    return b;
-}
 
 static void open_runner(runner *r, const char *name, int32_t gpu_layers, int32_t n_seq)
 {
@@ -163,24 +124,24 @@ static void check_case(runner *r, const golden_model *gm, const char *cs, const 
     int32_t n, n_gen;
     size_t n_ref = 0;
     snprintf(rel, sizeof rel, "golden/%s/%s.tokens.txt", gm->name, cs);
-    int32_t *toks = read_ids(tu_data_path(rel), &n);
+    int32_t *toks = tu_read_ids(tu_data_path(rel), &n);
     snprintf(rel, sizeof rel, "golden/%s/%s.greedy_ids.txt", gm->name, cs);
-    int32_t *gen = read_ids(tu_data_path(rel), &n_gen);
+    int32_t *gen = tu_read_ids(tu_data_path(rel), &n_gen);
     assert_non_null(toks);
     assert_non_null(gen);
     float *lg = malloc((size_t)(n + 1) * (size_t)r->nv * sizeof *lg);
     run(r, &r->seq, toks, n, 0, lg);
     snprintf(rel, sizeof rel, "golden/%s/%s.all_logits.f32", gm->name, cs);
-    float *ref = read_f32(tu_data_path(rel), &n_ref);
+    float *ref = tu_read_f32(tu_data_path(rel), &n_ref);
     float d;
     if (ref) {
         assert_int_equal(n_ref, (size_t)n * r->nv);
-        d = max_diff(lg, ref, n_ref);
+        d = tu_max_diff(lg, ref, n_ref);
     } else {
         snprintf(rel, sizeof rel, "golden/%s/%s.last_logits.f32", gm->name, cs);
-        ref = read_f32(tu_data_path(rel), &n_ref);
+        ref = tu_read_f32(tu_data_path(rel), &n_ref);
         assert_non_null(ref);
-        d = max_diff(lg + (size_t)(n - 1) * r->nv, ref, n_ref);
+        d = tu_max_diff(lg + (size_t)(n - 1) * r->nv, ref, n_ref);
     }
     free(ref);
     *worst = d > *worst ? d : *worst;
@@ -190,20 +151,20 @@ static void check_case(runner *r, const golden_model *gm, const char *cs, const 
     float margin[64];
     read_margins(gm->name, cs, margin, n_gen);
     snprintf(rel, sizeof rel, "golden/%s/%s.gen_logits.f32", gm->name, cs);
-    float *gref = read_f32(tu_data_path(rel), &n_ref);
+    float *gref = tu_read_f32(tu_data_path(rel), &n_ref);
     float *step = malloc((size_t)r->nv * sizeof *step);
     memcpy(step, lg + (size_t)(n - 1) * r->nv, (size_t)r->nv * sizeof *step);
     for (int32_t s = 0; s < n_gen; s++) {
         if (s > 0)
             run(r, &r->seq, &gen[s - 1], 1, n + s - 1, step);
         if (gref) {
-            float ds = max_diff(step, gref + (size_t)s * r->nv, (size_t)r->nv);
+            float ds = tu_max_diff(step, gref + (size_t)s * r->nv, (size_t)r->nv);
             *worst = ds > *worst ? ds : *worst;
             if (!(ds <= gm->tol))
                 fail_msg("%s [%s] %s: step %d logits differ by %g (tolerance %g)", gm->name, mode,
                          cs, s, ds, gm->tol);
         }
-        int32_t am = argmax(step, r->nv);
+        int32_t am = tu_argmax(step, r->nv);
         if (margin[s] > 2 * gm->tol && am != gen[s])
             fail_msg("%s [%s] %s step %d: argmax %d, golden %d", gm->name, mode, cs, s, am, gen[s]);
         if (margin[s] <= 2 * gm->tol && step[am] - step[gen[s]] > gm->tol)
@@ -225,7 +186,7 @@ static void greedy(runner *r, const int32_t *toks, int32_t n, int32_t *out, floa
     run(r, &r->seq, toks, n, 0, lg);
     memcpy(out_lg, lg + (size_t)(n - 1) * r->nv, (size_t)r->nv * sizeof *lg);
     for (int32_t s = 0; s < 32; s++) {
-        out[s] = argmax(out_lg + (size_t)s * r->nv, r->nv);
+        out[s] = tu_argmax(out_lg + (size_t)s * r->nv, r->nv);
         if (s < 31)
             run(r, &r->seq, &out[s], 1, n + s, out_lg + (size_t)(s + 1) * r->nv);
     }
@@ -238,7 +199,7 @@ static void check_greedy_vs_cpu(const golden_model *gm)
     char rel[256];
     int32_t n;
     snprintf(rel, sizeof rel, "golden/%s/case0.tokens.txt", gm->name);
-    int32_t *toks = read_ids(tu_data_path(rel), &n);
+    int32_t *toks = tu_read_ids(tu_data_path(rel), &n);
     runner cpu, gpu;
     open_runner(&cpu, gm->name, 0, 1);
     open_runner(&gpu, gm->name, LMS_GPU_LAYERS_ALL, 1);
@@ -300,7 +261,7 @@ static void check_multi_seq(const golden_model *gm)
             lms_kv_seq_release(lms_ctx_kv(r->c), &seqs[s]);
         free(lg);
     }
-    worst = max_diff(out[0], out[1], 3 * (size_t)nv);
+    worst = tu_max_diff(out[0], out[1], 3 * (size_t)nv);
     printf("cuda batch  %-20s 3 sequences in one step: max |GPU - CPU| %.3g\n", gm->name, worst);
     if (!(worst <= gm->tol))
         fail_msg("%s: batched decode differs from the CPU by %g", gm->name, worst);

@@ -43,48 +43,9 @@ typedef struct runner {
     int32_t nv;
 } runner;
 
-static float *read_f32(const char *path, size_t *n)
-{
-    size_t bytes;
-    char *buf = tu_read_file(path, &bytes);
-    if (buf)
-        *n = bytes / sizeof(float);
-    return (float *)buf;
-}
 
-static int32_t *read_ids(const char *path, int32_t *n)
-{
-    char *txt = tu_read_file(path, NULL);
-    if (!txt)
-        return NULL;
-    int32_t *ids = malloc(4096 * sizeof *ids);
-    int32_t k = 0;
-    char *save = NULL;
-    for (char *tok = strtok_r(txt, " \n", &save); tok && k < 4096; tok = strtok_r(NULL, " \n", &save))
-        ids[k++] = (int32_t)atol(tok);
-    free(txt);
-    *n = k;
-    return ids;
-}
 
-static float max_diff(const float *a, const float *b, size_t n)
-{
-    float d = 0;
-    for (size_t i = 0; i < n; i++) {
-        float e = fabsf(a[i] - b[i]);
-        d = e > d || isnan(e) ? e : d;
-    }
-    return d;
-}
 
-static int32_t argmax(const float *v, int32_t n)
-{
-    int32_t b = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (v[i] > v[b])
-            b = i;
-    return b;
-}
 
 /* Forward of tokens [0, n) at positions from..; logits of all rows. */
 static void run(runner *r, const int32_t *toks, int32_t n, int32_t from, float *logits)
@@ -111,7 +72,7 @@ static void run(runner *r, const int32_t *toks, int32_t n, int32_t from, float *
 static void check_greedy_step(const float *lg, int32_t nv, int32_t gold, float margin, float tol,
                               const char *what, int step)
 {
-    int32_t am = argmax(lg, nv);
+    int32_t am = tu_argmax(lg, nv);
     if (margin > 2 * tol) {
         if (am != gold)
             fail_msg("%s step %d: argmax %d, golden %d (margin %g)", what, step, am, gold, margin);
@@ -145,25 +106,25 @@ static void check_case(runner *r, const golden_model *gm, const char *cs, float 
     int32_t n, n_gen;
     size_t n_ref = 0;
     snprintf(rel, sizeof rel, "golden/%s/%s.tokens.txt", gm->name, cs);
-    int32_t *toks = read_ids(tu_data_path(rel), &n);
+    int32_t *toks = tu_read_ids(tu_data_path(rel), &n);
     snprintf(rel, sizeof rel, "golden/%s/%s.greedy_ids.txt", gm->name, cs);
-    int32_t *gen = read_ids(tu_data_path(rel), &n_gen);
+    int32_t *gen = tu_read_ids(tu_data_path(rel), &n_gen);
     assert_non_null(toks);
     assert_non_null(gen);
     float *lg = malloc((size_t)(n + 1) * (size_t)r->nv * sizeof *lg);
     run(r, toks, n, 0, lg);
     snprintf(rel, sizeof rel, "golden/%s/%s.all_logits.f32", gm->name, cs);
-    float *ref = read_f32(tu_data_path(rel), &n_ref);
+    float *ref = tu_read_f32(tu_data_path(rel), &n_ref);
     float d;
     if (ref) {
         assert_int_equal(n_ref, (size_t)n * r->nv);
-        d = max_diff(lg, ref, n_ref);
+        d = tu_max_diff(lg, ref, n_ref);
     } else {
         snprintf(rel, sizeof rel, "golden/%s/%s.last_logits.f32", gm->name, cs);
-        ref = read_f32(tu_data_path(rel), &n_ref);
+        ref = tu_read_f32(tu_data_path(rel), &n_ref);
         assert_non_null(ref);
         assert_int_equal(n_ref, (size_t)r->nv);
-        d = max_diff(lg + (size_t)(n - 1) * r->nv, ref, n_ref);
+        d = tu_max_diff(lg + (size_t)(n - 1) * r->nv, ref, n_ref);
     }
     free(ref);
     *worst = d > *worst ? d : *worst;
@@ -174,14 +135,14 @@ static void check_case(runner *r, const golden_model *gm, const char *cs, float 
     float margin[64];
     read_margins(gm->name, cs, margin, n_gen);
     snprintf(rel, sizeof rel, "golden/%s/%s.gen_logits.f32", gm->name, cs);
-    float *gref = read_f32(tu_data_path(rel), &n_ref);
+    float *gref = tu_read_f32(tu_data_path(rel), &n_ref);
     float *step = malloc((size_t)r->nv * sizeof *step);
     memcpy(step, lg + (size_t)(n - 1) * r->nv, (size_t)r->nv * sizeof *step);
     for (int32_t s = 0; s < n_gen; s++) {
         if (s > 0)
             run(r, &gen[s - 1], 1, n + s - 1, step);
         if (gref) {
-            float ds = max_diff(step, gref + (size_t)s * r->nv, (size_t)r->nv);
+            float ds = tu_max_diff(step, gref + (size_t)s * r->nv, (size_t)r->nv);
             *worst = ds > *worst ? ds : *worst;
             if (!(ds <= gm->tol))
                 fail_msg("%s %s: step %d logits differ by %g (tolerance %g)", gm->name, cs, s, ds,
@@ -203,17 +164,17 @@ static void check_free_greedy(runner *r, const golden_model *gm, const char *cs)
     char rel[256];
     int32_t n, n_gen;
     snprintf(rel, sizeof rel, "golden/%s/%s.tokens.txt", gm->name, cs);
-    int32_t *toks = read_ids(tu_data_path(rel), &n);
+    int32_t *toks = tu_read_ids(tu_data_path(rel), &n);
     snprintf(rel, sizeof rel, "golden/%s/%s.greedy_ids.txt", gm->name, cs);
-    int32_t *gen = read_ids(tu_data_path(rel), &n_gen);
+    int32_t *gen = tu_read_ids(tu_data_path(rel), &n_gen);
     float *lg = malloc((size_t)n * (size_t)r->nv * sizeof *lg);
     run(r, toks, n, 0, lg);
-    int32_t tok = argmax(lg + (size_t)(n - 1) * r->nv, r->nv);
+    int32_t tok = tu_argmax(lg + (size_t)(n - 1) * r->nv, r->nv);
     for (int32_t s = 0; s < n_gen; s++) {
         if (tok != gen[s])
             fail_msg("%s %s: free greedy step %d gave %d, golden %d", gm->name, cs, s, tok, gen[s]);
         run(r, &tok, 1, n + s, lg);
-        tok = argmax(lg, r->nv);
+        tok = tu_argmax(lg, r->nv);
     }
     free(lg);
     free(toks);
