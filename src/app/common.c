@@ -11,17 +11,26 @@
 
 #include "app/args.h"
 #include "base/err.h"
+#include "kernels/kernels.h"
 
 int app_gpu_arg(int argc, char **argv, int *i, app_gpu_opts *o)
 {
     const char *a = argv[*i], *v;
     int64_t n;
     bool layers = !strcmp(a, "--gpu-layers"), margin = !strcmp(a, "--vram-margin-mb"),
-         budget = !strcmp(a, "--vram-budget-mb");
-    if (!layers && !margin && !budget)
+         budget = !strcmp(a, "--vram-budget-mb"), kv = !strcmp(a, "--kv-type");
+    if (!layers && !margin && !budget && !kv)
         return 0;
     if (!(v = args_value(argc, argv, i)))
         return -1;
+    if (kv) {
+        if (strcmp(v, "f16") && strcmp(v, "q8_0")) {
+            fprintf(stderr, "lmserv: --kv-type '%s': use f16 or q8_0\n", v);
+            return -1;
+        }
+        o->kv_type = strcmp(v, "q8_0") ? 0 : LMS_TYPE_Q8_0;
+        return 1;
+    }
     if (layers && !strcmp(v, "auto"))
         o->gpu_layers = LMS_GPU_LAYERS_AUTO;
     else if (layers && !strcmp(v, "all"))
@@ -42,6 +51,7 @@ void app_gpu_apply(const app_gpu_opts *o, lms_ctx_params *p)
     if (!o)
         return;
     p->gpu_layers = o->gpu_layers;
+    p->kv_type = o->kv_type;
     p->vram_margin_mb = o->vram_margin_mb;
     p->vram_budget_mb = o->vram_budget_mb;
 }

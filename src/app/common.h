@@ -15,14 +15,17 @@
 int app_load(const char *path, int32_t n_ctx, int32_t n_batch, int32_t n_threads, lms_model **m,
              lms_ctx **c);
 
-/* GPU placement options shared by run, bench, eval and info:
- *   --gpu-layers auto|all|N   --vram-margin-mb MB   --vram-budget-mb MB */
+/* Context options shared by run, bench, eval and info:
+ *   --gpu-layers auto|all|N   --vram-margin-mb MB   --vram-budget-mb MB
+ *   --kv-type f16|q8_0 */
 typedef struct app_gpu_opts {
     int32_t gpu_layers; /* 0 = CPU, N, LMS_GPU_LAYERS_AUTO, LMS_GPU_LAYERS_ALL */
     int32_t vram_margin_mb, vram_budget_mb;
+    int kv_type;        /* 0 (F16) or LMS_TYPE_Q8_0 */
 } app_gpu_opts;
 
-#define APP_GPU_USAGE "[--gpu-layers auto|all|N] [--vram-margin-mb MB] [--vram-budget-mb MB]"
+#define APP_GPU_USAGE \
+    "[--gpu-layers auto|all|N] [--vram-margin-mb MB] [--vram-budget-mb MB] [--kv-type f16|q8_0]"
 
 /* If argv[*i] is one of the GPU options, parses it and its value (advancing
  * *i): 1 when taken, 0 when not a GPU option, -1 (message printed) on a bad

@@ -311,6 +311,17 @@ LMS_CLONES static void axpy_q8_0(int n, float a, const lms_block_q8_0 *x, float 
     }
 }
 
+/* A Q8_0 V row to floats (vectorized here: the reference converter is
+ * scalar). Exact like the reference: d * q in float. */
+LMS_CLONES static void deq_q8_0(const lms_block_q8_0 *x, float *restrict y, int n)
+{
+    for (int b = 0; b < n / LMS_QK8_0; b++) {
+        const float d = lms_f16_to_f32(x[b].d);
+        for (int i = 0; i < LMS_QK8_0; i++)
+            y[b * LMS_QK8_0 + i] = d * (float)x[b].qs[i];
+    }
+}
+
 /* Converts n query vectors (hd floats each, q_stride apart in groups) to
  * the cache type's dot-product form, packed qrow bytes apart. */
 static void prepare_queries(lms_ctx *c, const float *q, int n, uint8_t *qc)
@@ -437,9 +448,13 @@ static void attend_tile(lms_ctx *c, int il, const att_tile *a, int kvh, int tid)
      * (the two paths give the same sums) */
     float *vf = a->n_tok > 1 || group > 1 ? c->vconv + (size_t)tid * stride * hd : NULL;
     if (vf)
-        for (int32_t j = 0; j < a->pos0 + a->n_tok; j++)
-            lms_kernels_get()->to_float[type](lms_kv_v(&c->kv, a->seq, il_host, j) + off,
-                                               vf + (size_t)j * hd, hd);
+        for (int32_t j = 0; j < a->pos0 + a->n_tok; j++) {
+            const uint8_t *vr = lms_kv_v(&c->kv, a->seq, il_host, j) + off;
+            if (type == LMS_TYPE_Q8_0)
+                deq_q8_0((const lms_block_q8_0 *)vr, vf + (size_t)j * hd, hd);
+            else
+                lms_kernels_get()->to_float[type](vr, vf + (size_t)j * hd, hd);
+        }
     for (int32_t t = 0; t < a->n_tok; t++) {
         const int32_t n = a->pos0 + t + 1; /* positions this token sees */
         float *out = c->att + (a->t0 + t) * q_stride + (int64_t)kvh * group * hd;
