@@ -86,7 +86,8 @@ int cmd_eval(int argc, char **argv)
     }
     FILE *f = fopen(out, "wb");
     size_t cnt = (size_t)n_out * (size_t)nv;
-    if (!f || fwrite(logits, sizeof(float), cnt, f) != cnt || fclose(f) != 0) {
+    bool ok = f && fwrite(logits, sizeof(float), cnt, f) == cnt;
+    if ((f && fclose(f) != 0) || !ok) {
         fprintf(stderr, "lmserv eval: cannot write '%s'\n", out);
         goto done;
     }
