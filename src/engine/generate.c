@@ -120,19 +120,15 @@ static bool emit(gen_state *g, int32_t tok, float prob, lms_gen_piece_fn cb, voi
     return !hit;
 }
 
-static void finish_text(gen_state *g, const char *finish, lms_gen_piece_fn cb, void *ud)
+/* Sends the text still held by the detokenizer and the stop matcher. */
+static void finish_text(gen_state *g, lms_gen_piece_fn cb, void *ud)
 {
-    if (strcmp(finish, "stop") == 0 && g->stop.hit)
-        return;
     int n = lms_detok_flush(&g->detok, g->piece, g->piece_cap);
-    const char *out;
-    size_t n_out;
-    lms_stopstr_feed(&g->stop, g->piece, n > 0 ? (size_t)n : 0, &out, &n_out);
-    if (n_out)
-        cb(ud, out, n_out, -1, 0.0f);
-    lms_stopstr_flush(&g->stop, &out, &n_out);
-    if (n_out)
-        cb(ud, out, n_out, -1, 0.0f);
+    size_t len;
+    char *text = lms_stopstr_finish(&g->stop, g->piece, n > 0 ? (size_t)n : 0, &len);
+    if (text && len)
+        cb(ud, text, len, -1, 0.0f);
+    free(text);
 }
 
 static int decode_loop(lms_session *s, const lms_gen_params *gp, float *logits, int32_t n_total,
@@ -210,7 +206,7 @@ int lms_session_generate(lms_session *s, const int32_t *prompt, int32_t n_prompt
         st->finish = "length";
     st->ttft_ms = st->prompt_ms; /* the first token is sampled right after */
     if (rc == 0)
-        finish_text(&g, st->finish, cb, ud);
+        finish_text(&g, cb, ud);
     st->total_ms = lms_now_ms() - t0;
     lms_stopstr_deinit(&g.stop);
     free(g.piece);

@@ -480,27 +480,15 @@ static void flush_text(sreq *q)
     if (q->r.embedding || q->stop.hit)
         return;
     int n = lms_detok_flush(&q->detok, q->piece, q->piece_cap);
-    const char *a, *b;
-    size_t na, nb;
-    lms_stopstr_feed(&q->stop, q->piece, n > 0 ? (size_t)n : 0, &a, &na);
-    char *buf = malloc(na + 1 + q->stop.n_held);
-    if (!buf)
-        return;
-    memcpy(buf, a, na);
-    lms_stopstr_flush(&q->stop, &b, &nb);
-    memcpy(buf + na, b, nb);
-    if (na + nb == 0) {
-        free(buf);
-        return;
-    }
-    lms_event *ev = new_event(q, LMS_EV_TOKEN);
+    size_t len;
+    char *text = lms_stopstr_finish(&q->stop, q->piece, n > 0 ? (size_t)n : 0, &len);
+    lms_event *ev = text && len ? new_event(q, LMS_EV_TOKEN) : NULL;
     if (!ev) {
-        free(buf);
+        free(text);
         return;
     }
-    ev->text = buf;
-    ev->text_len = na + nb;
-    buf[na + nb] = 0;
+    ev->text = text;
+    ev->text_len = len;
     q->r.cb(q->r.user, ev);
 }
 

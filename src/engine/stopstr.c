@@ -107,3 +107,19 @@ void lms_stopstr_flush(lms_stopstr *m, const char **out, size_t *n_out)
     *n_out = m->hit || !m->held ? 0 : m->n_held - m->shift;
     m->shift = m->n_held;
 }
+
+char *lms_stopstr_finish(lms_stopstr *m, const char *tail, size_t n_tail, size_t *n)
+{
+    const char *a, *b;
+    size_t na, nb;
+    lms_stopstr_feed(m, tail, n_tail, &a, &na);
+    char *buf = malloc(na + m->n_held + 1);
+    if (!buf)
+        return NULL;
+    memcpy(buf, a, na);
+    lms_stopstr_flush(m, &b, &nb);
+    memcpy(buf + na, b, nb);
+    buf[na + nb] = 0;
+    *n = na + nb;
+    return buf;
+}

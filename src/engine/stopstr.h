@@ -37,5 +37,10 @@ void lms_stopstr_deinit(lms_stopstr *m);
 bool lms_stopstr_feed(lms_stopstr *m, const char *text, size_t n, const char **out, size_t *n_out);
 /* Releases held text at the end of generation (none after a hit). */
 void lms_stopstr_flush(lms_stopstr *m, const char **out, size_t *n_out);
+/* End of a stream: the last bytes (tail, e.g. what the detokenizer still
+ * held) go through the matcher, then everything still held is released.
+ * Returns a malloc'd NUL-terminated string of *n bytes (possibly empty), or
+ * NULL when out of memory. */
+char *lms_stopstr_finish(lms_stopstr *m, const char *tail, size_t n_tail, size_t *n);
 
 #endif

@@ -147,20 +147,7 @@ static int ids_of(const json_t *a, size_t idx, int32_t **out, int32_t *n_out, re
     size_t n = json_array_size(a);
     if (n == 0 || n > (1u << 24))
         return reqerr_set(e, 400, "input", "input[%zu] must hold 1 to 16777216 token ids", idx);
-    int32_t *v = malloc(n * sizeof *v);
-    if (!v)
-        return reqerr_set(e, 503, NULL, "out of memory");
-    for (size_t i = 0; i < n; i++) {
-        const json_t *x = json_array_get(a, i);
-        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > INT32_MAX) {
-            free(v);
-            return reqerr_set(e, 400, "input", "input token %zu must be a token id", i);
-        }
-        v[i] = (int32_t)json_integer_value(x);
-    }
-    *out = v;
-    *n_out = (int32_t)n;
-    return 0;
+    return reqparse_token_ids(a, "input", out, n_out, e);
 }
 
 /* Tokens of input item k (a string or an array of ids). */

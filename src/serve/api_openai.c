@@ -406,20 +406,7 @@ static int parse_prompt(conn *c, const json_t *body, bool echo, gen_job *j, int3
     size_t n = json_array_size(p);
     if (n > (1u << 24))
         return reqerr_set(e, 413, "prompt", "the prompt is too long");
-    int32_t *v = malloc(n * sizeof *v);
-    if (!v)
-        return reqerr_set(e, 503, NULL, "out of memory");
-    for (size_t i = 0; i < n; i++) {
-        const json_t *x = json_array_get(p, i);
-        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > INT32_MAX) {
-            free(v);
-            return reqerr_set(e, 400, "prompt", "prompt[%zu] must be a token id", i);
-        }
-        v[i] = (int32_t)json_integer_value(x);
-    }
-    *toks = v;
-    *n_toks = (int32_t)n;
-    return 0;
+    return reqparse_token_ids(p, "prompt", toks, n_toks, e);
 }
 
 static int parse_completion(conn *c, const json_t *body, gen_job *j, int32_t **toks,

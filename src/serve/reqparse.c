@@ -335,3 +335,23 @@ int reqparse_gen(const json_t *o, genparams *gp, reqerr *e)
         return -1;
     return parse_stop(o, gp, e);
 }
+
+int reqparse_token_ids(const json_t *a, const char *field, int32_t **out, int32_t *n_out,
+                       reqerr *e)
+{
+    size_t n = json_array_size(a);
+    int32_t *v = malloc((n ? n : 1) * sizeof *v);
+    if (!v)
+        return reqerr_set(e, 503, NULL, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const json_t *x = json_array_get(a, i);
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > INT32_MAX) {
+            free(v);
+            return reqerr_set(e, 400, field, "%s[%zu] must be a token id", field, i);
+        }
+        v[i] = (int32_t)json_integer_value(x);
+    }
+    *out = v;
+    *n_out = (int32_t)n;
+    return 0;
+}

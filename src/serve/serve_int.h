@@ -75,6 +75,11 @@ typedef struct reqerr {
 /* Fills e (type chosen from status) and returns -1. param may be NULL. */
 int reqerr_set(reqerr *e, int status, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* A JSON array of token ids (each an integer in [0, 2^31)) into a malloc'd
+ * array; an element that is not one is refused as "field[i]". The caller
+ * checks the length. */
+int reqparse_token_ids(const json_t *a, const char *field, int32_t **out, int32_t *n_out,
+                       reqerr *e);
 /* Maps an lms_sched_submit error code to a status (429 busy, 400 ...). */
 int reqerr_from_submit(reqerr *e, int rc, const char *msg);
 /* {"error":{"message","type","param","code"}} */
