@@ -56,6 +56,13 @@ grep -qi "empty" "$TMP/err" || fail "empty prompt message: $(cat "$TMP/err")"
 "$LMSERV" run -m "$M/stories260K.gguf" -p $'\xff\xfe bad \xc3' -n 8 --temp 0 >/dev/null 2>&1 || fail "non-UTF-8 prompt"
 if "$LMSERV" run -m "$M/stories260K.gguf" -p hi --temp -1 2>/dev/null; then fail "negative temperature accepted"; fi
 if "$LMSERV" run -m /nonexistent.gguf -p hi 2>/dev/null; then fail "missing file accepted"; fi
+if "$LMSERV" run -m "$M/stories260K.gguf" -p hi --kv-type q4 2>"$TMP/err"; then fail "bad --kv-type accepted"; fi
+grep -q "kv-type" "$TMP/err" || fail "kv-type message: $(cat "$TMP/err")"
+if "$LMSERV" eval -m "$M/stories260K.gguf" --kv-type q8_0 --tokens "1 403" --logits "$TMP/k.f32" \
+    2>"$TMP/err"; then fail "Q8_0 cache with head_dim 8 accepted"; fi
+grep -q "head_dim" "$TMP/err" || fail "Q8_0 cache message: $(cat "$TMP/err")"
+"$LMSERV" eval -m "$M/llama-synth-f32.gguf" --kv-type q8_0 --tokens "1 403 407" --logits "$TMP/k.f32" \
+    || fail "eval with a Q8_0 KV cache"
 ok "bad input gives errors"
 
 # tokenize, also on a vocab-only file
