@@ -165,8 +165,20 @@ stop_server
 
 # ---- connection limit ----------------------------------------------------------------------------
 start_server -c 512 --max-conns 2
+# Wait until the readiness probe's connection is gone (only the asking one is open).
+for _ in $(seq 50); do
+    req GET /stats
+    [ "$(py "$T/out" 'd["connections"]["http"]')" = 1 ] && break
+    sleep 0.05
+done
+# Each of the two connections completes one keep-alive request first, so the
+# server has certainly accepted (and counts) both before the third one comes.
 exec 7<>"/dev/tcp/127.0.0.1/$PORT" 8<>"/dev/tcp/127.0.0.1/$PORT"
-sleep 0.2
+for fd in 7 8; do
+    printf 'GET /health HTTP/1.1\r\nHost: x\r\n\r\n' >&$fd
+    read -r -t 5 status_line <&$fd || status_line=none
+    check "held connection $fd answered ($status_line)" grep -q ' 200 ' <<<"$status_line"
+done
 check "a connection over --max-conns is refused" [ "$(curl -s -o /dev/null -w '%{http_code}' "$BASE/health")" = 000 ]
 exec 7>&- 8>&-
 sleep 0.2
