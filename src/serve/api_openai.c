@@ -401,9 +401,13 @@ static int parse_prompt(conn *c, const json_t *body, bool echo, gen_job *j, int3
     if (!json_is_array(p) || json_array_size(p) == 0)
         return reqerr_set(e, 400, "prompt", "'prompt' must be a string or an array of token ids "
                           "(one prompt per request)");
+    size_t n = json_array_size(p);
+    const json_t *first = json_array_get(p, 0);
+    if (json_is_string(first) || json_is_array(first))
+        return reqerr_set(e, 400, "prompt", "'prompt' holds %zu prompts; this server takes one "
+                          "prompt per request", n);
     if (echo)
         return reqerr_set(e, 400, "echo", "'echo' needs a text prompt");
-    size_t n = json_array_size(p);
     if (n > (1u << 24))
         return reqerr_set(e, 413, "prompt", "the prompt is too long");
     return reqparse_token_ids(p, "prompt", toks, n_toks, e);

@@ -105,6 +105,11 @@ check "max_tokens over the context 400" eq "$(code)" 400
 check "context_length_exceeded" eq "$(py "$T/out" 'd["error"]["code"]')" context_length_exceeded
 req POST /v1/chat/completions -d '{"messages":[{"role":"user","content":"x"}],"n":3}'
 check "n != 1 refused" eq "$(code)" 400
+req POST /v1/completions -d '{"prompt":["Once","Twice"],"max_tokens":2}'
+check "several prompts in one request refused" eq "$(code)" 400
+check "the refusal says why" grep -q 'one prompt per request' "$T/out"
+req POST /v1/completions -d '{"prompt":["Once"],"max_tokens":2}'
+check "a list of one prompt is taken" eq "$(code)" 200
 req POST /v1/chat/completions -d '[]'
 check "non-object body 400" eq "$(code)" 400
 req GET /v1/nothing
