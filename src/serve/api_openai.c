@@ -15,7 +15,14 @@
  *   data: [DONE]
  *
  * Without stream the text and logprobs accumulate and one response goes
- * out at the end. An error after the stream started is sent as
+ * out at the end.
+ *
+ * A chat request with `tools` (and tool_choice other than "none") has its
+ * reply searched for function calls (toolcall.h): they become
+ * `message.tool_calls` (streamed: one delta with every call, just before
+ * the final chunk) and finish_reason "tool_calls"; text before the calls
+ * stays content. While streaming, text that may still turn into a call is
+ * held back until it is known. An error after the stream started is sent as
  * `data: {"error":{...}}` followed by [DONE].
  */
 #include <stdlib.h>
@@ -24,6 +31,7 @@
 #include "base/timeutil.h"
 #include "model/tokenizer.h"
 #include "serve/serve_int.h"
+#include "serve/toolcall.h"
 
 enum { JOB_CHAT, JOB_COMPL };
 
@@ -37,6 +45,8 @@ typedef struct gen_job {
     json_t *lp;                /* non-streamed logprobs (chat: content array; legacy object) */
     size_t text_off;           /* legacy logprobs text_offset */
     char *echo;                /* completions: prompt text to echo, or NULL */
+    bool tools;                /* chat with tools: replies are searched for calls */
+    size_t sent;               /* streamed with tools: bytes of text sent as content */
 } gen_job;
 
 /* ---- logprobs ------------------------------------------------------------------- */
@@ -209,8 +219,19 @@ static void on_token(task *t, gen_job *j, const lms_event *ev)
             l = legacy_lp_new();
             legacy_lp_add(l, m, ev, j->text_off);
         }
+        const char *piece = ev->text;
+        size_t n = ev->text_len;
+        if (j->tools) { /* content goes out only once it cannot be part of a call */
+            sbuf_add(&j->text, ev->text, ev->text_len);
+            size_t safe = toolcall_safe_len(j->text.p, j->text.n);
+            piece = j->text.p + j->sent;
+            n = safe > j->sent ? safe - j->sent : 0;
+            j->sent += n;
+            if (n == 0 && !l)
+                return;
+        }
         j->text_off += ev->text_len;
-        sse_choice(t->c, j, chunk_choice(j, ev->text, ev->text_len, NULL, NULL, l));
+        sse_choice(t->c, j, chunk_choice(j, n || !j->tools ? piece : NULL, n, NULL, NULL, l));
         return;
     }
     if (lp && j->kind == JOB_CHAT)
@@ -232,6 +253,50 @@ static void end_error(const conn *c, const lms_event *ev, reqerr *e)
                                            : "the generation was aborted");
 }
 
+/* OpenAI's tool_calls array; streamed deltas also carry each call's index. */
+static json_t *tool_calls_json(lms_server *s, const toolcalls *tc, bool with_index)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < tc->n; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "call_%016llx", (unsigned long long)server_rand(s));
+        json_t *fn = json_object();
+        json_object_set_new(fn, "name", json_string_lossy(tc->v[i].name, strlen(tc->v[i].name)));
+        json_object_set_new(fn, "arguments",
+                            json_string_lossy(tc->v[i].arguments, strlen(tc->v[i].arguments)));
+        json_t *call = json_object();
+        if (with_index)
+            json_object_set_new(call, "index", json_integer(i));
+        json_object_set_new(call, "id", json_string(id));
+        json_object_set_new(call, "type", json_string("function"));
+        json_object_set_new(call, "function", fn);
+        json_array_append_new(a, call);
+    }
+    return a;
+}
+
+/* Streamed with tools, at a normal end: sends the content still held back
+ * and the calls found; returns the finish reason to report. */
+static const char *stream_flush_tools(conn *c, gen_job *j, const char *finish)
+{
+    toolcalls tc;
+    if (toolcall_parse(j->text.p, j->text.n, &tc) < 0)
+        tc = (toolcalls){0};
+    size_t upto = tc.n ? tc.content_len : j->text.n;
+    if (upto > j->sent)
+        sse_choice(c, j, chunk_choice(j, j->text.p + j->sent, upto - j->sent, NULL, NULL, NULL));
+    j->sent = j->text.n;
+    if (tc.n) {
+        json_t *ch = chunk_choice(j, NULL, 0, NULL, NULL, NULL);
+        json_object_set_new(json_object_get(ch, "delta"), "tool_calls",
+                            tool_calls_json(c->srv, &tc, true));
+        sse_choice(c, j, ch);
+        finish = "tool_calls";
+    }
+    toolcalls_free(&tc);
+    return finish;
+}
+
 static void stream_end(task *t, gen_job *j, const lms_event *ev)
 {
     conn *c = t->c;
@@ -240,8 +305,10 @@ static void stream_end(task *t, gen_job *j, const lms_event *ev)
         end_error(c, ev, &e);
         sse_send(c, reqerr_json(&e));
     } else {
-        sse_choice(c, j, chunk_choice(j, j->kind == JOB_CHAT ? NULL : "", 0, NULL,
-                                      finish_reason(ev->stats.finish), NULL));
+        const char *finish = finish_reason(ev->stats.finish);
+        if (j->tools)
+            finish = stream_flush_tools(c, j, finish);
+        sse_choice(c, j, chunk_choice(j, j->kind == JOB_CHAT ? NULL : "", 0, NULL, finish, NULL));
         if (j->include_usage) {
             json_t *o = chunk_new(j, c->srv);
             json_object_set_new(o, "choices", json_array());
@@ -263,11 +330,22 @@ static json_t *full_response(conn *c, gen_job *j, const lms_event *ev)
     json_object_set_new(o, "model", json_string_lossy(c->srv->model_id, strlen(c->srv->model_id)));
     json_t *ch = json_object();
     json_object_set_new(ch, "index", json_integer(0));
-    json_t *text = json_string_lossy(j->text.p ? j->text.p : "", j->text.n);
+    const char *finish = finish_reason(ev->stats.finish);
+    toolcalls tc = {0};
+    if (j->tools && toolcall_parse(j->text.p, j->text.n, &tc) < 0)
+        tc = (toolcalls){0};
+    size_t n_text = tc.n ? tc.content_len : j->text.n;
+    json_t *text = json_string_lossy(j->text.p ? j->text.p : "", n_text);
     if (j->kind == JOB_CHAT) {
         json_t *msg = json_object();
         json_object_set_new(msg, "role", json_string("assistant"));
-        json_object_set_new(msg, "content", text);
+        json_object_set_new(msg, "content", tc.n && n_text == 0 ? json_null() : json_incref(text));
+        json_decref(text);
+        if (tc.n) {
+            json_object_set_new(msg, "tool_calls", tool_calls_json(c->srv, &tc, false));
+            finish = "tool_calls";
+        }
+        toolcalls_free(&tc);
         json_object_set_new(ch, "message", msg);
     } else {
         json_object_set_new(ch, "text", text);
@@ -280,7 +358,7 @@ static json_t *full_response(conn *c, gen_job *j, const lms_event *ev)
         lp = json_incref(j->lp);
     }
     json_object_set_new(ch, "logprobs", lp);
-    json_object_set_new(ch, "finish_reason", json_string(finish_reason(ev->stats.finish)));
+    json_object_set_new(ch, "finish_reason", json_string(finish));
     json_t *arr = json_array();
     json_array_append_new(arr, ch);
     json_object_set_new(o, "choices", arr);
@@ -367,6 +445,11 @@ static int parse_chat(conn *c, const json_t *body, gen_job *j, genparams *gp, in
     const json_t *tools = json_object_get(body, "tools");
     if (tools && !json_is_null(tools) && !json_is_array(tools))
         return reqerr_set(e, 400, "tools", "'tools' must be an array");
+    const json_t *choice = json_object_get(body, "tool_choice");
+    if (choice && !json_is_null(choice) && !json_is_string(choice) && !json_is_object(choice))
+        return reqerr_set(e, 400, "tool_choice", "'tool_choice' must be a string or an object");
+    j->tools = json_array_size(tools) > 0 &&
+               !(json_is_string(choice) && !strcmp(json_string_value(choice), "none"));
     const json_t *rf = NULL;
     const char *rft = NULL;
     if (reqparse_obj(body, "response_format", &rf, e) < 0 ||

@@ -1,7 +1,8 @@
 /*
  * chatfmt.c - from an OpenAI `messages` array to prompt tokens: checking
  * and normalizing the messages (content parts joined into text, the
- * "developer" role read as "system"), rendering them with the model's chat
+ * "developer" role read as "system", tool-call arguments given as JSON
+ * strings read into objects), rendering them with the model's chat
  * template (parsed once when the model is attached), and tokenizing.
  *
  * The template comes from the model file (tokenizer.chat_template) or, for
@@ -95,6 +96,26 @@ fail:
     return NULL;
 }
 
+/* OpenAI clients send a call's arguments as a JSON string; templates
+ * expect the object (they print it with tojson), so a string that holds an
+ * object is replaced by it, as vLLM and llama-server do. */
+static void parse_call_arguments(json_t *msg)
+{
+    size_t k;
+    json_t *call;
+    json_array_foreach(json_object_get(msg, "tool_calls"), k, call)
+    {
+        json_t *fn = json_object_get(call, "function");
+        const json_t *args = json_object_get(fn, "arguments");
+        if (!json_is_string(args))
+            continue;
+        json_t *obj = json_loadb(json_string_value(args), json_string_length(args), 0, NULL);
+        if (json_is_object(obj))
+            json_object_set(fn, "arguments", obj);
+        json_decref(obj);
+    }
+}
+
 static json_t *norm_message(const json_t *msg, const char *field, size_t i, reqerr *e)
 {
     if (!json_is_object(msg)) {
@@ -126,6 +147,7 @@ static json_t *norm_message(const json_t *msg, const char *field, size_t i, reqe
         return NULL;
     }
     json_object_set_new(out, "content", text);
+    parse_call_arguments(out);
     if (!strcmp(json_string_value(role), "developer"))
         json_object_set_new(out, "role", json_string("system"));
     return out;

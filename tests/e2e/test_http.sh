@@ -81,6 +81,20 @@ print("ok")
 EOF
 check "SSE chunks: role first, one id, usage last, text = non-streamed" eq "$(cat "$T/sse_check")" ok
 
+# ---- tools: a reply without a call stays content, streamed or not --------------------------
+TOOLS='"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}]'
+req POST /v1/chat/completions -d "${CHAT%\}},$TOOLS}"
+check "chat with tools 200" eq "$(code)" 200
+py "$T/out" 'd["choices"][0]["message"]["content"]' >"$T/tfull"
+check "no tool_calls when the reply has none" eq "$(py "$T/out" '"tool_calls" in d["choices"][0]["message"]')" False
+curl -s -N "$BASE/v1/chat/completions" -d "${CHAT%\}},$TOOLS,\"stream\":true}" >"$T/tsse"
+check "streamed with tools: same text, nothing held back at the end" eq "$(python3 -c '
+import json, sys
+ev = [l[6:] for l in open(sys.argv[1]).read().split("\n") if l.startswith("data: ")][:-1]
+print("".join(json.loads(e)["choices"][0]["delta"].get("content", "") for e in ev))' "$T/tsse")" "$(cat "$T/tfull")"
+req POST /v1/chat/completions -d "${CHAT%\}},\"tools\":{}}"
+check "tools must be an array" eq "$(code)" 400
+
 # ---- keep-alive ----------------------------------------------------------------------------
 curl -sv -o /dev/null "$BASE/health" -o /dev/null "$BASE/v1/models" 2>"$T/ka"
 check "keep-alive reuses the connection" grep -q 'Re-using existing connection' "$T/ka"

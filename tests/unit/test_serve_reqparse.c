@@ -127,12 +127,23 @@ static void test_messages(void **state)
     json_t *in = parse_ok("{\"m\":[{\"role\":\"developer\",\"content\":\"be brief\"},"
                           "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
                           "{\"type\":\"text\",\"text\":\"b\"}]},"
-                          "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[]}]}");
+                          "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[]},"
+                          "{\"role\":\"assistant\",\"tool_calls\":[{\"type\":\"function\","
+                          "\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":1}\"}},"
+                          "{\"function\":{\"name\":\"g\",\"arguments\":\"not json\"}}]}]}");
     json_t *m = chatfmt_messages(json_object_get(in, "m"), "messages", &e);
     assert_non_null(m);
     assert_string_equal(json_string_value(json_object_get(json_array_get(m, 0), "role")), "system");
     assert_string_equal(json_string_value(json_object_get(json_array_get(m, 1), "content")), "a\nb");
     assert_non_null(json_object_get(json_array_get(m, 2), "tool_calls"));
+    /* a call's arguments given as a JSON string become the object; other strings stay */
+    const json_t *calls = json_object_get(json_array_get(m, 3), "tool_calls");
+    const json_t *a0 = json_object_get(json_object_get(json_array_get(calls, 0), "function"),
+                                       "arguments");
+    const json_t *a1 = json_object_get(json_object_get(json_array_get(calls, 1), "function"),
+                                       "arguments");
+    assert_int_equal(json_integer_value(json_object_get(a0, "a")), 1);
+    assert_string_equal(json_string_value(a1), "not json");
     json_decref(m);
     json_decref(in);
 

@@ -1,0 +1,189 @@
+/*
+ * toolcall.c - the function calls in a model's reply (see toolcall.h for
+ * the forms read). Parsing is all or nothing per form: a block that is not
+ * a complete call leaves the whole reply as content.
+ */
+#include "serve/toolcall.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char TAG_OPEN[] = "<tool_call>";
+static const char TAG_CLOSE[] = "</tool_call>";
+static const char MISTRAL_MARK[] = "[TOOL_CALLS]";
+
+#define LIT_LEN(s) (sizeof(s) - 1)
+
+static bool is_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+static size_t skip_space(const char *s, size_t i, size_t n)
+{
+    while (i < n && is_space(s[i]))
+        i++;
+    return i;
+}
+
+static bool starts_with(const char *s, size_t n, const char *lit, size_t lit_len)
+{
+    return n >= lit_len && memcmp(s, lit, lit_len) == 0;
+}
+
+/* Offset of the first lit in s[0..n), or n. */
+static size_t find(const char *s, size_t n, const char *lit, size_t lit_len)
+{
+    for (size_t i = 0; i + lit_len <= n; i++)
+        if (s[i] == lit[0] && memcmp(s + i, lit, lit_len) == 0)
+            return i;
+    return n;
+}
+
+void toolcalls_free(toolcalls *tc)
+{
+    for (int i = 0; i < tc->n; i++) {
+        free(tc->v[i].name);
+        free(tc->v[i].arguments);
+    }
+    free(tc->v);
+    tc->v = NULL;
+    tc->n = 0;
+}
+
+/* Adds the call that o describes: {"name", "arguments"|"parameters"}, or
+ * OpenAI's own {"type":"function","function":{...}}. Returns 1 added, 0 o
+ * is not a call, < 0 out of memory. */
+static int add_call(toolcalls *tc, const json_t *o)
+{
+    if (json_is_object(json_object_get(o, "function")))
+        o = json_object_get(o, "function");
+    const json_t *name = json_object_get(o, "name");
+    if (!json_is_object(o) || !json_is_string(name) || json_string_length(name) == 0)
+        return 0;
+    const json_t *args = json_object_get(o, "arguments");
+    if (!args)
+        args = json_object_get(o, "parameters");
+    char *a;
+    if (!args || json_is_null(args))
+        a = strdup("{}");
+    else if (json_is_object(args))
+        a = json_dumps(args, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    else if (json_is_string(args))
+        a = strdup(json_string_value(args));
+    else
+        return 0;
+    char *nm = strdup(json_string_value(name));
+    toolcall *v = realloc(tc->v, (size_t)(tc->n + 1) * sizeof *v);
+    if (!a || !nm || !v) {
+        free(a);
+        free(nm);
+        if (v)
+            tc->v = v;
+        return -1;
+    }
+    tc->v = v;
+    v[tc->n++] = (toolcall){nm, a};
+    return 1;
+}
+
+/* One JSON value at s[0..n); *used gets the bytes it took (trailing text
+ * allowed when used is not NULL). */
+static json_t *load(const char *s, size_t n, size_t *used)
+{
+    json_error_t err;
+    json_t *j = json_loadb(s, n, used ? JSON_DISABLE_EOF_CHECK : 0, &err);
+    if (j && used)
+        *used = (size_t)err.position;
+    return j;
+}
+
+/* `<tool_call>` blocks from offset i on; text after the last block is
+ * dropped. Returns > 0 calls read, 0 not this form, < 0 out of memory. */
+static int parse_tags(const char *s, size_t n, size_t i, toolcalls *tc)
+{
+    while ((i = skip_space(s, i, n)) < n && starts_with(s + i, n - i, TAG_OPEN,
+                                                         LIT_LEN(TAG_OPEN))) {
+        i += LIT_LEN(TAG_OPEN);
+        size_t body = find(s + i, n - i, TAG_CLOSE, LIT_LEN(TAG_CLOSE));
+        json_t *o = load(s + i, body, NULL);
+        int rc = add_call(tc, o);
+        json_decref(o);
+        if (rc <= 0)
+            return rc;
+        i += body + (i + body < n ? LIT_LEN(TAG_CLOSE) : 0);
+    }
+    return tc->n;
+}
+
+/* The whole reply as a JSON array of calls, or as objects separated by
+ * `;` or space. Returns > 0 calls read, 0 not this form, < 0 out of memory. */
+static int parse_bare(const char *s, size_t n, size_t i, toolcalls *tc)
+{
+    if (starts_with(s + i, n - i, MISTRAL_MARK, LIT_LEN(MISTRAL_MARK)))
+        i = skip_space(s, i + LIT_LEN(MISTRAL_MARK), n);
+    if (i < n && s[i] == '[') {
+        json_t *a = load(s + i, n - i, NULL);
+        size_t k;
+        const json_t *o;
+        int rc = json_is_array(a) && json_array_size(a) > 0;
+        json_array_foreach(a, k, o)
+        {
+            if ((rc = add_call(tc, o)) <= 0)
+                break;
+        }
+        json_decref(a);
+        return rc <= 0 ? rc : tc->n;
+    }
+    while (i < n && s[i] == '{') {
+        size_t used = 0;
+        json_t *o = load(s + i, n - i, &used);
+        int rc = add_call(tc, o);
+        json_decref(o);
+        if (rc <= 0)
+            return rc;
+        i = skip_space(s, i + used, n);
+        if (i < n && s[i] == ';')
+            i = skip_space(s, i + 1, n);
+    }
+    return i == n ? tc->n : 0;
+}
+
+int toolcall_parse(const char *text, size_t len, toolcalls *out)
+{
+    *out = (toolcalls){0};
+    if (!text)
+        return 0;
+    size_t start = skip_space(text, 0, len);
+    size_t tag = find(text, len, TAG_OPEN, LIT_LEN(TAG_OPEN));
+    int rc = tag < len ? parse_tags(text, len, tag, out) : parse_bare(text, len, start, out);
+    if (rc <= 0) {
+        toolcalls_free(out);
+        return rc < 0 ? -1 : 0;
+    }
+    size_t c = tag < len ? tag : 0;
+    while (c > 0 && is_space(text[c - 1]))
+        c--;
+    out->content_len = c;
+    return 0;
+}
+
+size_t toolcall_safe_len(const char *text, size_t len)
+{
+    size_t i = skip_space(text, 0, len);
+    if (i == len || text[i] == '{' || text[i] == '[')
+        return 0; /* nothing yet, or perhaps a bare call: hold it all */
+    const size_t tl = LIT_LEN(TAG_OPEN);
+    if (len - i < tl && starts_with(TAG_OPEN, tl, text + i, len - i))
+        return 0;
+    size_t tag = find(text, len, TAG_OPEN, tl);
+    if (tag < len)
+        return tag;
+    /* hold a tail that may grow into the tag */
+    for (size_t k = tl - 1 < len ? tl - 1 : len; k > 0; k--)
+        if (memcmp(text + len - k, TAG_OPEN, k) == 0)
+            return len - k;
+    return len;
+}

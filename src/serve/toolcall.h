@@ -1,0 +1,45 @@
+/*
+ * toolcall.h - finds the function calls in a model's reply, for the
+ * OpenAI `tools` API (`message.tool_calls`, finish_reason "tool_calls").
+ *
+ * Chat templates teach models one of a few written forms; the ones read
+ * here are:
+ *   - tags: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one
+ *     block per call, possibly after some text (Qwen2/2.5/3, Hermes,
+ *     SmolLM3; the closing tag may be missing at the end of the reply);
+ *   - a bare JSON object `{"name": ..., "parameters"|"arguments": {...}}`
+ *     (Llama 3.x; several may follow each other, separated by `;`);
+ *   - a JSON array of such objects, optionally after `[TOOL_CALLS]`
+ *     (Mistral; the marker is a control token and usually not in the text).
+ * A bare object or array counts only when it is the whole reply. Anything
+ * that does not parse completely is plain content, never an error.
+ *
+ * Pure functions over text: no I/O, no global state.
+ */
+#ifndef LMS_SERVE_TOOLCALL_H
+#define LMS_SERVE_TOOLCALL_H
+
+#include <stddef.h>
+
+typedef struct toolcall {
+    char *name;      /* function name */
+    char *arguments; /* the arguments as JSON text (an object) */
+} toolcall;
+
+typedef struct toolcalls {
+    toolcall *v;
+    int n;
+    size_t content_len; /* bytes of the reply before the first call, trailing space trimmed */
+} toolcalls;
+
+/* Reads the calls of a finished reply into *out (n = 0: none, the whole
+ * text is content). Returns 0, or < 0 when out of memory. */
+int toolcall_parse(const char *text, size_t len, toolcalls *out);
+void toolcalls_free(toolcalls *tc);
+
+/* While streaming: how many leading bytes of the reply so far are content
+ * for sure, i.e. cannot belong to a call that is still being written. The
+ * value never decreases as text is appended. */
+size_t toolcall_safe_len(const char *text, size_t len);
+
+#endif

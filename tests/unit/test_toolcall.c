@@ -1,0 +1,122 @@
+/*
+ * test_toolcall.c - function calls found in model replies (serve/toolcall):
+ * each written form, text before the calls, malformed calls left as
+ * content, and the streaming hold-back never releasing part of a call.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve/toolcall.h"
+#include "testutil.h"
+
+static toolcalls parse(const char *text)
+{
+    toolcalls tc;
+    assert_int_equal(toolcall_parse(text, strlen(text), &tc), 0);
+    return tc;
+}
+
+static void test_tags(void **state)
+{
+    (void)state;
+    toolcalls tc = parse("Let me look.\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+                         "{\"city\": \"Paris\", \"days\": 2}}\n</tool_call>\n<tool_call>\n"
+                         "{\"name\": \"now\", \"arguments\": {}}\n</tool_call>");
+    assert_int_equal(tc.n, 2);
+    assert_int_equal(tc.content_len, strlen("Let me look."));
+    assert_string_equal(tc.v[0].name, "get_weather");
+    assert_string_equal(tc.v[0].arguments, "{\"city\":\"Paris\",\"days\":2}");
+    assert_string_equal(tc.v[1].name, "now");
+    assert_string_equal(tc.v[1].arguments, "{}");
+    toolcalls_free(&tc);
+    /* no closing tag at the end of the reply; arguments given as a string */
+    tc = parse("<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}");
+    assert_int_equal(tc.n, 1);
+    assert_int_equal(tc.content_len, 0);
+    assert_string_equal(tc.v[0].arguments, "{\"a\": 1}");
+    toolcalls_free(&tc);
+}
+
+static void test_bare_json(void **state)
+{
+    (void)state;
+    /* Llama 3.x: "parameters", several calls separated by ';' */
+    toolcalls tc = parse(" {\"name\": \"a\", \"parameters\": {\"x\": \"\xc3\xa9\"}}; "
+                         "{\"name\": \"b\", \"parameters\": {}}\n");
+    assert_int_equal(tc.n, 2);
+    assert_string_equal(tc.v[0].name, "a");
+    assert_string_equal(tc.v[0].arguments, "{\"x\":\"\xc3\xa9\"}");
+    assert_string_equal(tc.v[1].name, "b");
+    toolcalls_free(&tc);
+    /* Mistral: an array, with or without its marker; OpenAI's nested shape */
+    tc = parse("[TOOL_CALLS] [{\"name\": \"m\", \"arguments\": {\"q\": 1}}]");
+    assert_int_equal(tc.n, 1);
+    assert_string_equal(tc.v[0].name, "m");
+    toolcalls_free(&tc);
+    tc = parse("[{\"type\": \"function\", \"function\": {\"name\": \"n\", \"arguments\": {}}}]");
+    assert_int_equal(tc.n, 1);
+    assert_string_equal(tc.v[0].name, "n");
+    toolcalls_free(&tc);
+}
+
+static void test_not_calls(void **state)
+{
+    (void)state;
+    static const char *const texts[] = {
+        "",
+        "Plain answer.",
+        "{\"answer\": 42}",                                    /* JSON without a name */
+        "{\"name\": \"f\", \"parameters\": {}} and more text", /* trailing prose */
+        "[1, 2, 3]",
+        "[]",
+        "<tool_call>{\"name\": \"f\", \"arguments\": {</tool_call>", /* broken JSON */
+        "<tool_call>not json</tool_call>",
+        "{\"name\": 5, \"arguments\": {}}",
+        "{\"name\": \"f\", \"arguments\": 7}",
+        "The tag <tool_call is not closed",
+    };
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+        toolcalls tc = parse(texts[i]);
+        if (tc.n != 0)
+            fail_msg("'%s' read as %d calls", texts[i], tc.n);
+        toolcalls_free(&tc);
+    }
+}
+
+/* Streaming: appended one byte at a time, the safe length never shrinks and
+ * never reaches into a call. */
+static void check_stream(const char *text, size_t want_final)
+{
+    size_t n = strlen(text), prev = 0;
+    for (size_t k = 0; k <= n; k++) {
+        size_t safe = toolcall_safe_len(text, k);
+        if (safe < prev || safe > k)
+            fail_msg("'%.*s': safe %zu after %zu", (int)k, text, safe, prev);
+        prev = safe;
+    }
+    assert_int_equal(prev, want_final);
+}
+
+static void test_stream_hold(void **state)
+{
+    (void)state;
+    check_stream("Hello there", 11);
+    check_stream("Sure.\n<tool_call>\n{\"name\": \"f\"}\n</tool_call>", 6);
+    check_stream("  {\"name\": \"f\", \"parameters\": {}}", 0);
+    check_stream("[TOOL_CALLS][{\"name\": \"f\"}]", 0);
+    check_stream("a < b and <tool", 10);
+    check_stream("x <tool_cal", 2);
+    check_stream("<tool", 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tags),
+        cmocka_unit_test(test_bare_json),
+        cmocka_unit_test(test_not_calls),
+        cmocka_unit_test(test_stream_hold),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
