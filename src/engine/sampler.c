@@ -60,6 +60,12 @@ int lms_sampler_params_check(const lms_sampler_params *p, char *err, size_t errs
                         p->frequency_penalty, p->presence_penalty);
     if (p->penalty_last_n < 0 || p->penalty_last_n > (1 << 20))
         return lms_errf(err, errsz, LMS_ERR_INVAL, "penalty_last_n %d out of range", p->penalty_last_n);
+    if (p->n_bias < 0 || p->n_bias > LMS_MAX_LOGIT_BIAS)
+        return lms_errf(err, errsz, LMS_ERR_LIMIT, "at most %d logit biases", LMS_MAX_LOGIT_BIAS);
+    for (int32_t i = 0; i < p->n_bias; i++)
+        if (p->bias[i].id < 0 || !(fabsf(p->bias[i].bias) <= 100))
+            return lms_errf(err, errsz, LMS_ERR_INVAL, "logit bias %g for token %d is not valid",
+                            p->bias[i].bias, p->bias[i].id);
     return 0;
 }
 
@@ -264,6 +270,11 @@ static int32_t nucleus(const lms_sampler *s, int32_t n, double *probs)
 int32_t lms_sampler_sample(lms_sampler *s, const float *logits, float *prob)
 {
     memcpy(s->logits, logits, (size_t)s->n_vocab * sizeof *logits);
+    for (int32_t i = 0; i < s->p.n_bias; i++) {
+        const lms_logit_bias *b = &s->p.bias[i];
+        if (b->id < s->n_vocab)
+            s->logits[b->id] = b->bias <= -100.0f ? -INFINITY : s->logits[b->id] + b->bias;
+    }
     apply_penalties(s);
     compute_lse(s);
     int32_t tok;

@@ -2,7 +2,7 @@
  * sampler.h - turns logits into the next token: penalties, top-k, top-p,
  * min-p, temperature, seeded random choice (or greedy at temperature 0).
  *
- * The chain runs in llama.cpp's default order: repetition / frequency /
+ * The chain runs in llama.cpp's default order (after any logit bias): repetition / frequency /
  * presence penalties over the last `penalty_last_n` tokens, then top-k,
  * top-p, min-p, temperature, and a draw. The probability of the chosen
  * token under the model's (penalised, untempered) distribution is returned
@@ -17,6 +17,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* OpenAI's logit_bias: added to a token's logit before everything else;
+ * -100 or less bans the token. */
+#define LMS_MAX_LOGIT_BIAS 300
+typedef struct lms_logit_bias {
+    int32_t id;
+    float bias;
+} lms_logit_bias;
+
 typedef struct lms_sampler_params {
     float temperature;       /* <= 0: greedy */
     int32_t top_k;           /* <= 0: off */
@@ -27,6 +35,8 @@ typedef struct lms_sampler_params {
     float presence_penalty;  /* 0: off */
     int32_t penalty_last_n;  /* window of recent tokens for penalties */
     uint64_t seed;
+    int32_t n_bias;          /* entries of bias in use */
+    lms_logit_bias bias[LMS_MAX_LOGIT_BIAS];
 } lms_sampler_params;
 
 typedef struct lms_token_prob {

@@ -206,6 +206,10 @@ static int check_request(const lms_sched *s, const lms_request *r, char *err, si
         return 0;
     if (r->max_tokens == 0)
         return lms_errf(err, errsz, LMS_ERR_INVAL, "max_tokens must be at least 1");
+    for (int32_t i = 0; i < r->sp.n_bias && i < LMS_MAX_LOGIT_BIAS; i++)
+        if (r->sp.bias[i].id >= n_vocab)
+            return lms_errf(err, errsz, LMS_ERR_RANGE, "logit_bias names token %d; the vocabulary "
+                            "has %d", r->sp.bias[i].id, n_vocab);
     return lms_sampler_params_check(&r->sp, err, errsz);
 }
 

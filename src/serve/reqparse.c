@@ -8,6 +8,7 @@
  * extensions we do not know); a known field of the wrong type or out of
  * range is refused with its name, never coerced.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -301,13 +302,43 @@ static int parse_floats(const json_t *o, lms_sampler_params *sp, reqerr *e)
     return 0;
 }
 
+/* logit_bias: {"token id": bias in [-100, 100], ...} (OpenAI's shape). */
+static int parse_logit_bias(const json_t *o, lms_sampler_params *sp, reqerr *e)
+{
+    const json_t *lb = field(o, "logit_bias");
+    if (!lb)
+        return 0;
+    if (!json_is_object(lb))
+        return reqerr_set(e, 400, "logit_bias", "'logit_bias' must be an object mapping token ids "
+                          "to numbers");
+    if (json_object_size(lb) > LMS_MAX_LOGIT_BIAS)
+        return reqerr_set(e, 400, "logit_bias", "'logit_bias' may hold at most %d tokens",
+                          LMS_MAX_LOGIT_BIAS);
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)lb, key, v)
+    {
+        char *end;
+        errno = 0;
+        long id = strtol(key, &end, 10);
+        if (!key[0] || *end || errno || id < 0 || id > INT32_MAX)
+            return reqerr_set(e, 400, "logit_bias", "logit_bias key '%.40s' is not a token id",
+                              key);
+        if (!json_is_number(v) || !(fabs(json_number_value(v)) <= 100))
+            return reqerr_set(e, 400, "logit_bias", "logit_bias of token %ld must be a number "
+                              "between -100 and 100", id);
+        sp->bias[sp->n_bias++] = (lms_logit_bias){(int32_t)id, (float)json_number_value(v)};
+    }
+    return 0;
+}
+
 int reqparse_gen(const json_t *o, genparams *gp, reqerr *e)
 {
     static const char *const max_names[] = {"max_tokens", "max_completion_tokens", "n_predict",
                                             NULL};
     int64_t x = 0;
     int rc;
-    if (parse_floats(o, &gp->sp, e) < 0)
+    if (parse_floats(o, &gp->sp, e) < 0 || parse_logit_bias(o, &gp->sp, e) < 0)
         return -1;
     if ((rc = reqparse_int(o, "top_k", 0, 1 << 20, &x, e)) < 0)
         return -1;

@@ -119,6 +119,10 @@ check "max_tokens over the context 400" eq "$(code)" 400
 check "context_length_exceeded" eq "$(py "$T/out" 'd["error"]["code"]')" context_length_exceeded
 req POST /v1/chat/completions -d '{"messages":[{"role":"user","content":"x"}],"n":3}'
 check "n != 1 refused" eq "$(code)" 400
+req POST /v1/completions -d '{"prompt":"Once upon a time","max_tokens":3,"temperature":0,"logit_bias":{"261":100}}'
+check "logit_bias +100 forces a token" eq "$(py "$T/out" 'd["choices"][0]["text"]')" " a a a"
+req POST /v1/completions -d '{"prompt":"Once upon a time","max_tokens":3,"logit_bias":{"7":"x"}}'
+check "logit_bias with a non-number refused" eq "$(code)" 400
 req POST /v1/completions -d '{"prompt":["Once","Twice"],"max_tokens":2}'
 check "several prompts in one request refused" eq "$(code)" 400
 check "the refusal says why" grep -q 'one prompt per request' "$T/out"

@@ -138,6 +138,37 @@ static void test_penalties(void **state)
     lms_sampler_destroy(s);
 }
 
+static void test_logit_bias(void **state)
+{
+    float l[NV];
+    fill(l, 11);
+    l[13] = 10.0f;
+    lms_sampler_params p = greedy();
+    p.bias[p.n_bias++] = (lms_logit_bias){13, -100.0f}; /* banned */
+    p.bias[p.n_bias++] = (lms_logit_bias){40, 50.0f};   /* pushed to the top */
+    lms_sampler *s = lms_sampler_create(&p, NV);
+    assert_int_equal(lms_sampler_sample(s, l, NULL), 40);
+    lms_token_prob top[NV];
+    assert_int_equal(lms_sampler_top(s, top, NV), NV);
+    assert_true(isinf(top[NV - 1].logprob) && top[NV - 1].id == 13);
+    lms_sampler_destroy(s);
+    /* sampling with temperature never draws a banned token */
+    p = lms_sampler_defaults();
+    p.top_k = 0;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    for (int i = 0; i < NV - 1; i++)
+        p.bias[p.n_bias++] = (lms_logit_bias){i, -100.0f};
+    s = lms_sampler_create(&p, NV);
+    for (int k = 0; k < 50; k++)
+        assert_int_equal(lms_sampler_sample(s, l, NULL), NV - 1);
+    lms_sampler_destroy(s);
+    char err[128];
+    p.bias[0].bias = 101.0f;
+    assert_int_equal(lms_sampler_params_check(&p, err, sizeof err), LMS_ERR_INVAL);
+    assert_non_null(strstr(err, "logit bias"));
+}
+
 static void test_param_checks(void **state)
 {
     char err[128];
@@ -217,6 +248,7 @@ int main(void)
         cmocka_unit_test(test_greedy_and_prob), cmocka_unit_test(test_seed_reproducible),
         cmocka_unit_test(test_top_k_top_p_min_p), cmocka_unit_test(test_penalties),
         cmocka_unit_test(test_param_checks), cmocka_unit_test(test_stop_strings),
+        cmocka_unit_test(test_logit_bias),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
