@@ -53,7 +53,18 @@ static int get_ws(conn *c)
     return http_reply_err(c, &e);
 }
 
+/* The playground and dashboard page (web/index.html, compiled in). */
+extern const unsigned char lms_web_index[];
+extern const size_t lms_web_index_len;
+
+static int get_index(conn *c)
+{
+    return http_reply(c, 200, "text/html; charset=utf-8", (const char *)lms_web_index,
+                      lms_web_index_len);
+}
+
 static const route routes[] = {
+    {"/", false, true, get_index, NULL},
     {"/health", false, true, api_health, NULL},
     {"/stats", false, false, api_stats, NULL},
     {"/metrics", false, false, api_metrics, NULL},
