@@ -130,6 +130,9 @@ req POST /v1/completions -d '{"prompt":["Once"],"max_tokens":2}'
 check "a list of one prompt is taken" eq "$(code)" 200
 req POST /v1/chat/completions -d '[]'
 check "non-object body 400" eq "$(code)" 400
+curl -s -D "$T/hdr" -o "$T/out" "$BASE/"
+check "GET / serves the web page" grep -q '/v1/chat/completions' "$T/out"
+check "the page is HTML" grep -qi '^content-type: text/html' "$T/hdr"
 req GET /v1/nothing
 check "unknown path 404" eq "$(code)" 404
 req GET /v1/chat/completions
