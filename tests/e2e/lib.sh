@@ -98,14 +98,21 @@ stop_server() {
     SRV_PID=""
 }
 
+node_modules_ok() {
+    local p
+    for p in openai ws playwright-core; do
+        [ -d "$E2E_DIR/node_modules/$p" ] || return 1
+    done
+}
+
 need_node() {
     command -v node >/dev/null || skip "node is not installed"
     command -v npm >/dev/null || skip "npm is not installed"
-    if [ ! -d "$E2E_DIR/node_modules/openai" ] || [ ! -d "$E2E_DIR/node_modules/ws" ]; then
+    if ! node_modules_ok; then
         # one installer at a time when tests run in parallel
         (
             flock 9
-            if [ ! -d "$E2E_DIR/node_modules/openai" ] || [ ! -d "$E2E_DIR/node_modules/ws" ]; then
+            if ! node_modules_ok; then
                 cd "$E2E_DIR" && npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1
             fi
         ) 9>/tmp/lmserv-e2e-npm.lock || skip "npm ci failed (no registry?)"
