@@ -76,6 +76,8 @@ static const route routes[] = {
     {"/completions", false, false, NULL, api_completions},
     {"/v1/embeddings", false, false, NULL, api_embeddings},
     {"/embeddings", false, false, NULL, api_embeddings},
+    {"/tokenize", false, false, NULL, api_tokenize},
+    {"/detokenize", false, false, NULL, api_detokenize},
     {"/ws", false, false, get_ws, NULL},
 };
 #define N_ROUTES ((int)(sizeof routes / sizeof routes[0]))

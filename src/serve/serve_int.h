@@ -374,6 +374,9 @@ int api_completions(conn *c, json_t *body);
 int api_models(conn *c, const char *id);
 /* api_embeddings.c */
 int api_embeddings(conn *c, json_t *body);
+/* api_tokens.c */
+int api_tokenize(conn *c, json_t *body);
+int api_detokenize(conn *c, json_t *body);
 /* api_ops.c */
 int api_health(conn *c);
 int api_stats(conn *c);

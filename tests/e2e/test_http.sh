@@ -133,6 +133,16 @@ check "non-object body 400" eq "$(code)" 400
 curl -s -D "$T/hdr" -o "$T/out" "$BASE/"
 check "GET / serves the web page" grep -q '/v1/chat/completions' "$T/out"
 check "the page is HTML" grep -qi '^content-type: text/html' "$T/hdr"
+req POST /tokenize -d '{"content":"Once upon a time"}'
+check "tokenize 200" eq "$(code)" 200
+TOKS=$(py "$T/out" 'json.dumps(d["tokens"])')
+check "tokenize gives ids" eq "$(py "$T/out" 'len(d["tokens"]) > 0 and all(isinstance(x, int) for x in d["tokens"])')" True
+req POST /detokenize -d "{\"tokens\":$TOKS}"
+check "detokenize(tokenize(text)) == text" eq "$(py "$T/out" 'd["content"]')" "Once upon a time"
+req POST /tokenize -d '{"content":"Once","add_special":true,"with_pieces":true}'
+check "tokenize with BOS and pieces" eq "$(py "$T/out" 'd["tokens"][0]["piece"]')" "<s>"
+req POST /detokenize -d '{"tokens":[1,99999]}'
+check "detokenize refuses an id outside the vocabulary" eq "$(py "$T/out" 'd["error"]["param"]')" tokens
 req GET /v1/nothing
 check "unknown path 404" eq "$(code)" 404
 req GET /v1/chat/completions
