@@ -522,6 +522,7 @@ static int start(conn *c, gen_job *j, const genparams *gp, const int32_t *toks, 
 {
     lms_request r = {
         .tokens = toks, .n_tokens = n_toks, .sp = gp->sp, .max_tokens = gp->max_tokens,
+        .timeout_ms = gp->timeout_ms,
         .stop = (const char *const *)gp->stop, .n_stop = gp->n_stop, .ignore_eos = gp->ignore_eos,
         .n_logprobs = j->logprobs > 0 ? j->logprobs : 0,
     };

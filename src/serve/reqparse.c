@@ -364,6 +364,10 @@ int reqparse_gen(const json_t *o, genparams *gp, reqerr *e)
     }
     if (reqparse_bool(o, "ignore_eos", &gp->ignore_eos, e) < 0)
         return -1;
+    double tmo = 0;
+    if (reqparse_num(o, "timeout", 0.001, 86400, &tmo, e) < 0)
+        return -1;
+    gp->timeout_ms = tmo * 1000.0;
     return parse_stop(o, gp, e);
 }
 

@@ -106,11 +106,13 @@ typedef struct genparams {
     int n_stop;
     bool ignore_eos;
     bool has_seed;
+    double timeout_ms;           /* the request's own deadline ("timeout", seconds); 0 = none */
 } genparams;
 
 /* Reads temperature (or `temp`), top_k, top_p, min_p, repeat_penalty,
  * repeat_last_n, presence_penalty, frequency_penalty, seed, max_tokens (or
- * max_completion_tokens, n_predict), stop, ignore_eos from o. Unknown
+ * max_completion_tokens, n_predict), stop, ignore_eos, logit_bias and
+ * timeout (seconds, the request's deadline) from o. Unknown
  * fields are ignored. gp must be initialized with genparams_init. */
 int reqparse_gen(const json_t *o, genparams *gp, reqerr *e);
 void genparams_init(genparams *gp, uint64_t seed);

@@ -132,8 +132,10 @@ task *task_submit(conn *c, lms_request *r, const task_ops *ops, void *state, req
         s->met.by_finish[FIN_REJECTED]++;
         return NULL;
     }
-    if (r->timeout_ms <= 0)
-        r->timeout_ms = s->p.request_timeout_ms; /* --timeout: the deadline of every request */
+    /* --timeout bounds every request; a request may ask for a shorter one */
+    double cap = s->p.request_timeout_ms;
+    if (cap > 0 && (r->timeout_ms <= 0 || r->timeout_ms > cap))
+        r->timeout_ms = cap;
     task *t = calloc(1, sizeof *t);
     if (!t) {
         reqerr_set(e, 503, NULL, "out of memory");

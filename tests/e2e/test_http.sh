@@ -143,6 +143,12 @@ req POST /tokenize -d '{"content":"Once","add_special":true,"with_pieces":true}'
 check "tokenize with BOS and pieces" eq "$(py "$T/out" 'd["tokens"][0]["piece"]')" "<s>"
 req POST /detokenize -d '{"tokens":[1,99999]}'
 check "detokenize refuses an id outside the vocabulary" eq "$(py "$T/out" 'd["error"]["param"]')" tokens
+# a request's own deadline ("timeout", seconds): the stream ends early, as "length"
+req POST /v1/completions -d '{"prompt":"Once","max_tokens":480,"ignore_eos":true,"timeout":0.001}'
+check "timeout ends the request early" eq "$(py "$T/out" 'd["usage"]["completion_tokens"] < 480')" True
+check "a deadline reads as length" eq "$(py "$T/out" 'd["choices"][0]["finish_reason"]')" length
+req POST /v1/completions -d '{"prompt":"Once","timeout":-1}'
+check "a negative timeout is refused" eq "$(code)" 400
 req GET /v1/nothing
 check "unknown path 404" eq "$(code)" 404
 req GET /v1/chat/completions
