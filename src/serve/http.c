@@ -78,6 +78,12 @@ static const route routes[] = {
     {"/embeddings", false, false, NULL, api_embeddings},
     {"/tokenize", false, false, NULL, api_tokenize},
     {"/detokenize", false, false, NULL, api_detokenize},
+    {"/api/chat", false, false, NULL, api_ollama_chat},
+    {"/api/generate", false, false, NULL, api_ollama_generate},
+    {"/api/show", false, false, NULL, api_ollama_show},
+    {"/api/tags", false, false, api_ollama_tags, NULL},
+    {"/api/ps", false, false, api_ollama_ps, NULL},
+    {"/api/version", false, true, api_ollama_version, NULL},
     {"/ws", false, false, get_ws, NULL},
 };
 #define N_ROUTES ((int)(sizeof routes / sizeof routes[0]))

@@ -335,7 +335,7 @@ static int parse_logit_bias(const json_t *o, lms_sampler_params *sp, reqerr *e)
 int reqparse_gen(const json_t *o, genparams *gp, reqerr *e)
 {
     static const char *const max_names[] = {"max_tokens", "max_completion_tokens", "n_predict",
-                                            NULL};
+                                            "num_predict", NULL};
     int64_t x = 0;
     int rc;
     if (parse_floats(o, &gp->sp, e) < 0 || parse_logit_bias(o, &gp->sp, e) < 0)

@@ -376,6 +376,13 @@ int api_completions(conn *c, json_t *body);
 int api_models(conn *c, const char *id);
 /* api_embeddings.c */
 int api_embeddings(conn *c, json_t *body);
+/* api_ollama.c */
+int api_ollama_chat(conn *c, json_t *body);
+int api_ollama_generate(conn *c, json_t *body);
+int api_ollama_show(conn *c, json_t *body);
+int api_ollama_tags(conn *c);
+int api_ollama_ps(conn *c);
+int api_ollama_version(conn *c);
 /* api_tokens.c */
 int api_tokenize(conn *c, json_t *body);
 int api_detokenize(conn *c, json_t *body);

@@ -1,0 +1,348 @@
+/*
+ * api_ollama.c - the Ollama API, for the tools that speak it (editor
+ * plugins, chat front ends): GET /api/version, /api/tags, /api/ps,
+ * POST /api/show, /api/chat and /api/generate.
+ *
+ * Chat and generate stream by default, as Ollama does: one JSON object per
+ * line (application/x-ndjson), each with a piece of the reply and
+ * "done": false, then a last object with "done": true, "done_reason" and
+ * the counters and durations (nanoseconds). With "stream": false one
+ * object holds the whole reply. Sampling options come in "options" under
+ * the names Ollama uses (num_predict, temperature, top_k, top_p, min_p,
+ * seed, stop, repeat_penalty, repeat_last_n, presence/frequency_penalty).
+ * Errors are {"error": "message"} with the HTTP status, or that object as
+ * the last line of a stream that had started.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/timeutil.h"
+#include "serve/serve_int.h"
+
+typedef struct oll_job {
+    bool chat, stream;
+    sbuf text;   /* the reply (not streamed) */
+    double t0;   /* arrival, ms (lms_now_ms) */
+} oll_job;
+
+/* ---- shapes --------------------------------------------------------------------- */
+
+static json_t *created_at(void)
+{
+    struct timespec ts;
+    struct tm tm;
+    char buf[64];
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    size_t n = strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(buf + n, sizeof buf - n, ".%06ldZ", ts.tv_nsec / 1000);
+    return json_string(buf);
+}
+
+static json_t *reply_obj(const lms_server *s, const oll_job *j, const char *text, size_t n,
+                         bool done)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "model", json_string_lossy(s->model_id, strlen(s->model_id)));
+    json_object_set_new(o, "created_at", created_at());
+    if (j->chat) {
+        json_t *msg = json_object();
+        json_object_set_new(msg, "role", json_string("assistant"));
+        json_object_set_new(msg, "content", json_string_lossy(text, n));
+        json_object_set_new(o, "message", msg);
+    } else {
+        json_object_set_new(o, "response", json_string_lossy(text, n));
+    }
+    json_object_set_new(o, "done", json_boolean(done));
+    return o;
+}
+
+static json_int_t ns(double ms)
+{
+    return (json_int_t)(ms * 1e6);
+}
+
+static void add_stats(json_t *o, const oll_job *j, const lms_req_stats *st)
+{
+    const char *f = st->finish;
+    json_object_set_new(o, "done_reason",
+                        json_string(f && (!strcmp(f, "length") || !strcmp(f, "deadline"))
+                                        ? "length" : "stop"));
+    json_object_set_new(o, "total_duration", json_integer(ns(lms_now_ms() - j->t0)));
+    json_object_set_new(o, "load_duration", json_integer(0));
+    json_object_set_new(o, "prompt_eval_count", json_integer(st->n_prompt));
+    json_object_set_new(o, "prompt_eval_duration", json_integer(ns(st->ttft_ms - st->queue_ms)));
+    json_object_set_new(o, "eval_count", json_integer(st->n_gen));
+    json_object_set_new(o, "eval_duration", json_integer(ns(st->total_ms - st->ttft_ms)));
+}
+
+static json_t *err_obj(const char *msg)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "error", json_string_lossy(msg, strlen(msg)));
+    return o;
+}
+
+static int reply_err(conn *c, const reqerr *e)
+{
+    return http_reply_json(c, e->status, err_obj(e->msg));
+}
+
+/* One NDJSON line; steals o. */
+static void send_line(conn *c, json_t *o)
+{
+    size_t n;
+    char *s = json_dump_compact(o, &n);
+    json_decref(o);
+    if (!s)
+        return;
+    http_stream_write(c, s, n);
+    http_stream_write(c, "\n", 1);
+    free(s);
+}
+
+/* ---- events --------------------------------------------------------------------- */
+
+static void oll_on_event(task *t, const lms_event *ev, double t_ms)
+{
+    oll_job *j = t->state;
+    conn *c = t->c;
+    (void)t_ms;
+    if (ev->type == LMS_EV_TOKEN) {
+        if (!j->stream)
+            sbuf_add(&j->text, ev->text, ev->text_len);
+        else if (ev->text_len > 0)
+            send_line(c, reply_obj(c->srv, j, ev->text, ev->text_len, false));
+        return;
+    }
+    if (ev->type != LMS_EV_END && ev->type != LMS_EV_ERROR)
+        return;
+    const char *f = ev->stats.finish;
+    bool failed = ev->type == LMS_EV_ERROR || (f && !strcmp(f, "abort"));
+    const char *why = ev->type == LMS_EV_ERROR ? ev->message : "the generation was aborted";
+    if (j->stream) {
+        json_t *o = failed ? err_obj(why) : reply_obj(c->srv, j, "", 0, true);
+        if (!failed)
+            add_stats(o, j, &ev->stats);
+        send_line(c, o);
+        http_stream_end(c);
+    } else if (failed) {
+        reqerr e;
+        reqerr_set(&e, ev->type == LMS_EV_ERROR ? 500 : 503, NULL, "%s", why);
+        reply_err(c, &e);
+    } else {
+        json_t *o = reply_obj(c->srv, j, j->text.p ? j->text.p : "", j->text.n, true);
+        add_stats(o, j, &ev->stats);
+        http_reply_json(c, 200, o);
+    }
+}
+
+static void oll_destroy(task *t)
+{
+    oll_job *j = t->state;
+    sbuf_free(&j->text);
+    free(j);
+}
+
+static const task_ops oll_ops = {oll_on_event, oll_destroy};
+
+/* ---- requests ------------------------------------------------------------------- */
+
+/* Ollama names models "name:tag"; ":latest" is the default tag. */
+static int check_model(conn *c, const json_t *body, reqerr *e)
+{
+    const char *model = NULL;
+    if (reqparse_str(body, "model", &model, e) < 0)
+        return -1;
+    if (!model || !model[0] || server_model_matches(c->srv, model))
+        return 0;
+    size_t n = strlen(model);
+    char base[256];
+    if (n > 7 && n - 7 < sizeof base && !strcmp(model + n - 7, ":latest")) {
+        memcpy(base, model, n - 7);
+        base[n - 7] = '\0';
+        if (server_model_matches(c->srv, base))
+            return 0;
+    }
+    return reqerr_set(e, 404, "model", "model '%.200s' not found; this server serves '%s'", model,
+                      c->srv->model_id);
+}
+
+/* Chat messages for /api/generate: the system text and the prompt. */
+static json_t *generate_messages(const char *system, const char *prompt)
+{
+    json_t *m = json_array();
+    if (system && system[0])
+        json_array_append_new(m, json_pack("{s:s, s:s}", "role", "system", "content", system));
+    json_array_append_new(m, json_pack("{s:s, s:s}", "role", "user", "content", prompt));
+    return m;
+}
+
+static int prompt_tokens(conn *c, const json_t *body, bool chat, int32_t **toks, int32_t *n,
+                         reqerr *e)
+{
+    lms_server *s = c->srv;
+    const json_t *tools = json_object_get(body, "tools");
+    if (tools && !json_is_null(tools) && !json_is_array(tools))
+        return reqerr_set(e, 400, "tools", "'tools' must be an array");
+    json_t *msgs;
+    if (chat) {
+        msgs = chatfmt_messages(json_object_get(body, "messages"), "messages", e);
+    } else {
+        const char *prompt = NULL, *system = NULL;
+        bool raw = false;
+        if (reqparse_str(body, "prompt", &prompt, e) < 0 ||
+            reqparse_str(body, "system", &system, e) < 0 || reqparse_bool(body, "raw", &raw, e) < 0)
+            return -1;
+        if (!prompt || !prompt[0])
+            return reqerr_set(e, 400, "prompt", "'prompt' must be a non-empty string");
+        if (raw)
+            return chatfmt_text_tokens(s->model, prompt, strlen(prompt), true, toks, n, e);
+        msgs = generate_messages(system, prompt);
+    }
+    if (!msgs)
+        return -1;
+    int rc = chatfmt_tokens(&s->fmt, s->model, msgs, json_is_array(tools) ? tools : NULL, toks,
+                            n, e);
+    json_decref(msgs);
+    return rc;
+}
+
+static int generate(conn *c, json_t *body, bool chat)
+{
+    lms_server *s = c->srv;
+    reqerr e;
+    if (!s->sched) {
+        reqerr_set(&e, 503, NULL, "the model is still loading");
+        return reply_err(c, &e);
+    }
+    bool stream = true;
+    const json_t *opts = NULL, *fmt = json_object_get(body, "format");
+    genparams gp;
+    genparams_init(&gp, server_rand(s));
+    int32_t *toks = NULL, n = 0;
+    int rc = check_model(c, body, &e);
+    if (rc == 0 && (reqparse_bool(body, "stream", &stream, &e) < 0 ||
+                    reqparse_obj(body, "options", &opts, &e) < 0 ||
+                    (opts && reqparse_gen(opts, &gp, &e) < 0)))
+        rc = -1;
+    if (rc == 0 && fmt && !json_is_null(fmt) &&
+        !(json_is_string(fmt) && !json_string_length(fmt)))
+        rc = reqerr_set(&e, 400, "format", "'format' (JSON output) is not supported yet");
+    if (rc == 0)
+        rc = prompt_tokens(c, body, chat, &toks, &n, &e);
+    oll_job *j = rc == 0 ? calloc(1, sizeof *j) : NULL;
+    if (rc == 0 && !j)
+        rc = reqerr_set(&e, 503, NULL, "out of memory");
+    task *t = NULL;
+    if (rc == 0) {
+        *j = (oll_job){.chat = chat, .stream = stream, .t0 = lms_now_ms()};
+        lms_request r = {
+            .tokens = toks, .n_tokens = n, .sp = gp.sp, .max_tokens = gp.max_tokens,
+            .timeout_ms = gp.timeout_ms, .stop = (const char *const *)gp.stop,
+            .n_stop = gp.n_stop, .ignore_eos = gp.ignore_eos,
+        };
+        t = task_submit(c, &r, &oll_ops, j, &e);
+        if (!t)
+            oll_destroy(&(task){.state = j});
+    }
+    free(toks);
+    genparams_deinit(&gp);
+    if (!t)
+        return reply_err(c, &e);
+    if (stream)
+        http_stream_begin(c, 200, "application/x-ndjson");
+    return 0;
+}
+
+int api_ollama_chat(conn *c, json_t *body)
+{
+    return generate(c, body, true);
+}
+
+int api_ollama_generate(conn *c, json_t *body)
+{
+    return generate(c, body, false);
+}
+
+/* ---- model listing -------------------------------------------------------------- */
+
+static json_t *details(const lms_server *s)
+{
+    json_t *d = json_object();
+    json_object_set_new(d, "format", json_string("gguf"));
+    if (s->model) {
+        const lms_model *m = s->model;
+        json_object_set_new(d, "family", json_string(m->hp.arch));
+        json_t *fam = json_array();
+        json_array_append_new(fam, json_string(m->hp.arch));
+        json_object_set_new(d, "families", fam);
+    }
+    return d;
+}
+
+static json_t *model_entry(const lms_server *s)
+{
+    char name[200];
+    snprintf(name, sizeof name, "%s:latest", s->model_id);
+    json_t *o = json_object();
+    json_object_set_new(o, "name", json_string_lossy(name, strlen(name)));
+    json_object_set_new(o, "model", json_string_lossy(name, strlen(name)));
+    json_object_set_new(o, "modified_at", created_at());
+    json_object_set_new(o, "size", json_integer(s->model ? (json_int_t)s->model->weight_bytes : 0));
+    json_object_set_new(o, "digest", json_string(""));
+    json_object_set_new(o, "details", details(s));
+    return o;
+}
+
+static int list_models(conn *c, bool running)
+{
+    json_t *arr = json_array();
+    if (!running || c->srv->state == SRV_READY)
+        json_array_append_new(arr, model_entry(c->srv));
+    json_t *o = json_object();
+    json_object_set_new(o, "models", arr);
+    return http_reply_json(c, 200, o);
+}
+
+int api_ollama_tags(conn *c)
+{
+    return list_models(c, false);
+}
+
+int api_ollama_ps(conn *c)
+{
+    return list_models(c, true);
+}
+
+int api_ollama_version(conn *c)
+{
+    return http_reply_json(c, 200, json_pack("{s:s}", "version", "0.1.0-lmserv"));
+}
+
+int api_ollama_show(conn *c, json_t *body)
+{
+    reqerr e;
+    lms_server *s = c->srv;
+    if (check_model(c, body, &e) < 0)
+        return reply_err(c, &e);
+    json_t *o = json_object();
+    json_object_set_new(o, "details", details(s));
+    json_object_set_new(o, "modelfile", json_string(""));
+    json_object_set_new(o, "parameters", json_string(""));
+    json_t *info = json_object();
+    if (s->model) {
+        const lms_model *m = s->model;
+        json_object_set_new(info, "general.architecture", json_string(m->hp.arch));
+        json_object_set_new(info, "general.name", json_string_lossy(m->name, strlen(m->name)));
+        char key[64];
+        snprintf(key, sizeof key, "%s.context_length", m->hp.arch);
+        json_object_set_new(info, key, json_integer(m->hp.n_ctx_train));
+        snprintf(key, sizeof key, "%s.embedding_length", m->hp.arch);
+        json_object_set_new(info, key, json_integer(m->hp.n_embd));
+    }
+    json_object_set_new(o, "model_info", info);
+    return http_reply_json(c, 200, o);
+}

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# test_ollama.sh - the Ollama API with curl: version, tags, ps, show, chat
+# and generate streamed as NDJSON and not, options, errors.
+. "$(dirname "$0")/lib.sh" || exit 1
+command -v python3 >/dev/null || skip "python3 is not installed"
+
+T=$(mktemp -d /tmp/lmserv-ollama.XXXXXX)
+trap 'cleanup; rm -rf "$T"' EXIT
+py() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$@" 2>/dev/null; }
+eq() { [ "$1" = "$2" ] || { echo "    got '$1', want '$2'"; return 1; }; }
+req() {
+    local m=$1 p=$2
+    shift 2
+    curl -s -X "$m" -o "$T/out" -w '%{http_code}' "$BASE$p" "$@" >"$T/code"
+}
+code() { cat "$T/code"; }
+
+start_server -c 512
+req GET /api/version
+check "version 200" eq "$(code)" 200
+req GET /api/tags
+check "tags lists the model as name:latest" eq "$(py "$T/out" 'd["models"][0]["name"]')" "stories260K:latest"
+check "tags details say gguf" eq "$(py "$T/out" 'd["models"][0]["details"]["format"]')" gguf
+req GET /api/ps
+check "ps lists the loaded model" eq "$(py "$T/out" 'len(d["models"])')" 1
+req POST /api/show -d '{"model":"stories260K:latest"}'
+check "show gives the context length" eq "$(py "$T/out" 'd["model_info"]["llama.context_length"]')" 128
+
+# generate, not streamed, raw prompt: the greedy golden text
+req POST /api/generate -d '{"model":"stories260K","prompt":"Once upon a time","raw":true,"stream":false,"options":{"num_predict":8,"temperature":0}}'
+check "generate 200" eq "$(code)" 200
+check "generate greedy text" eq "$(py "$T/out" 'd["response"].startswith(", there was a little girl")')" True
+check "generate done with counters" eq "$(py "$T/out" '(d["done"], d["done_reason"], d["eval_count"], d["prompt_eval_count"] > 0)')" "(True, 'length', 8, True)"
+py "$T/out" 'd["response"]' >"$T/full"
+
+# the same streamed (the default): NDJSON lines whose pieces add up to the same text
+curl -s -N -D "$T/hdr" "$BASE/api/generate" \
+    -d '{"model":"stories260K","prompt":"Once upon a time","raw":true,"options":{"num_predict":8,"temperature":0}}' >"$T/nd"
+check "streamed as NDJSON" grep -qi '^content-type: application/x-ndjson' "$T/hdr"
+python3 - "$T/nd" "$T/full" >"$T/nd_check" <<'PY'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+assert all(not l["done"] for l in lines[:-1]) and lines[-1]["done"], "done only on the last line"
+assert lines[-1]["eval_count"] == 8 and lines[-1]["total_duration"] > 0
+text = "".join(l["response"] for l in lines)
+assert text == open(sys.argv[2]).read().rstrip("\n"), text
+print("ok")
+PY
+check "NDJSON pieces add up to the non-streamed text, last line done with stats" eq "$(cat "$T/nd_check")" ok
+
+# chat through the model's template, stop string, streamed and not
+req POST /api/chat -d '{"model":"stories260K:latest","messages":[{"role":"user","content":"Tell me a story"}],"stream":false,"options":{"num_predict":6,"temperature":0}}'
+check "chat 200" eq "$(code)" 200
+check "chat message is the assistant's" eq "$(py "$T/out" 'd["message"]["role"]')" assistant
+check "chat eval_count" eq "$(py "$T/out" 'd["eval_count"]')" 6
+curl -s -N "$BASE/api/chat" -d '{"model":"stories260K","messages":[{"role":"user","content":"Tell me a story"}],"options":{"num_predict":6,"temperature":0}}' >"$T/cnd"
+check "chat streams message pieces" eq "$(python3 -c '
+import json, sys
+ls = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+print(ls[-1]["done"] and all("message" in l for l in ls))' "$T/cnd")" True
+
+# errors
+req POST /api/chat -d '{"model":"nope","messages":[{"role":"user","content":"x"}]}'
+check "unknown model 404" eq "$(code)" 404
+check "error shape {error: message}" eq "$(py "$T/out" 'isinstance(d["error"], str)')" True
+req POST /api/generate -d '{"prompt":""}'
+check "empty prompt 400" eq "$(code)" 400
+req POST /api/chat -d '{"messages":[{"role":"user","content":"x"}],"options":{"temperature":"hot"}}'
+check "bad option type 400" eq "$(code)" 400
+req POST /api/chat -d '{"messages":[{"role":"user","content":"x"}],"format":"json"}'
+check "format json refused clearly" grep -q "format" "$T/out"
+
+stop_server
+check "SIGTERM exits 0" eq "$SRV_RC" 0
+finish
