@@ -1,7 +1,10 @@
 /*
  * cmd_bench.c - `lmserv bench`: prompt processing (pp) and generation (tg)
  * speed, with the achieved memory bandwidth and arithmetic rate next to the
- * machine's measured read bandwidth; and, with --parallel, the aggregate
+ * measured bandwidth of the memory the weights are read from (the CPU's read
+ * bandwidth; with every layer and the head on the GPU, the GPU's: bytes read
+ * plus written per second by a device-to-device copy, lcu_peak_gbs); and,
+ * with --parallel, the aggregate
  * decode speed and TTFT of N concurrent requests through the scheduler.
  *
  *   pp<P>   P random tokens through the forward pass in batches of -b,
@@ -26,6 +29,9 @@
 #include "base/timeutil.h"
 #include "engine/sched.h"
 #include "kernels/kernels.h"
+#ifdef LMS_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
 
 static int cmp_d(const void *a, const void *b)
 {
@@ -223,8 +229,16 @@ int cmd_bench(int argc, char **argv)
     int32_t n_ctx = (int32_t)(o.depth + (o.pp > o.tg ? o.pp : o.tg) + 16);
     if (app_load_gpu(o.model, n_ctx, (int32_t)o.batch, (int32_t)o.threads, &o.gpu, &m, &c) < 0)
         return 1;
-    /* the machine's read bandwidth is the ceiling of a CPU run only */
-    double peak = o.gpu.gpu_layers == 0 ? measure_bandwidth() : 0.0;
+    /* the ceiling: the CPU's read bandwidth for a CPU run, the GPU's for a
+     * run wholly on the GPU; none for a split (weights in both memories) */
+    const lms_gpu_plan *pl = lms_ctx_gpu_plan(c);
+    double peak = 0.0;
+    if (!pl)
+        peak = measure_bandwidth();
+#ifdef LMS_HAVE_CUDA
+    else if (pl->n_layer_gpu == pl->n_layer && pl->output_gpu)
+        peak = lcu_peak_gbs(-1);
+#endif
     if (!o.json)
         printf("model %s (%.2f MiB of weights), %lld threads, kernels %s, depth %lld\n", m->name,
                (double)m->weight_bytes / (1 << 20), (long long)o.threads, lms_kernels_get()->isa,

@@ -7,12 +7,17 @@
  *
  *   bench_batched_cuda MODEL [PP=128] [TG=128] [B,...=1,8] [gpu_layers=-1 (all)]
  *
+ * LMS_BENCH_PROFILE=1: the CUDA profiler runs over the last two decode
+ * steps of each B only (ncu --profile-from-start off).
+ *
  * A development tool (not a test): built by hand, see .device/.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <cuda_profiler_api.h>
 
 #include "engine/forward.h"
 #include "model/model.h"
@@ -76,7 +81,11 @@ int main(int argc, char **argv)
                 return fprintf(stderr, "forward failed\n"), 1;
         }
         double t1 = now_s();
+        const char *pe = getenv("LMS_BENCH_PROFILE");
+        const bool prof = pe && atoi(pe) != 0;
         for (int step = 0; step < tg; step++) {
+            if (prof && step == tg - 2)
+                cudaProfilerStart();
             for (int s = 0; s < B; s++) {
                 tok[s] = (int32_t)((uint32_t)(s * 31 + step * 17 + 5) % (uint32_t)nv);
                 pos[s] = pp + step;
@@ -90,6 +99,8 @@ int main(int argc, char **argv)
                 return fprintf(stderr, "forward failed\n"), 1;
         }
         double t2 = now_s();
+        if (prof)
+            cudaProfilerStop();
         printf("batched B=%2d PP=%d TG=%d: prompt %8.2f t/s, decode %8.2f t/s aggregate "
                "(%.3f ms/step)\n",
                B, pp, tg, B * pp / (t1 - t0), B * tg / (t2 - t1), (t2 - t1) * 1e3 / tg);

@@ -77,6 +77,13 @@ extern "C" int lcu_create(int device, lcu **out, lcu_info *info, char *err, size
     g->q8 = q8 ? atoi(q8) != 0 : 1;
     const char *mw = getenv("LMS_CUDA_MV_WARP");
     g->mv_warp = mw ? atoi(mw) != 0 : 0;
+    int cc = 0;
+    cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, device);
+    const char *mm = getenv("LMS_CUDA_MMA");
+    g->mma = cc >= 8 ? (mm ? atoi(mm) : 3) : 0;
+    g->mma = g->mma < 0 ? 0 : g->mma;
+    const char *mw8 = getenv("LMS_CUDA_MMA_WARPS");
+    g->mma_warps = mw8 && (atoi(mw8) == 4 || atoi(mw8) == 16) ? atoi(mw8) : 8;
     if ((e = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking)) != cudaSuccess) {
         free(g);
         return fail(err, errsz, "cuda: cannot create a stream: %s", explain(e));
@@ -130,6 +137,43 @@ extern "C" int lcu_mem_info(lcu *g, size_t *free_bytes, size_t *total_bytes)
 {
     (void)g;
     return cudaMemGetInfo(free_bytes, total_bytes) == cudaSuccess ? 0 : -9;
+}
+
+extern "C" double lcu_peak_gbs(int device)
+{
+    const size_t bytes = (size_t)512 << 20;
+    size_t fr = 0, tot = 0;
+    if (cudaSetDevice(device < 0 ? 0 : device) != cudaSuccess ||
+        cudaMemGetInfo(&fr, &tot) != cudaSuccess || fr < 3 * bytes) {
+        cudaGetLastError();
+        return 0.0;
+    }
+    void *a = NULL, *b = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    double best = 0.0;
+    if (cudaMalloc(&a, bytes) == cudaSuccess && cudaMalloc(&b, bytes) == cudaSuccess &&
+        cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess &&
+        cudaMemset(a, 1, bytes) == cudaSuccess) {
+        for (int rep = 0; rep < 6; rep++) { /* the first copy warms up */
+            cudaEventRecord(e0, 0);
+            cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0);
+            cudaEventRecord(e1, 0);
+            float ms = 0.0f;
+            if (cudaEventSynchronize(e1) != cudaSuccess ||
+                cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess || ms <= 0.0f)
+                break;
+            const double gbs = 2.0 * (double)bytes / (ms * 1e6);
+            best = rep > 0 && gbs > best ? gbs : best;
+        }
+    }
+    cudaGetLastError(); /* a failure here only means no figure */
+    if (e0)
+        cudaEventDestroy(e0);
+    if (e1)
+        cudaEventDestroy(e1);
+    cudaFree(a);
+    cudaFree(b);
+    return best;
 }
 
 extern "C" void *lcu_alloc(lcu *g, size_t bytes, char *err, size_t errsz)

@@ -34,6 +34,11 @@ struct lcu {
     int q8;                  /* int8 decode kernels on (LMS_CUDA_MMVQ=0 turns them off) */
     int mv_warp;             /* LMS_CUDA_MV_WARP=1: warp-per-row int8 kernels for 1-2 tokens
                                 (measured slower on H200: 234 vs 250 t/s tg128) */
+    int mma;                 /* tensor-core int8 kernels for Q4_K/Q6_K batches of at least this
+                                many tokens (up to 8); 0 = off. Default 3 on cc >= 8.0;
+                                LMS_CUDA_MMA=N sets it (0 = off) */
+    int mma_warps;           /* warps per 16-row block of those kernels: 8, or 4 / 16
+                                (LMS_CUDA_MMA_WARPS; H100 B=8 step 4 warps 5.05, 8 4.87 ms) */
     void *xq;                /* q8 activations of lcu_matmul's decode path */
     size_t xq_bytes;
     cudaGraph_t graph[LCU_GRAPH_SLOTS];

@@ -408,6 +408,215 @@ template <> struct ops<LMS_TYPE_Q4_0> {
     }
 };
 
+/* ---- tensor-core fragments (mma.sync m16n8k32 / m16n8k16, int8) -----------------
+ * A warp multiplies 16 weight rows by 8 tokens. Lane (g = lane / 4,
+ * t = lane % 4) supplies weight rows g and g + 8 (A), token g (B) and gets
+ * back rows g, g + 8 times tokens 2t, 2t + 1 (C), per the PTX fragment
+ * layouts: k32: A = {row g k 4t.., row g+8 k 4t.., row g k 16+4t..,
+ * row g+8 k 16+4t..}, B = {k 4t.., k 16+4t..}; k16: A = {row g k 4t..,
+ * row g+8 k 4t..}, B = {k 4t..}; 4 int8 per register. Which elements sit
+ * in which k-slot is free as long as A and B agree, so each lane takes
+ * neighbouring bytes. The functions below are one lane's share of one
+ * super-block (256 elements) of NM matrices; `mma` is the instruction on
+ * the device and an emulation in the host test (cu_mmq_host_check.cu). The
+ * float scaling happens per sub-block: sum = d_w * d_x * C (- min terms).
+ *
+ *   Q4_K: k32 per 32-element sub-block; lane t's 8 bytes of pair j are qs
+ *         [32j + 8t, +8): low nibbles = sub-block 2j elements 8t..8t+7,
+ *         high nibbles = sub-block 2j+1; q8 bytes 32s + 8t.. of token g.
+ *   Q6_K: k16 per 16-element scale group (n, g', h): elements 128n + 32g'
+ *         + 16h + 4t + [0,4): ql word 64n + 16h + 4t (g' = 0, 2) or + 32
+ *         (g' = 1, 3), qh word 32n + 16h + 4t; blocks are 2-byte aligned,
+ *         so words are funnel-shifted from aligned pairs.
+ *
+ * xg: token g's q8 values (row), xd0/xd1: q8 scales of tokens 2t, 2t+1. */
+LCU_HD uint2 ldu64(const void *p)
+{
+#ifdef __CUDA_ARCH__
+    return __ldg((const uint2 *)p);
+#else
+    return *(const uint2 *)p;
+#endif
+}
+
+template <int NM, class MMA>
+LCU_HD void mmq_q4k_sb(MMA &mma, const uint8_t *const (&ra)[NM], const uint8_t *const (&rb)[NM],
+                       int sb, int t, const int8_t *xg, const float2 *xd0, const float2 *xd1,
+                       float (&acc)[NM][2][2])
+{
+    uint4 ha[NM], hb[NM];
+    uint2 qa[NM][4], qb[NM][4];
+    int2 xv[8];
+    float4 e0[4], e1[4];
+#pragma unroll
+    for (int k = 0; k < NM; k++) {
+        const uint8_t *pa = ra[k] + (size_t)sb * 144, *pb = rb[k] + (size_t)sb * 144;
+        ha[k] = ld128(pa);
+        hb[k] = ld128(pb);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            qa[k][j] = ldu64(pa + 16 + 32 * j + 8 * t);
+            qb[k][j] = ldu64(pb + 16 + 32 * j + 8 * t);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        e0[j] = ldf128(xd0 + (size_t)sb * 8 + 2 * j);
+        e1[j] = ldf128(xd1 + (size_t)sb * 8 + 2 * j);
+    }
+#pragma unroll
+    for (int s = 0; s < 8; s++)
+        xv[s] = ldi64(xg + (size_t)sb * 256 + 32 * s + 8 * t);
+#pragma unroll
+    for (int k = 0; k < NM; k++) {
+        float m[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}, n[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            uint32_t sca, mna, scb, mnb;
+            k4_pair(ha[k].y, ha[k].z, ha[k].w, j, &sca, &mna);
+            k4_pair(hb[k].y, hb[k].z, hb[k].w, j, &scb, &mnb);
+#pragma unroll
+            for (int hi = 0; hi < 2; hi++) {
+                const int sh = 4 * hi, s = 2 * j + hi;
+                int c[4];
+                mma.k32(c, (int)((qa[k][j].x >> sh) & 0x0F0F0F0Fu),
+                        (int)((qb[k][j].x >> sh) & 0x0F0F0F0Fu),
+                        (int)((qa[k][j].y >> sh) & 0x0F0F0F0Fu),
+                        (int)((qb[k][j].y >> sh) & 0x0F0F0F0Fu), xv[s].x, xv[s].y);
+                const float d80 = hi ? e0[j].z : e0[j].x, s80 = hi ? e0[j].w : e0[j].y;
+                const float d81 = hi ? e1[j].z : e1[j].x, s81 = hi ? e1[j].w : e1[j].y;
+                const float fa = (float)((sca >> (8 * hi)) & 0xFF);
+                const float fb = (float)((scb >> (8 * hi)) & 0xFF);
+                const float ga = (float)((mna >> (8 * hi)) & 0xFF);
+                const float gb = (float)((mnb >> (8 * hi)) & 0xFF);
+                m[0][0] = fmaf(fa, d80 * (float)c[0], m[0][0]);
+                m[0][1] = fmaf(fa, d81 * (float)c[1], m[0][1]);
+                m[1][0] = fmaf(fb, d80 * (float)c[2], m[1][0]);
+                m[1][1] = fmaf(fb, d81 * (float)c[3], m[1][1]);
+                n[0][0] = fmaf(ga, s80, n[0][0]);
+                n[0][1] = fmaf(ga, s81, n[0][1]);
+                n[1][0] = fmaf(gb, s80, n[1][0]);
+                n[1][1] = fmaf(gb, s81, n[1][1]);
+            }
+        }
+        const float da = hf(ha[k].x & 0xFFFF), dma = hf(ha[k].x >> 16);
+        const float db = hf(hb[k].x & 0xFFFF), dmb = hf(hb[k].x >> 16);
+        acc[k][0][0] += da * m[0][0] - dma * n[0][0];
+        acc[k][0][1] += da * m[0][1] - dma * n[0][1];
+        acc[k][1][0] += db * m[1][0] - dmb * n[1][0];
+        acc[k][1][1] += db * m[1][1] - dmb * n[1][1];
+    }
+}
+
+/* Six-bit quants of Q6_K group g' (0..3) from the ql words w0 (g' 0, 2),
+ * w1 (g' 1, 3) and the qh word, as signed bytes q - 32. */
+LCU_HD int q6_group(uint32_t w0, uint32_t w1, uint32_t qh, int gq)
+{
+    const uint32_t lo = gq == 0 ? w0 : gq == 1 ? w1 : gq == 2 ? w0 >> 4 : w1 >> 4;
+    const uint32_t hi = gq == 0 ? qh << 4 : gq == 1 ? qh << 2 : gq == 2 ? qh : qh >> 2;
+    return sub32((lo & 0x0F0F0F0Fu) | (hi & 0x30303030u));
+}
+
+/* Lane t's words of one Q6_K block p (see above): ql for g' 0/2 and 1/3,
+ * qh, per (n, h); the 16 scale bytes and d. A2: p is only 2-byte aligned. */
+template <bool A2>
+LCU_HD void q6_words(const uint8_t *p, int t, uint32_t (&w0)[2][2], uint32_t (&w1)[2][2],
+                     uint32_t (&qh)[2][2], uint32_t (&sc)[4], uint32_t &d)
+{
+    const uint8_t *pa = (const uint8_t *)((uintptr_t)p & ~(uintptr_t)3);
+    const int sh = (int)((uintptr_t)p & 3) * 8;
+#pragma unroll
+    for (int n = 0; n < 2; n++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int l = 64 * n + 16 * h + 4 * t, q = 128 + 32 * n + 16 * h + 4 * t;
+            if (A2) {
+                w0[n][h] = fshr(ld32(pa + l), ld32(pa + l + 4), sh);
+                w1[n][h] = fshr(ld32(pa + l + 32), ld32(pa + l + 36), sh);
+                qh[n][h] = fshr(ld32(pa + q), ld32(pa + q + 4), sh);
+            } else {
+                w0[n][h] = ld32(pa + l);
+                w1[n][h] = ld32(pa + l + 32);
+                qh[n][h] = ld32(pa + q);
+            }
+        }
+    ldw_a2<4>(p + 192, sc);
+    d = ld16(p + 208);
+}
+
+template <int NM, class MMA>
+LCU_HD void mmq_q6k_sb(MMA &mma, const uint8_t *const (&ra)[NM], const uint8_t *const (&rb)[NM],
+                       int sb, int t, const int8_t *xg, const float2 *xd0, const float2 *xd1,
+                       float (&acc)[NM][2][2])
+{
+    /* [matrix][row A/B][n][h]: ql words (g' 0/2 and 1/3) and the qh word */
+    uint32_t w0[NM][2][2][2], w1[NM][2][2][2], qh[NM][2][2][2], sc[NM][2][4], dd[NM][2];
+    int xv[2][2][4];
+    float4 e0[4], e1[4];
+#pragma unroll
+    for (int k = 0; k < NM; k++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            /* rows of a multiple of 4 bytes: the branch is uniform over the warp */
+            const uint8_t *p = (r ? rb[k] : ra[k]) + (size_t)sb * 210;
+            if ((uintptr_t)p & 3)
+                q6_words<true>(p, t, w0[k][r], w1[k][r], qh[k][r], sc[k][r], dd[k][r]);
+            else
+                q6_words<false>(p, t, w0[k][r], w1[k][r], qh[k][r], sc[k][r], dd[k][r]);
+        }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        e0[j] = ldf128(xd0 + (size_t)sb * 8 + 2 * j);
+        e1[j] = ldf128(xd1 + (size_t)sb * 8 + 2 * j);
+    }
+#pragma unroll
+    for (int n = 0; n < 2; n++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int gq = 0; gq < 4; gq++)
+                xv[n][h][gq] = (int)ld32(xg + (size_t)sb * 256 + 128 * n + 32 * gq + 16 * h + 4 * t);
+#pragma unroll
+    for (int k = 0; k < NM; k++) {
+        float m[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int gq = 0; gq < 4; gq++) {
+                const int s = 4 * n + gq; /* 32-element block: q8 scale index */
+                const float d80 = (s & 1) ? e0[s >> 1].z : e0[s >> 1].x;
+                const float d81 = (s & 1) ? e1[s >> 1].z : e1[s >> 1].x;
+                /* the two 16-element groups' int8 scales applied in integers
+                 * (|C * sc| <= 16 * 32 * 127 * 128 per group: the sum of two
+                 * stays exact in float too) */
+                int ic[4] = {0, 0, 0, 0};
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int si = 8 * n + 2 * gq + h; /* scale byte */
+                    int c[4];
+                    mma.k16(c, q6_group(w0[k][0][n][h], w1[k][0][n][h], qh[k][0][n][h], gq),
+                            q6_group(w0[k][1][n][h], w1[k][1][n][h], qh[k][1][n][h], gq),
+                            xv[n][h][gq]);
+                    const int sa = (int)(int8_t)(sc[k][0][si >> 2] >> (8 * (si & 3)));
+                    const int sb2 = (int)(int8_t)(sc[k][1][si >> 2] >> (8 * (si & 3)));
+                    ic[0] += c[0] * sa;
+                    ic[1] += c[1] * sa;
+                    ic[2] += c[2] * sb2;
+                    ic[3] += c[3] * sb2;
+                }
+                m[0][0] = fmaf(d80, (float)ic[0], m[0][0]);
+                m[0][1] = fmaf(d81, (float)ic[1], m[0][1]);
+                m[1][0] = fmaf(d80, (float)ic[2], m[1][0]);
+                m[1][1] = fmaf(d81, (float)ic[3], m[1][1]);
+            }
+        const float da = hf(dd[k][0]), db = hf(dd[k][1]);
+        acc[k][0][0] += da * m[0][0];
+        acc[k][0][1] += da * m[0][1];
+        acc[k][1][0] += db * m[1][0];
+        acc[k][1][1] += db * m[1][1];
+    }
+}
+
 /* Whether a type has int8 kernels (chunks of 32 elements; K-quants need
  * n_cols % 256 == 0, which their block size implies). */
 LCU_HD bool has_ops(int type)

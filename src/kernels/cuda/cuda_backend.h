@@ -60,6 +60,11 @@ typedef struct lcu_mat {
 int lcu_create(int device, lcu **out, lcu_info *info, char *err, size_t errsz);
 void lcu_destroy(lcu *g);
 int lcu_mem_info(lcu *g, size_t *free_bytes, size_t *total_bytes);
+/* Measured memory bandwidth of device `device` (-1: the first), GB/s: the
+ * best of several device-to-device copies of a 512 MiB buffer, counting the
+ * bytes read plus the bytes written (so comparable with a mat-vec's weight
+ * reads). 0 when it cannot be measured (no device, too little free memory). */
+double lcu_peak_gbs(int device);
 
 /* Device memory; NULL with a message on failure. lcu_allocated() is the sum
  * of what this lcu holds (for the plan report). */
@@ -96,7 +101,9 @@ int lcu_matmul(lcu *g, const lcu_mat *w, const float *x, int64_t n_tok, float *y
  * For batches of up to LCU_MATVEC_MAX tokens, Q4_0, Q8_0, Q4_K, Q5_K and Q6_K
  * weights are multiplied with int8 activations ("q8": per 32 values, int8
  * values and a float scale and sum; layout in cu_mmvq.cuh) by __dp4a
- * kernels that read each weight byte once per step for all tokens. The
+ * kernels, or for Q4_K/Q6_K batches of 3+ tokens on sm_80+ by tensor-core
+ * (mma.sync int8) kernels, that read each weight byte once per step for all
+ * tokens. The
  * functions below take an input both as f32 (x) and as q8 (xq): types
  * without int8 kernels, batches over LCU_MATVEC_MAX, xq == NULL or
  * LMS_CUDA_MMVQ=0 use x. lcu_matmul on its own quantizes x itself. */
