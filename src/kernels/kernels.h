@@ -50,6 +50,12 @@ typedef void (*lms_vec_dot_fn)(int64_t n, float *s, const void *w, const void *x
  * vec_dot's within float rounding (integer parts exact). */
 typedef void (*lms_gemm_fn)(int64_t n, int64_t n_rows, int64_t n_tok, const void *w, size_t ldw,
                             const void *x, size_t ldx, float *s, size_t lds);
+/* Decode (one token): s[r] = vec_dot(n, W row r, x) for r < n_rows, W rows
+ * ldw bytes apart. Several rows share each activation load and one
+ * horizontal reduction; any n_rows >= 1. Results equal vec_dot's within
+ * float rounding (integer parts exact). */
+typedef void (*lms_gemv_fn)(int64_t n, int64_t n_rows, const void *w, size_t ldw, const void *x,
+                            float *s);
 /* Convert n floats to a type (activation quantization, or quantize). */
 typedef void (*lms_from_float_fn)(const float *x, void *y, int64_t n);
 /* Convert n elements of a type to floats. */
@@ -62,14 +68,16 @@ typedef struct lms_kernel_table {
     lms_to_float_fn to_float[LMS_TYPE_COUNT];     /* by source type */
     lms_gemm_fn gemm[LMS_TYPE_COUNT];             /* by weight type; NULL: none,
                                                      matmul loops over vec_dot */
+    lms_gemv_fn gemv[LMS_TYPE_COUNT];             /* by weight type; NULL: none,
+                                                     decode loops over vec_dot */
 } lms_kernel_table;
 
 /* The scalar reference table (always complete for every supported type). */
 const lms_kernel_table *lms_kernels_ref(void);
 /* The table for this CPU (or LMS_ISA's choice); entries a SIMD table lacks
  * are filled from the reference table, so every vec_dot, from_float and
- * to_float entry is non-NULL for every supported type (gemm entries stay
- * NULL where the ISA has none). Thread-safe after the first call. */
+ * to_float entry is non-NULL for every supported type (gemm and gemv
+ * entries stay NULL where the ISA has none). Thread-safe after the first call. */
 const lms_kernel_table *lms_kernels_get(void);
 
 #endif

@@ -4,8 +4,9 @@
  * W is row-major [n_rows][n_cols] in its own type (a GGUF tensor with
  * ne[0] = n_cols, ne[1] = n_rows). x is [n_tok][n_cols] f32, y is
  * [n_tok][n_rows] f32. Each x row is converted once to W's vec_dot type.
- * One token (decode): rows of W streamed once through vec_dot, split in
- * equal static shares over the OpenMP team. Two or more: jobs of rows
+ * One token (decode): rows of W streamed once through the ISA's gemv
+ * kernel (several rows a call) or vec_dot, split in equal static shares
+ * over the OpenMP team. Two or more: jobs of rows
  * sized for L2, taken dynamically, each through the ISA's tile kernel
  * (kernels.h, gemm) against every token (details in cpu/matmul.c).
  */

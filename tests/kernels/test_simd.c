@@ -12,6 +12,8 @@
  *              summation orders may differ by);
  *   from_float the activation types' blocks must be identical byte for
  *              byte, over ties, saturation, subnormals, inf and NaN;
+ *   gemv       each row of 1 to 16 rows (padded row strides) against the
+ *              _ref vec_dot, with vec_dot's tolerance;
  *   to_float   identical floats.
  * Runs under qemu for the NEON table (tools/check-neon).
  */
@@ -265,6 +267,73 @@ static void test_vec_dot(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* ---- gemv (decode: several rows against one activation row) ------------------------- */
+
+/* n_rows rows of one type, `pad` spare bytes between rows, against the
+ * reference vec_dot of each row; returns the number of bad rows. */
+static int check_gemv(const lms_kernel_table *k, int type, int64_t n, int64_t n_rows, int mode,
+                      uint64_t *seed)
+{
+    const lms_type_traits *tt = lms_type_get(type);
+    const int vt = tt->vec_dot_type;
+    const size_t rb = lms_row_size(type, n), ldw = rb + 16 * (size_t)(n_rows % 3);
+    uint8_t *w = malloc(ldw * (size_t)n_rows);
+    void *xq = malloc(lms_row_size(vt, n));
+    float *x = malloc((size_t)n * sizeof *x);
+    float *got = malloc((size_t)n_rows * sizeof *got);
+    int bad = 0;
+    memset(w, 0xA5, ldw * (size_t)n_rows);
+    for (int64_t r = 0; r < n_rows; r++)
+        rand_weights(seed, type, w + (size_t)r * ldw, n, mode);
+    rand_acts(seed, x, n);
+    lms_kernels_ref()->from_float[vt](x, xq, n);
+    k->gemv[type](n, n_rows, w, ldw, xq, got);
+    for (int64_t r = 0; r < n_rows; r++) {
+        float want = NAN;
+        lms_kernels_ref()->vec_dot[type](n, &want, w + (size_t)r * ldw, xq);
+        const double mag = term_magnitude(type, n, w + (size_t)r * ldw, xq);
+        const double err = fabs((double)got[r] - (double)want);
+        const bool ok = isfinite(mag) ? err <= 1e-5 * mag + 1e-37 : got[r] == want;
+        if (!ok) {
+            report("gemv %s/%s n=%lld rows=%lld row=%lld mode=%d: got %.9g want %.9g\n", k->isa,
+                   tt->name, (long long)n, (long long)n_rows, (long long)r, mode, got[r], want);
+            bad++;
+        }
+    }
+    free(w);
+    free(xq);
+    free(x);
+    free(got);
+    return bad;
+}
+
+static void test_gemv(void **state)
+{
+    (void)state;
+    static const int64_t nblk[] = {1, 2, 3, 8, 17};
+    static const int64_t nrows[] = {1, 3, 4, 5, 8, 11, 16};
+    uint64_t seed = 0x6e3f5;
+    int bad = 0, runs = 0;
+    for (size_t i = 0; i < sizeof k_isa_names / sizeof k_isa_names[0]; i++) {
+        const lms_kernel_table *k = lms_kernels_for_isa(k_isa_names[i]);
+        if (!k)
+            continue;
+        for (int t = 0; t < N_WEIGHT_TYPES; t++) {
+            const int type = k_weight_types[t];
+            if (!k->gemv[type])
+                continue;
+            const int64_t bs = lms_type_get(type)->blck_size;
+            for (size_t j = 0; j < sizeof nblk / sizeof nblk[0]; j++)
+                for (size_t r = 0; r < sizeof nrows / sizeof nrows[0]; r++)
+                    for (int mode = -1; mode <= 2; mode++, runs++)
+                        bad += check_gemv(k, type, nblk[j] * (bs > 1 ? bs : 32), nrows[r], mode,
+                                          &seed);
+        }
+    }
+    fprintf(stderr, "gemv: %d row sets checked, %d bad rows\n", runs, bad);
+    assert_int_equal(bad, 0);
+}
+
 /* ---- from_float ------------------------------------------------------------------- */
 
 /* Inputs that exercise rounding and saturation: ties after scaling, huge,
@@ -437,6 +506,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_isas_present),
         cmocka_unit_test(test_vec_dot),
+        cmocka_unit_test(test_gemv),
         cmocka_unit_test(test_from_float),
         cmocka_unit_test(test_to_float),
     };

@@ -5,7 +5,9 @@
  * vec_dot type. Then:
  *   - decode (one token): a matrix-vector product; the OpenMP team splits
  *     the rows of all matrices of the call into equal static shares and
- *     streams them once with vec_dot (memory bound: nothing to reuse);
+ *     streams them once, through the ISA's multi-row gemv kernel where it
+ *     has one for the type, else vec_dot row by row (memory bound: nothing
+ *     to reuse);
  *   - prompt (n_tok >= GEMM_MIN_TOK): jobs of a block of rows of one
  *     matrix (sized to stay in L2) times every token, taken dynamically;
  *     each job calls the ISA's tile kernel (kernels.h, lms_gemm_fn), which
@@ -107,11 +109,16 @@ static int64_t job_rows(const lms_mat *w, int64_t total_rows, int64_t n_tok, int
 }
 
 /* Rows [r0, r1) of w times every token: the tile kernel where the ISA has
- * one for this type (n_tok >= GEMM_MIN_TOK), else vec_dot row by row. */
-static void run_job(const lms_mat *w, lms_vec_dot_fn dot, lms_gemm_fn gemm, const uint8_t *xq,
-                    size_t ldx, int64_t n_tok, float *y, int64_t r0, int64_t r1)
+ * one for this type (n_tok >= GEMM_MIN_TOK), the gemv kernel for one token
+ * (decode callers pass it), else vec_dot row by row. */
+static void run_job(const lms_mat *w, lms_vec_dot_fn dot, lms_gemm_fn gemm, lms_gemv_fn gemv,
+                    const uint8_t *xq, size_t ldx, int64_t n_tok, float *y, int64_t r0, int64_t r1)
 {
     const uint8_t *wr = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+    if (gemv && n_tok == 1) {
+        gemv(w->n_cols, r1 - r0, wr, w->row_bytes, xq, y + r0);
+        return;
+    }
     if (gemm && n_tok >= GEMM_MIN_TOK) {
         gemm(w->n_cols, r1 - r0, n_tok, wr, w->row_bytes, xq, ldx, y + r0, (size_t)w->n_rows);
         return;
@@ -132,6 +139,7 @@ void lms_matmul_n(const lms_mat *const *ws, float *const *ys, int n, const float
     size_t stride[LMS_MATMUL_MAX];
     lms_vec_dot_fn dot[LMS_MATMUL_MAX];
     lms_gemm_fn gemm[LMS_MATMUL_MAX];
+    lms_gemv_fn gemv[LMS_MATMUL_MAX];
     job_plan plan;
     double macs = 0;
     int64_t total_rows = 0;
@@ -146,6 +154,7 @@ void lms_matmul_n(const lms_mat *const *ws, float *const *ys, int n, const float
     for (int i = 0; i < n; i++) {
         dot[i] = k->vec_dot[ws[i]->type];
         gemm[i] = k->gemm[ws[i]->type];
+        gemv[i] = k->gemv[ws[i]->type];
         plan.rows_per_job[i] = job_rows(ws[i], total_rows, n_tok, n_threads);
         plan.first[i + 1] =
             plan.first[i] + (ws[i]->n_rows + plan.rows_per_job[i] - 1) / plan.rows_per_job[i];
@@ -161,7 +170,7 @@ void lms_matmul_n(const lms_mat *const *ws, float *const *ys, int n, const float
             const int64_t r0 = (j - plan.first[m]) * plan.rows_per_job[m];
             const int64_t r1 = r0 + plan.rows_per_job[m] < ws[m]->n_rows
                                    ? r0 + plan.rows_per_job[m] : ws[m]->n_rows;
-            run_job(ws[m], dot[m], NULL, prep[m], stride[m], n_tok, ys[m], r0, r1);
+            run_job(ws[m], dot[m], NULL, gemv[m], prep[m], stride[m], n_tok, ys[m], r0, r1);
         }
         return;
     }
@@ -173,7 +182,7 @@ void lms_matmul_n(const lms_mat *const *ws, float *const *ys, int n, const float
         const int64_t r0 = (j - plan.first[m]) * plan.rows_per_job[m];
         const int64_t r1 =
             r0 + plan.rows_per_job[m] < ws[m]->n_rows ? r0 + plan.rows_per_job[m] : ws[m]->n_rows;
-        run_job(ws[m], dot[m], gemm[m], prep[m], stride[m], n_tok, ys[m], r0, r1);
+        run_job(ws[m], dot[m], gemm[m], NULL, prep[m], stride[m], n_tok, ys[m], r0, r1);
     }
 }
 

@@ -7,6 +7,8 @@
  * sequences; still 256-bit, which keeps one 32-element block per register),
  * and 512-bit float-row kernels written here: F32 and F16 rows with FMA,
  * BF16 rows with vdpbf16ps. Row tails use masked loads, so any n works.
+ * Decode also has a multi-row Q4_K kernel (gemv: four rows share the
+ * activation loads, the scale unpacking and the final reductions).
  *
  * vdpbf16ps treats subnormal bfloat inputs as zero and rounds its pairs
  * differently from separate multiplies and adds: results agree with the
@@ -138,6 +140,158 @@ static void vec_dot_q4_K_q8_K_512(int64_t n, float *s, const void *vw, const voi
     *s = x86_hsum_ps(acc) - x86_hsum_ps(accm);
 }
 
+/* ---- decode: several Q4_K rows against one Q8_K row ------------------------
+ *
+ * Four rows share every activation load. Per row and super-block:
+ *   - vpdpbusd of the 4-bit codes (u8) with the activations (i8) gives
+ *     int32 sums of 4 products (|sum| <= 4 * 15 * 128, exact in int16);
+ *     vpackssdw folds a low-nibble and a high-nibble result into one
+ *     vector of int16, and one vpdpwssd applies the sub-block scales;
+ *   - the scales and mins of the four rows are unpacked together, one row
+ *     per 128-bit lane, with byte shuffles (no scalar work);
+ *   - the four rows' int32 sums are transposed into "row r in lane r" and
+ *     scaled by d and dmin in one float step for all four rows.
+ * Codes of a 512-bit load: bytes 0-31 are chunk j, 32-63 chunk j+1; their
+ * low nibbles are sub-blocks 2j and 2j+2, the high ones 2j+1 and 2j+3, so
+ * the activations are loaded in that order. */
+
+/* 16 bytes of row r's block (d, dmin, scales[12]) in lane r. */
+static inline __m512i q4k_heads(const uint8_t *b0, size_t ldw)
+{
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)b0));
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(b0 + ldw)), 1);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(b0 + 2 * ldw)), 2);
+    return _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(b0 + 3 * ldw)), 3);
+}
+
+/* Per lane: bytes 0-7 the 6-bit scales, 8-15 the 6-bit mins (k4_scales's
+ * layout) from a block head as q4k_heads loads it (scales at byte 4). */
+static inline __m512i q4k_scmn(__m512i h)
+{
+    /* sc[s<4] = b[4+s] & 63; sc[s>=4] = (b[8+s] & 15) | (b[s] >> 6) << 4;
+     * mn[s<4] = b[8+s] & 63; mn[s>=4] = (b[8+s] >> 4) | (b[4+s] >> 6) << 4 */
+    const __m512i ia = _mm512_broadcast_i32x4(
+        _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
+    const __m512i ib = _mm512_broadcast_i32x4(
+        _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11));
+    const __m512i ma = _mm512_broadcast_i32x4(
+        _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15));
+    const __m512i a = _mm512_shuffle_epi8(h, ia);
+    const __m512i a4 = _mm512_srli_epi16(a, 4);
+    const __m512i lo = _mm512_and_si512(_mm512_mask_blend_epi8(0xF000F000F000F000ull, a, a4), ma);
+    const __m512i b = _mm512_shuffle_epi8(h, ib);
+    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(b, 2), _mm512_set1_epi8(0x30));
+    return _mm512_or_si512(lo, hi);
+}
+
+/* Row r's int32 sums in lane r (each lane: 4 partial sums of one row). */
+static inline __m512i rows4_lanes(__m512i s0, __m512i s1, __m512i s2, __m512i s3)
+{
+    const __m512i t01 = _mm512_add_epi32(_mm512_shuffle_i32x4(s0, s1, 0x88),
+                                         _mm512_shuffle_i32x4(s0, s1, 0xDD));
+    const __m512i t23 = _mm512_add_epi32(_mm512_shuffle_i32x4(s2, s3, 0x88),
+                                         _mm512_shuffle_i32x4(s2, s3, 0xDD));
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(t01, t23, 0x88),
+                            _mm512_shuffle_i32x4(t01, t23, 0xDD));
+}
+
+/* Sum of each 128-bit lane of v into s[0..3]. */
+static inline void store_lane_sums(float *s, __m512 v)
+{
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4E));
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));
+    const __m512 t = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0,
+                                                             0, 0, 0, 0), v);
+    _mm_storeu_ps(s, _mm512_castps512_ps128(t));
+}
+
+/* One row's integer sum over a super-block: q the 128 code bytes, a0..a3
+ * the activations in nibble order, sc the row's scale vector (lane r of
+ * q4k_scmn broadcast to every lane). */
+static inline __m512i q4k_row_sum(const uint8_t *q, __m512i sc, __m512i a0, __m512i a1,
+                                  __m512i a2, __m512i a3)
+{
+    /* int16 scale pairs for the packed sums: lanes 0-1 hold sub-blocks
+     * (2j, 2j+1), lanes 2-3 (2j+2, 2j+3), four words each */
+    const __m512i i01 = _mm512_setr_epi64(0x8000800080008000ull, 0x8001800180018001ull,
+                                          0x8000800080008000ull, 0x8001800180018001ull,
+                                          0x8002800280028002ull, 0x8003800380038003ull,
+                                          0x8002800280028002ull, 0x8003800380038003ull);
+    const __m512i i45 = _mm512_add_epi8(i01, _mm512_set1_epi16(4));
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i q0 = _mm512_loadu_si512(q), q1 = _mm512_loadu_si512(q + 64);
+    const __m512i z = _mm512_setzero_si512();
+    const __m512i l0 = _mm512_dpbusd_epi32(z, _mm512_and_si512(q0, m4), a0);
+    const __m512i h0 = _mm512_dpbusd_epi32(z, _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4), a1);
+    const __m512i l1 = _mm512_dpbusd_epi32(z, _mm512_and_si512(q1, m4), a2);
+    const __m512i h1 = _mm512_dpbusd_epi32(z, _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4), a3);
+    __m512i sum = _mm512_madd_epi16(_mm512_packs_epi32(l0, h0), _mm512_shuffle_epi8(sc, i01));
+    return _mm512_dpwssd_epi32(sum, _mm512_packs_epi32(l1, h1), _mm512_shuffle_epi8(sc, i45));
+}
+
+/* Prefetch distance of the multi-row kernels, bytes ahead of the rows'
+ * progress in address order; and the longest rows they take (longer rows
+ * are each a long stream the hardware prefetcher follows, and vec_dot row
+ * by row streams them faster than four rows side by side). */
+#define GEMV_PF_BYTES 4608
+#define GEMV_MAX_ROW_BYTES 2304
+
+static void gemv_q4_K_q8_K_512(int64_t n, int64_t n_rows, const void *vw, size_t ldw,
+                               const void *vx, float *s)
+{
+    const lms_block_q8_K *x = vx;
+    const int64_t nb = n / LMS_QK_K;
+    int64_t r = 0;
+    for (; ldw <= GEMV_MAX_ROW_BYTES && r + 4 <= n_rows; r += 4) {
+        const uint8_t *w0 = (const uint8_t *)vw + (size_t)r * ldw;
+        __m512 acc = _mm512_setzero_ps(), accm = _mm512_setzero_ps();
+        for (int64_t i = 0; i < nb; i++) {
+            const int8_t *a = x[i].qs;
+            const size_t off = (size_t)i * sizeof(lms_block_q4_K);
+            const __m512i a0 = join256(x86_load(a), x86_load(a + 64));
+            const __m512i a1 = join256(x86_load(a + 32), x86_load(a + 96));
+            const __m512i a2 = join256(x86_load(a + 128), x86_load(a + 192));
+            const __m512i a3 = join256(x86_load(a + 160), x86_load(a + 224));
+            /* four interleaved streams within a page do not train the
+             * hardware prefetcher: fetch ahead in address order instead */
+            const char *pf =
+                (const char *)w0 + GEMV_PF_BYTES + (size_t)i * 4 * sizeof(lms_block_q4_K);
+            for (int l = 0; l < 4 * (int)sizeof(lms_block_q4_K); l += 64)
+                _mm_prefetch(pf + l, _MM_HINT_T0);
+            const __m512i h = q4k_heads(w0 + off, ldw);
+            const __m512i scmn = q4k_scmn(h);
+            const uint8_t *q = w0 + off + offsetof(lms_block_q4_K, qs);
+            const __m512i s0 =
+                q4k_row_sum(q, _mm512_shuffle_i32x4(scmn, scmn, 0x00), a0, a1, a2, a3);
+            const __m512i s1 =
+                q4k_row_sum(q + ldw, _mm512_shuffle_i32x4(scmn, scmn, 0x55), a0, a1, a2, a3);
+            const __m512i s2 =
+                q4k_row_sum(q + 2 * ldw, _mm512_shuffle_i32x4(scmn, scmn, 0xAA), a0, a1, a2, a3);
+            const __m512i s3 =
+                q4k_row_sum(q + 3 * ldw, _mm512_shuffle_i32x4(scmn, scmn, 0xFF), a0, a1, a2, a3);
+            const __m512i sumi = rows4_lanes(s0, s1, s2, s3);
+            /* mins: sum_s mn[s] * (bsums[2s] + bsums[2s+1]), row r in lane r */
+            const __m256i bp = _mm256_madd_epi16(x86_load(x[i].bsums), _mm256_set1_epi16(1));
+            const __m512i bp16 = _mm512_broadcast_i32x4(_mm256_cvtepi32_epi16(bp));
+            const __m512i mn16 = _mm512_shuffle_epi8(
+                scmn, _mm512_broadcast_i32x4(_mm_setr_epi8(8, -1, 9, -1, 10, -1, 11, -1, 12, -1,
+                                                           13, -1, 14, -1, 15, -1)));
+            const __m512i summ = _mm512_madd_epi16(mn16, bp16);
+            /* d and dmin of row r in lane r, times the activation scale */
+            const __m512i dd = _mm512_shuffle_epi32(h, _MM_PERM_AAAA);
+            const __m512 dxv = _mm512_set1_ps(x[i].d);
+            const __m512 d = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd)), dxv);
+            const __m512 dm = _mm512_mul_ps(
+                _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16))), dxv);
+            acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc);
+            accm = _mm512_fmadd_ps(dm, _mm512_cvtepi32_ps(summ), accm);
+        }
+        store_lane_sums(s + r, _mm512_sub_ps(acc, accm));
+    }
+    for (; r < n_rows; r++)
+        vec_dot_q4_K_q8_K_512(n, s + r, (const uint8_t *)vw + (size_t)r * ldw, vx);
+}
+
 static const lms_kernel_table k_avx512 = {
     .isa = "avx512",
     .vec_dot = {
@@ -173,6 +327,9 @@ static const lms_kernel_table k_avx512 = {
         [LMS_TYPE_Q4_K] = gemm_q4_K_q8_K_avx512,
         [LMS_TYPE_Q5_K] = gemm_q5_K_q8_K_avx512,
         [LMS_TYPE_Q6_K] = gemm_q6_K_q8_K_avx512,
+    },
+    .gemv = {
+        [LMS_TYPE_Q4_K] = gemv_q4_K_q8_K_512,
     },
 };
 /* clang-format on */
