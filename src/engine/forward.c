@@ -32,6 +32,13 @@
 #include "kernels/kernels.h"
 #include "kernels/matmul.h"
 
+/* The per-row attention kernels have an AVX-512 copy on x86-64 GCC/Clang,
+ * chosen at run time (fwd_set_attention). */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define ATT_AVX512 1
+#include <immintrin.h>
+#endif
+
 static float *alloc_f32(size_t n)
 {
     return aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
@@ -125,13 +132,30 @@ int lms_ctx_create(const lms_model *m, const lms_ctx_params *p, lms_ctx **out, c
     c->qh = malloc((size_t)c->n_threads * group * hd * sizeof(uint16_t));
     c->tiles = malloc(n * sizeof *c->tiles);
     c->vconv = alloc_f32((size_t)c->n_threads * (size_t)p->n_ctx * hd);
+    /* by-head: ATT_TILE * group query rows a thread; by-chunk: every head
+     * of up to qf_tiles single-token tiles, with scores and chunk sums for
+     * the longest context (up to 64 MiB; longer steps go by head) */
+    const size_t qrow = hd + hd / LMS_QK8_0, n_chunk = ((size_t)p->n_ctx + ATT_CHUNK - 1) / ATT_CHUNK;
+    const size_t nh = (size_t)hp->n_head;
+    c->qf_rows = (int32_t)group;
+    c->qf_tiles = p->n_seq < p->n_batch ? p->n_seq : p->n_batch;
+    size_t per_tile = nh * n_chunk * ATT_CHUNK + n_chunk * nh * hd;
+    if ((size_t)c->qf_tiles * per_tile > ((size_t)16 << 20))
+        c->qf_tiles = (int32_t)(((size_t)16 << 20) / per_tile);
+    c->dec_floats = (size_t)c->qf_tiles * per_tile;
+    size_t qf_rows = (size_t)c->n_threads * group;
+    qf_rows = qf_rows > (size_t)c->qf_tiles * nh ? qf_rows : (size_t)c->qf_tiles * nh;
+    c->qf = alloc_f32(qf_rows * qrow);
+    c->dec = c->dec_floats ? alloc_f32(c->dec_floats) : NULL;
     size_t qs = max_scratch(m, p->n_batch) * 3; /* Q, K, V may need three conversions */
     c->qbuf = aligned_alloc(64, (qs + 63) / 64 * 64);
     int32_t blocks = p->kv_blocks > 0 ? p->kv_blocks
                                       : (p->n_ctx + LMS_KV_BLOCK - 1) / LMS_KV_BLOCK * p->n_seq;
     int rc = LMS_ERR_NOMEM;
     if (c->x && c->xn && c->qb && c->kb && c->vb && c->att && c->ga && c->up && c->hidden &&
-        c->scores && c->qh && c->tiles && c->vconv && c->qbuf) {
+        c->scores && c->qh && c->tiles && c->vconv && c->qf && (c->dec || !c->dec_floats) &&
+        c->qbuf) {
+        fwd_set_attention(c, FWD_ATT_AUTO);
         rc = gpu_setup(c, blocks, err, errsz);
         if (rc < 0) {
             lms_ctx_destroy(c);
@@ -161,7 +185,7 @@ void lms_ctx_destroy(lms_ctx *c)
 #endif
     lms_kv_cache_deinit(&c->kv);
     void *bufs[] = {c->x, c->xn, c->qb, c->kb, c->vb, c->att, c->ga, c->up, c->hidden,
-                    c->scores, c->qh, c->tiles, c->vconv, c->qbuf};
+                    c->scores, c->qh, c->tiles, c->vconv, c->qf, c->dec, c->qbuf};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     free(c);
@@ -264,9 +288,11 @@ static void matmul(lms_ctx *c, const lms_weight *w, const float *x, int64_t n, f
     (defined(__x86_64__) || defined(__aarch64__))
 typedef _Float16 half_t;
 #define HALF_TO_F32(x) ((float)(x))
+#define ROUND_F16(x) ((float)(_Float16)(x)) /* round to nearest even, like lms_f32_to_f16 */
 #else
 typedef uint16_t half_t;
 #define HALF_TO_F32(x) lms_f16_to_f32(x)
+#define ROUND_F16(x) lms_f16_to_f32(lms_f32_to_f16(x))
 #endif
 
 LMS_CLONES static void axpy_f16(int n, float a, const half_t *x, float *restrict y)
@@ -385,7 +411,7 @@ LMS_CLONES static void softmax_f16(float *wg, int32_t n)
     }
     const float inv = 1.0f / sum;
     for (int32_t j = 0; j < n; j++)
-        wg[j] = lms_f16_to_f32(lms_f32_to_f16(wg[j] * inv));
+        wg[j] = ROUND_F16(wg[j] * inv);
 }
 
 /* out += sum_j w[j] V_j over positions [0, n) of V (this head's slice at
@@ -424,7 +450,9 @@ static void accumulate_vf(int hd, const float *vf, const float *w, int32_t n, fl
         axpy_f32(hd, w[j], vf + (size_t)j * hd, out);
 }
 
-static void attend_tile(lms_ctx *c, int il, const att_tile *a, int kvh, int tid)
+/* The reference: gemm scores over the tile, V rows converted to f32 once
+ * per tile when several queries read them. */
+static void attend_tile_ref(lms_ctx *c, int il, const att_tile *a, int kvh, int tid)
 {
     const lms_hparams *hp = &c->m->hp;
     const int hd = hp->head_dim, type = c->kv.type, group = hp->n_head / hp->n_head_kv;
@@ -468,6 +496,533 @@ static void attend_tile(lms_ctx *c, int il, const att_tile *a, int kvh, int tid)
     }
 }
 
+/* ---- attention: the per-row path -------------------------------------------- */
+
+/*
+ * The default path where AVX-512 is (fwd_set_attention), for decode and
+ * prefill alike; its portable C twin is tested but not chosen. Each query row is scored
+ * against the K rows straight from the cache (f16 -> f32 fused with the
+ * FMA, or q8_0 blocks as exact integer products times the two scales),
+ * softmax as above, then the V rows are accumulated straight from the cache
+ * into registers. Up to ATT_ROWS query rows are done per pass over the rows,
+ * so the query heads of a KV group share each K and V load; for decode (one
+ * token, group <= ATT_ROWS heads) that is a single pass.
+ *
+ * The value sum of a row is defined by chunks: positions are cut at
+ * multiples of ATT_CHUNK, each chunk's weighted sum is accumulated from zero
+ * in position order, and the chunk sums are added left to right. Two
+ * schedules compute exactly that:
+ *
+ *   by head    one work item per (tile, KV head) walks all positions
+ *              (attend_tile_rows); any tile, used for prefill;
+ *   by chunk   for a step of single-token tiles (decode): work items are
+ *              (tile, chunk) and take every KV head of each row, so each
+ *              thread streams whole cached rows (a head's slice alone is a
+ *              short run every row_bytes, which the hardware prefetchers
+ *              follow poorly: about half the bandwidth), in phases: scores,
+ *              softmax, chunk sums, merge (attention_by_chunk).
+ *
+ * Every query row's arithmetic (the order of every sum) is the same in
+ * whatever schedule, tile, pass or batch it is computed, so batching never
+ * changes a result. attend_tile_ref is the slow twin
+ * (tests/unit/test_attention.c).
+ */
+#define ATT_ROWS 4
+#define ATT_PF 32     /* prefetch distance in positions */
+
+/* One KV head's slice of a sequence's cached K or V rows. */
+typedef struct att_src {
+    const uint8_t *base;   /* the layer's pool */
+    const int32_t *blocks; /* the sequence's block table */
+    size_t row_bytes;
+    size_t off;            /* the head's byte offset within a row */
+} att_src;
+
+static inline const uint8_t *att_row(const att_src *s, int32_t j)
+{
+    size_t cell = (size_t)s->blocks[j / LMS_KV_BLOCK] * LMS_KV_BLOCK + (size_t)(j % LMS_KV_BLOCK);
+    return s->base + cell * s->row_bytes + s->off;
+}
+
+/* How a values call leaves out: */
+enum {
+    ATT_V_SET,  /* out = the sum over [j0, j1) */
+    ATT_V_ADD,  /* out += the sum over [j0, j1) (a chunk after the first) */
+    ATT_V_CONT, /* out = out + ... continuing a sum over the next positions */
+};
+
+/* A query row in the form the kernels take (qrow = hd + hd/32 floats): f16
+ * cache: the row rounded to f16, as floats; q8_0: the row quantized as the
+ * reference does, its hd int8 values as floats, then its hd/32 scales. */
+static void load_query(int type, int hd, const float *q, float *qf)
+{
+    if (type == LMS_TYPE_F16) {
+        for (int d = 0; d < hd; d++)
+            qf[d] = lms_f16_to_f32(lms_f32_to_f16(q[d]));
+        return;
+    }
+    const lms_from_float_fn quant = lms_kernels_get()->from_float[LMS_TYPE_Q8_0];
+    for (int b = 0; b < hd / LMS_QK8_0; b++) {
+        lms_block_q8_0 blk;
+        quant(q + b * LMS_QK8_0, &blk, LMS_QK8_0);
+        for (int i = 0; i < LMS_QK8_0; i++)
+            qf[b * LMS_QK8_0 + i] = (float)blk.qs[i];
+        qf[hd + b] = lms_f16_to_f32(blk.d);
+    }
+}
+
+/* -- portable kernels: plain C the compiler vectorizes --
+ *
+ * scores: w[q*ws + j] = q_q . K_j for the nq rows of qf (qrow floats apart)
+ * and j in [j0, j1). values: the nq rows of out (hd floats apart) get
+ * sum_{j0<=j<j1} w[q*ws + j] V_j as mode says. n: the positions the caller
+ * will read (the prefetch limit). */
+
+LMS_CLONES static void scores_f16_c(const att_src *s, int hd, int nq, const float *qf, size_t qrow,
+                                    int32_t j0, int32_t j1, int32_t n, float *w, size_t ws)
+{
+    (void)n;
+    for (int32_t j = j0; j < j1; j++) {
+        const half_t *k = (const half_t *)att_row(s, j);
+        for (int q = 0; q < nq; q++) {
+            const float *x = qf + q * qrow;
+            float acc[16] = {0}, sum = 0.0f;
+            int d = 0;
+            for (; d + 16 <= hd; d += 16)
+                for (int l = 0; l < 16; l++)
+                    acc[l] += x[d + l] * HALF_TO_F32(k[d + l]);
+            for (; d < hd; d++)
+                sum += x[d] * HALF_TO_F32(k[d]);
+            for (int l = 0; l < 16; l++)
+                sum += acc[l];
+            w[q * ws + (size_t)j] = sum;
+        }
+    }
+}
+
+LMS_CLONES static void scores_q8_0_c(const att_src *s, int hd, int nq, const float *qf, size_t qrow,
+                                     int32_t j0, int32_t j1, int32_t n, float *w, size_t ws)
+{
+    (void)n;
+    for (int32_t j = j0; j < j1; j++) {
+        const lms_block_q8_0 *k = (const lms_block_q8_0 *)att_row(s, j);
+        for (int q = 0; q < nq; q++) {
+            const float *x = qf + q * qrow, *xd = x + hd;
+            float acc[16] = {0}, sum = 0.0f;
+            for (int b = 0; b < hd / LMS_QK8_0; b++) {
+                const float sc = lms_f16_to_f32(k[b].d) * xd[b];
+                const float *xb = x + b * LMS_QK8_0;
+                for (int l = 0; l < 16; l++) /* the products are exact: small integers */
+                    acc[l] += (xb[l] * (float)k[b].qs[l] + xb[l + 16] * (float)k[b].qs[l + 16]) * sc;
+            }
+            for (int l = 0; l < 16; l++)
+                sum += acc[l];
+            w[q * ws + (size_t)j] = sum;
+        }
+    }
+}
+
+/* 64 columns of one row at a time, in a local accumulator */
+LMS_CLONES static void values_f16_c(const att_src *s, int hd, int nq, const float *w, size_t ws,
+                                    int32_t j0, int32_t j1, int32_t n, float *restrict out, int mode)
+{
+    (void)n;
+    for (int q = 0; q < nq; q++)
+        for (int c0 = 0; c0 < hd; c0 += 64) {
+            const int nc = hd - c0 < 64 ? hd - c0 : 64;
+            float *restrict y = out + q * hd + c0, acc[64];
+            for (int d = 0; d < nc; d++)
+                acc[d] = mode == ATT_V_CONT ? y[d] : 0.0f;
+            for (int32_t j = j0; j < j1; j++) {
+                const half_t *v = (const half_t *)att_row(s, j) + c0;
+                const float a = w[q * ws + (size_t)j];
+                for (int d = 0; d < nc; d++)
+                    acc[d] += a * HALF_TO_F32(v[d]);
+            }
+            for (int d = 0; d < nc; d++)
+                y[d] = mode == ATT_V_ADD ? y[d] + acc[d] : acc[d];
+        }
+}
+
+LMS_CLONES static void values_q8_0_c(const att_src *s, int hd, int nq, const float *w, size_t ws,
+                                     int32_t j0, int32_t j1, int32_t n, float *restrict out, int mode)
+{
+    (void)n;
+    for (int q = 0; q < nq; q++)
+        for (int c0 = 0; c0 < hd; c0 += 64) {
+            const int nc = hd - c0 < 64 ? hd - c0 : 64; /* a multiple of 32 */
+            float *restrict y = out + q * hd + c0, acc[64];
+            for (int d = 0; d < nc; d++)
+                acc[d] = mode == ATT_V_CONT ? y[d] : 0.0f;
+            for (int32_t j = j0; j < j1; j++) {
+                const lms_block_q8_0 *v = (const lms_block_q8_0 *)att_row(s, j) + c0 / LMS_QK8_0;
+                const float a = w[q * ws + (size_t)j];
+                for (int b = 0; b < nc / LMS_QK8_0; b++) {
+                    const float dv = lms_f16_to_f32(v[b].d);
+                    for (int i = 0; i < LMS_QK8_0; i++) /* d * q is exact */
+                        acc[b * LMS_QK8_0 + i] += a * (dv * (float)v[b].qs[i]);
+                }
+            }
+            for (int d = 0; d < nc; d++)
+                y[d] = mode == ATT_V_ADD ? y[d] + acc[d] : acc[d];
+        }
+}
+
+/* -- AVX-512 kernels (hd a multiple of 64): the rows of a pass live in
+ * registers; NQ is a constant in each inlined copy -- */
+
+#ifdef ATT_AVX512
+#define ATT_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma")))
+#define ATT_INLINE static inline __attribute__((always_inline)) ATT_TARGET
+
+/* bytes of the same head slice ATT_PF positions ahead, into L2 */
+ATT_INLINE void prefetch_ahead(const att_src *s, int32_t j, int32_t n, int64_t skip, int64_t bytes)
+{
+    if (j + ATT_PF >= n)
+        return;
+    const char *p = (const char *)att_row(s, j + ATT_PF) + skip;
+    for (int64_t o = 0; o < bytes; o += 64)
+        _mm_prefetch(p + o, _MM_HINT_T1);
+}
+
+ATT_INLINE __m512 q8_lanes(const int8_t *qs)
+{
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)qs)));
+}
+
+ATT_INLINE void scores_f16_x(const att_src *s, int hd, const float *qf, size_t qrow, int32_t j0,
+                             int32_t j1, int32_t n, float *w, size_t ws, const int NQ)
+{
+    for (int32_t j = j0; j < j1; j++) {
+        const uint16_t *k = (const uint16_t *)att_row(s, j);
+        prefetch_ahead(s, j, n, 0, (int64_t)hd * 2);
+        __m512 acc[ATT_ROWS];
+        for (int q = 0; q < NQ; q++)
+            acc[q] = _mm512_setzero_ps();
+        for (int d = 0; d < hd; d += 16) {
+            const __m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + d)));
+            for (int q = 0; q < NQ; q++)
+                acc[q] = _mm512_fmadd_ps(_mm512_loadu_ps(qf + q * qrow + d), kv, acc[q]);
+        }
+        for (int q = 0; q < NQ; q++)
+            w[q * ws + (size_t)j] = _mm512_reduce_add_ps(acc[q]);
+    }
+}
+
+ATT_INLINE void scores_q8_0_x(const att_src *s, int hd, const float *qf, size_t qrow, int32_t j0,
+                              int32_t j1, int32_t n, float *w, size_t ws, const int NQ)
+{
+    for (int32_t j = j0; j < j1; j++) {
+        const lms_block_q8_0 *k = (const lms_block_q8_0 *)att_row(s, j);
+        prefetch_ahead(s, j, n, 0, (int64_t)hd / LMS_QK8_0 * (int64_t)sizeof *k);
+        __m512 acc[ATT_ROWS];
+        for (int q = 0; q < NQ; q++)
+            acc[q] = _mm512_setzero_ps();
+        for (int b = 0; b < hd / LMS_QK8_0; b++) {
+            const __m512 k0 = q8_lanes(k[b].qs), k1 = q8_lanes(k[b].qs + 16);
+            const float kd = lms_f16_to_f32(k[b].d);
+            for (int q = 0; q < NQ; q++) {
+                const float *x = qf + q * qrow + b * LMS_QK8_0;
+                __m512 p = _mm512_mul_ps(_mm512_loadu_ps(x), k0); /* exact: small integers */
+                p = _mm512_fmadd_ps(_mm512_loadu_ps(x + 16), k1, p);
+                acc[q] = _mm512_fmadd_ps(p, _mm512_set1_ps(kd * qf[q * qrow + hd + b]), acc[q]);
+            }
+        }
+        for (int q = 0; q < NQ; q++)
+            w[q * ws + (size_t)j] = _mm512_reduce_add_ps(acc[q]);
+    }
+}
+
+/* 64 columns at a time: NQ x 4 accumulators; V64 loads a row's 64 values */
+#define ATT_VALUES_X(name, V64, COL_BYTES)                                                       \
+    ATT_INLINE void name(const att_src *s, int hd, const float *w, size_t ws, int32_t j0,       \
+                         int32_t j1, int32_t n, float *out, int mode, const int NQ)              \
+    {                                                                                            \
+        for (int c0 = 0; c0 < hd; c0 += 64) {                                                    \
+            __m512 acc[ATT_ROWS][4];                                                             \
+            for (int q = 0; q < NQ; q++)                                                         \
+                for (int i = 0; i < 4; i++)                                                      \
+                    acc[q][i] = mode == ATT_V_CONT ? _mm512_loadu_ps(out + q * hd + c0 + 16 * i) \
+                                                   : _mm512_setzero_ps();                        \
+            for (int32_t j = j0; j < j1; j++) {                                                  \
+                prefetch_ahead(s, j, n, (int64_t)c0 * (COL_BYTES) / 64, COL_BYTES);              \
+                __m512 x[4];                                                                     \
+                V64(att_row(s, j), c0, x);                                                       \
+                for (int q = 0; q < NQ; q++) {                                                   \
+                    const __m512 a = _mm512_set1_ps(w[q * ws + (size_t)j]);                      \
+                    for (int i = 0; i < 4; i++)                                                  \
+                        acc[q][i] = _mm512_fmadd_ps(a, x[i], acc[q][i]);                         \
+                }                                                                                \
+            }                                                                                    \
+            for (int q = 0; q < NQ; q++)                                                         \
+                for (int i = 0; i < 4; i++) {                                                    \
+                    float *y = out + q * hd + c0 + 16 * i;                                       \
+                    _mm512_storeu_ps(y, mode == ATT_V_ADD ? _mm512_add_ps(_mm512_loadu_ps(y),    \
+                                                                          acc[q][i])             \
+                                                          : acc[q][i]);                          \
+                }                                                                                \
+        }                                                                                        \
+    }
+
+ATT_INLINE void v64_f16(const uint8_t *row, int c0, __m512 *x)
+{
+    const uint16_t *v = (const uint16_t *)row + c0;
+    for (int i = 0; i < 4; i++)
+        x[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + 16 * i)));
+}
+
+ATT_INLINE void v64_q8_0(const uint8_t *row, int c0, __m512 *x)
+{
+    const lms_block_q8_0 *v = (const lms_block_q8_0 *)row + c0 / LMS_QK8_0;
+    for (int i = 0; i < 4; i++) /* exact: an f16 scale times a small integer */
+        x[i] = _mm512_mul_ps(_mm512_set1_ps(lms_f16_to_f32(v[i / 2].d)),
+                             q8_lanes(v[i / 2].qs + 16 * (i % 2)));
+}
+
+ATT_VALUES_X(values_f16_x, v64_f16, 128)
+ATT_VALUES_X(values_q8_0_x, v64_q8_0, 2 * (int64_t)sizeof(lms_block_q8_0))
+
+/* Dispatch on the pass's row count so each copy keeps its rows in registers. */
+#define ATT_BY_ROWS(fn, nq, ...)            \
+    switch (nq) {                           \
+    case 1: fn(__VA_ARGS__, 1); break;      \
+    case 2: fn(__VA_ARGS__, 2); break;      \
+    case 3: fn(__VA_ARGS__, 3); break;      \
+    default: fn(__VA_ARGS__, 4); break;     \
+    }
+
+ATT_TARGET static void scores_f16_avx512(const att_src *s, int hd, int nq, const float *qf,
+                                         size_t qrow, int32_t j0, int32_t j1, int32_t n, float *w,
+                                         size_t ws)
+{
+    ATT_BY_ROWS(scores_f16_x, nq, s, hd, qf, qrow, j0, j1, n, w, ws)
+}
+
+ATT_TARGET static void scores_q8_0_avx512(const att_src *s, int hd, int nq, const float *qf,
+                                          size_t qrow, int32_t j0, int32_t j1, int32_t n, float *w,
+                                          size_t ws)
+{
+    ATT_BY_ROWS(scores_q8_0_x, nq, s, hd, qf, qrow, j0, j1, n, w, ws)
+}
+
+ATT_TARGET static void values_f16_avx512(const att_src *s, int hd, int nq, const float *w,
+                                         size_t ws, int32_t j0, int32_t j1, int32_t n, float *out,
+                                         int mode)
+{
+    ATT_BY_ROWS(values_f16_x, nq, s, hd, w, ws, j0, j1, n, out, mode)
+}
+
+ATT_TARGET static void values_q8_0_avx512(const att_src *s, int hd, int nq, const float *w,
+                                          size_t ws, int32_t j0, int32_t j1, int32_t n, float *out,
+                                          int mode)
+{
+    ATT_BY_ROWS(values_q8_0_x, nq, s, hd, w, ws, j0, j1, n, out, mode)
+}
+#endif /* ATT_AVX512 */
+
+typedef void (*att_scores_fn)(const att_src *s, int hd, int nq, const float *qf, size_t qrow,
+                              int32_t j0, int32_t j1, int32_t n, float *w, size_t ws);
+typedef void (*att_values_fn)(const att_src *s, int hd, int nq, const float *w, size_t ws,
+                              int32_t j0, int32_t j1, int32_t n, float *out, int mode);
+
+typedef struct att_kernels {
+    att_scores_fn scores;
+    att_values_fn values;
+} att_kernels;
+
+static att_kernels att_pick(const lms_ctx *c)
+{
+    const bool q8 = c->kv.type == LMS_TYPE_Q8_0;
+    att_kernels k = {q8 ? scores_q8_0_c : scores_f16_c, q8 ? values_q8_0_c : values_f16_c};
+#ifdef ATT_AVX512
+    if (c->att_impl == FWD_ATT_AVX512) {
+        k.scores = q8 ? scores_q8_0_avx512 : scores_f16_avx512;
+        k.values = q8 ? values_q8_0_avx512 : values_f16_avx512;
+    }
+#endif
+    return k;
+}
+
+/* KV head kvh's K and V slices of a tile's sequence in layer il. */
+static void att_srcs(const lms_ctx *c, int il, const lms_kv_seq *seq, int kvh, att_src *ks,
+                     att_src *vs)
+{
+    const int il_host = il - c->n_gpu;
+    const size_t off = lms_row_size(c->kv.type, (int64_t)kvh * c->m->hp.head_dim);
+    *ks = (att_src){c->kv.k + (size_t)il_host * c->kv.layer_stride, seq->blocks, c->kv.row_bytes,
+                    off};
+    *vs = *ks;
+    vs->base = c->kv.v + (size_t)il_host * c->kv.layer_stride;
+}
+
+/* Scores rows [r0, r0 + nr) of qf against positions [j0, j1), in passes. */
+static void scores_rows(const att_kernels *k, const att_src *ks, int hd, int nr, const float *qf,
+                        size_t qrow, int32_t j0, int32_t j1, int32_t n, float *w, size_t ws)
+{
+    for (int q0 = 0; q0 < nr; q0 += ATT_ROWS)
+        k->scores(ks, hd, nr - q0 < ATT_ROWS ? nr - q0 : ATT_ROWS, qf + (size_t)q0 * qrow, qrow,
+                  j0, j1, n, w + (size_t)q0 * ws, ws);
+}
+
+static void values_rows(const att_kernels *k, const att_src *vs, int hd, int nr, const float *w,
+                        size_t ws, int32_t j0, int32_t j1, int32_t n, float *out, int mode)
+{
+    for (int q0 = 0; q0 < nr; q0 += ATT_ROWS)
+        k->values(vs, hd, nr - q0 < ATT_ROWS ? nr - q0 : ATT_ROWS, w + (size_t)q0 * ws, ws, j0, j1,
+                  n, out + (size_t)q0 * hd, mode);
+}
+
+/* Scale then softmax of one row of n scores. */
+static void att_softmax(float *wq, int32_t n, float scale)
+{
+    for (int32_t j = 0; j < n; j++)
+        wq[j] *= scale;
+    softmax_f16(wq, n);
+}
+
+/* The by-head schedule: one (tile, KV head). */
+static void attend_tile_rows(lms_ctx *c, int il, const att_tile *a, int kvh, int tid)
+{
+    const lms_hparams *hp = &c->m->hp;
+    const int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
+    const int64_t q_stride = (int64_t)hp->n_head * hd;
+    const int32_t stride = c->p.n_ctx, n_q = a->n_tok * group, n_max = a->pos0 + a->n_tok;
+    const size_t qrow = (size_t)hd + (size_t)hd / LMS_QK8_0;
+    float *w = c->scores + (size_t)tid * ATT_TILE * group * stride;
+    float *qf = c->qf + (size_t)tid * c->qf_rows * qrow;
+    const att_kernels k = att_pick(c);
+    att_src ks, vs;
+    att_srcs(c, il, a->seq, kvh, &ks, &vs);
+    /* queries: row t * group + g is token t's head kvh * group + g */
+    for (int32_t t = 0; t < a->n_tok; t++)
+        for (int g = 0; g < group; g++)
+            load_query(c->kv.type, hd,
+                       c->qb + (a->t0 + t) * q_stride + ((int64_t)kvh * group + g) * hd,
+                       qf + (size_t)(t * group + g) * qrow);
+    scores_rows(&k, &ks, hd, n_q, qf, qrow, 0, n_max, n_max, w, (size_t)stride);
+    for (int qi = 0; qi < n_q; qi++)
+        att_softmax(w + (size_t)qi * stride, a->pos0 + qi / group + 1, 1.0f / sqrtf((float)hd));
+    /* a pass takes rows of one token (they see the same positions) */
+    for (int32_t t = 0; t < a->n_tok; t++) {
+        float *out = c->att + (a->t0 + t) * q_stride + (int64_t)kvh * group * hd;
+        const int32_t n = a->pos0 + t + 1;
+        for (int32_t j0 = 0; j0 < n; j0 += ATT_CHUNK)
+            values_rows(&k, &vs, hd, group, w + (size_t)t * group * stride, (size_t)stride, j0,
+                        j0 + ATT_CHUNK < n ? j0 + ATT_CHUNK : n, n, out,
+                        j0 ? ATT_V_ADD : ATT_V_SET);
+    }
+}
+
+/* The by-chunk schedule for single-token tiles, in c->dec: per tile, the
+ * scores [n_head][ws] then the chunk sums [n_chunk][n_head][hd]; ws is the
+ * longest tile's position count rounded up to ATT_CHUNK. Returns false
+ * (nothing done) when the step does not fit there. */
+static bool attention_by_chunk(lms_ctx *c, int il, const att_tile *tiles, int32_t n_tiles)
+{
+    const lms_hparams *hp = &c->m->hp;
+    const int hd = hp->head_dim, nh = hp->n_head, nkv = hp->n_head_kv, group = nh / nkv;
+    const int64_t q_stride = (int64_t)nh * hd;
+    int32_t n_longest = 0;
+    for (int32_t i = 0; i < n_tiles; i++) {
+        if (tiles[i].n_tok != 1)
+            return false;
+        n_longest = tiles[i].pos0 + 1 > n_longest ? tiles[i].pos0 + 1 : n_longest;
+    }
+    const int32_t n_chunk = (n_longest + ATT_CHUNK - 1) / ATT_CHUNK;
+    const size_t ws = (size_t)n_chunk * ATT_CHUNK;
+    const size_t per_tile = (size_t)nh * ws + (size_t)n_chunk * nh * hd;
+    if ((size_t)n_tiles * per_tile > c->dec_floats || n_tiles > c->qf_tiles)
+        return false;
+    const size_t qrow = (size_t)hd + (size_t)hd / LMS_QK8_0;
+    const att_kernels k = att_pick(c);
+    const int64_t n_items = (int64_t)n_tiles * n_chunk;
+    const bool par = (int64_t)n_tiles * n_longest * nh * hd >= 65536;
+#pragma omp parallel if (par)
+    {
+        /* queries, all heads of every tile: rows [tile][head] */
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < (int64_t)n_tiles * nh; r++)
+            load_query(c->kv.type, hd, c->qb + tiles[r / nh].t0 * q_stride + (r % nh) * hd,
+                       c->qf + (size_t)r * qrow);
+        /* scores: (tile, chunk) items, every head of each block of rows */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < n_items; it++) {
+            const att_tile *a = &tiles[it / n_chunk];
+            const int32_t n = a->pos0 + 1, j0 = (int32_t)(it % n_chunk) * ATT_CHUNK;
+            float *w = c->dec + (size_t)(it / n_chunk) * per_tile;
+            for (int32_t b0 = j0; b0 < n && b0 < j0 + ATT_CHUNK; b0 += LMS_KV_BLOCK)
+                for (int h = 0; h < nkv; h++) {
+                    att_src ks, vs;
+                    att_srcs(c, il, a->seq, h, &ks, &vs);
+                    scores_rows(&k, &ks, hd, group,
+                                c->qf + ((size_t)(it / n_chunk) * nh + (size_t)h * group) * qrow,
+                                qrow, b0, b0 + LMS_KV_BLOCK < n ? b0 + LMS_KV_BLOCK : n, n,
+                                w + (size_t)h * group * ws, ws);
+                }
+        }
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < (int64_t)n_tiles * nh; r++)
+            att_softmax(c->dec + (size_t)(r / nh) * per_tile + (size_t)(r % nh) * ws,
+                        tiles[r / nh].pos0 + 1, 1.0f / sqrtf((float)hd));
+        /* chunk sums, every head of each block of rows */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < n_items; it++) {
+            const att_tile *a = &tiles[it / n_chunk];
+            const int32_t n = a->pos0 + 1, j0 = (int32_t)(it % n_chunk) * ATT_CHUNK;
+            const float *w = c->dec + (size_t)(it / n_chunk) * per_tile;
+            float *sum = c->dec + (size_t)(it / n_chunk) * per_tile + (size_t)nh * ws +
+                         (size_t)(it % n_chunk) * nh * hd;
+            for (int32_t b0 = j0; b0 < n && b0 < j0 + ATT_CHUNK; b0 += LMS_KV_BLOCK)
+                for (int h = 0; h < nkv; h++) {
+                    att_src ks, vs;
+                    att_srcs(c, il, a->seq, h, &ks, &vs);
+                    values_rows(&k, &vs, hd, group, w + (size_t)h * group * ws, ws, b0,
+                                b0 + LMS_KV_BLOCK < n ? b0 + LMS_KV_BLOCK : n, n,
+                                sum + (size_t)h * group * hd, b0 > j0 ? ATT_V_CONT : ATT_V_SET);
+                }
+        }
+        /* merge: out = chunk 0 + chunk 1 + ..., left to right */
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < (int64_t)n_tiles * nh; r++) {
+            const att_tile *a = &tiles[r / nh];
+            const float *sum = c->dec + (size_t)(r / nh) * per_tile + (size_t)nh * ws +
+                               (size_t)(r % nh) * hd;
+            float *out = c->att + a->t0 * q_stride + (r % nh) * hd;
+            const int32_t nc = a->pos0 / ATT_CHUNK + 1;
+            memcpy(out, sum, (size_t)hd * sizeof(float));
+            for (int32_t ci = 1; ci < nc; ci++)
+                for (int d = 0; d < hd; d++)
+                    out[d] += sum[(size_t)ci * nh * hd + d];
+        }
+    }
+    return true;
+}
+
+int fwd_set_attention(lms_ctx *c, int impl)
+{
+    const int hd = c->m->hp.head_dim;
+    bool simd = false;
+#ifdef ATT_AVX512
+    simd = hd % 64 == 0 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c") &&
+           __builtin_cpu_supports("fma");
+#endif
+    const char *env = getenv("LMS_ATTENTION"); /* ref | c: for A/B timings */
+    if (impl == FWD_ATT_AUTO && env && (!strcmp(env, "ref") || !strcmp(env, "c")))
+        impl = env[0] == 'r' ? FWD_ATT_REF : FWD_ATT_C;
+    /* The kernel ISA (LMS_ISA) caps it. Without AVX-512 the reference
+     * runs: GCC 12 leaves the portable kernels' inner loops scalar (no
+     * vector type for the f16 conversion there), which makes them slower
+     * than the reference's gemm at depth; they stay as the tested twin. */
+    if (impl == FWD_ATT_AUTO)
+        impl = simd && !strcmp(lms_kernels_get()->isa, "avx512") ? FWD_ATT_AVX512 : FWD_ATT_REF;
+    if ((impl != FWD_ATT_REF && impl != FWD_ATT_C && impl != FWD_ATT_AVX512) ||
+        (impl == FWD_ATT_AVX512 && !simd))
+        return LMS_ERR_UNSUPPORTED;
+    c->att_impl = impl;
+    return 0;
+}
+
 /* Splits the batch into tiles of consecutive positions of one sequence. */
 static int32_t make_tiles(const lms_batch *b, att_tile *tiles)
 {
@@ -493,6 +1048,8 @@ static void attention(lms_ctx *c, int il, const lms_batch *b)
     int64_t n_pos = 0;
     for (int32_t t = 0; t < b->n_tokens; t++)
         n_pos += b->pos[t] + 1;
+    if (c->att_impl != FWD_ATT_REF && attention_by_chunk(c, il, tiles, n_tiles))
+        return;
     const bool par = n_pos * hp->n_head * hp->head_dim >= 65536;
 #pragma omp parallel for schedule(dynamic, 1) if (par)
     for (int64_t wi = 0; wi < n_work; wi++) {
@@ -501,7 +1058,10 @@ static void attention(lms_ctx *c, int il, const lms_batch *b)
 #else
         int tid = 0;
 #endif
-        attend_tile(c, il, &tiles[wi / nkv], (int)(wi % nkv), tid);
+        if (c->att_impl == FWD_ATT_REF)
+            attend_tile_ref(c, il, &tiles[wi / nkv], (int)(wi % nkv), tid);
+        else
+            attend_tile_rows(c, il, &tiles[wi / nkv], (int)(wi % nkv), tid);
     }
 }
 

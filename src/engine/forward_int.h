@@ -21,6 +21,10 @@ typedef struct fwd_gpu fwd_gpu; /* forward_cuda.c */
  * scored against each K row once. */
 #define ATT_TILE 8
 
+/* Attention's value sums are defined by chunks of this many positions
+ * (forward.c); a multiple of LMS_KV_BLOCK. */
+#define ATT_CHUNK 128
+
 typedef struct att_tile {
     const lms_kv_seq *seq;
     int32_t pos0;     /* position of the first token */
@@ -38,13 +42,30 @@ struct lms_ctx {
     float *scores;      /* [n_threads][ATT_TILE * group][n_ctx] attention weights */
     uint16_t *qh;       /* [n_threads][ATT_TILE * group][hd] a tile's queries, cache type */
     att_tile *tiles;    /* [n_batch] the batch cut into attention tiles */
-    float *vconv;       /* [n_threads][n_ctx][hd] a tile's V rows as f32 */
+    float *vconv;       /* [n_threads][n_ctx][hd] a tile's V rows as f32 (reference path) */
+    float *qf;          /* queries as floats, rows of hd + hd/32: per thread qf_rows
+                         * (by head), or qf_tiles * n_head (by chunk) */
+    int32_t qf_rows;    /* ATT_TILE * group */
+    int32_t qf_tiles;   /* most single-token tiles the by-chunk schedule takes */
+    float *dec;         /* by-chunk scores and chunk sums (forward.c) */
+    size_t dec_floats;
+    int att_impl;       /* FWD_ATT_*: which attention path runs */
     void *qbuf;         /* activation conversion scratch */
     int32_t n_hidden;
     int32_t n_gpu;      /* layers on the GPU (0: CPU only) */
     fwd_gpu *gpu;       /* NULL when nothing is on the GPU */
     lms_gpu_plan plan;  /* valid when gpu != NULL */
 };
+
+/* Attention paths (forward.c): the reference (tiled gemm scores, V rows
+ * converted per tile), and the per-row path in portable C or AVX-512. */
+enum { FWD_ATT_AUTO = 0, FWD_ATT_REF, FWD_ATT_C, FWD_ATT_AVX512 };
+
+/* Selects the attention path (FWD_ATT_AUTO: AVX-512 where the CPU, kernel
+ * ISA and head size allow, else the reference; the environment's
+ * LMS_ATTENTION=ref|c overrides auto for A/B timings); LMS_ERR_UNSUPPORTED
+ * if the asked one cannot run here. */
+int fwd_set_attention(lms_ctx *c, int impl);
 
 #ifdef LMS_HAVE_CUDA
 /* Plans the placement from free VRAM and c->p, allocates device memory and

@@ -1,0 +1,175 @@
+/*
+ * test_attention.c - the forward pass's attention paths against each other
+ * (forward.c): the per-row path in portable C and in AVX-512 (where the CPU
+ * and head size allow) against the reference tiled path, for f16 and q8_0
+ * caches; and, within each path, a decode step scheduled by chunk (a step
+ * of single-token tiles) bit-identical to the same row scheduled by head
+ * (a step that also holds a multi-token tile), which is what keeps
+ * batched generation equal to solo generation.
+ *
+ * Contexts are long enough that the prompts cross several ATT_CHUNKs.
+ * Token ids are random (fixed seed); the models are the synthetic ones of
+ * the shared test data.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/forward.h"
+#include "engine/forward_int.h"
+#include "engine/kv_cache.h"
+#include "kernels/kernels.h"
+#include "model/model.h"
+#include "testutil.h"
+
+#define N_CTX 400
+#define P0 300 /* seq 0's prompt: past two chunks */
+#define P1 45  /* seq 1's prompt */
+#define N_ROWS 5
+
+typedef struct att_case {
+    const char *model;
+    int kv_type;
+} att_case;
+
+static const att_case cases[] = {
+    {"llama-synth-f32", 0}, {"llama-synth-f32", LMS_TYPE_Q8_0}, {"qwen3-synth-f16", 0},
+    {"qwen3-synth-f16", LMS_TYPE_Q8_0}, {"stories260K", 0},
+};
+
+static uint32_t rng_next(uint32_t *s)
+{
+    *s = *s * 1664525u + 1013904223u;
+    return *s >> 8;
+}
+
+/* One forward call of n tokens: (seq, pos) pairs; logits of every row. */
+static void step(lms_ctx *c, lms_kv_seq **seqs, const int32_t *pos, const int32_t *toks,
+                 int32_t n, float *logits)
+{
+    bool want[64];
+    for (int32_t i = 0; i < n; i++)
+        want[i] = true;
+    lms_batch b = {.n_tokens = n, .tokens = toks, .pos = pos, .seq = seqs, .logits = want};
+    assert_int_equal(lms_forward(c, &b, logits), 0);
+}
+
+/* Prefill of seq s over [from, to) in chunks of 64; logits of the last. */
+static void prefill(lms_ctx *c, lms_kv_seq *s, const int32_t *toks, int32_t from, int32_t to,
+                    float *last, int32_t nv)
+{
+    int32_t pos[64];
+    lms_kv_seq *seqs[64];
+    float *lg = malloc((size_t)64 * nv * sizeof *lg);
+    for (int32_t p = from; p < to; p += 64) {
+        int32_t n = to - p < 64 ? to - p : 64;
+        for (int32_t i = 0; i < n; i++) {
+            pos[i] = p + i;
+            seqs[i] = s;
+        }
+        step(c, seqs, pos, toks + p, n, lg);
+        if (p + n == to)
+            memcpy(last, lg + (size_t)(n - 1) * nv, (size_t)nv * sizeof *lg);
+    }
+    free(lg);
+}
+
+/* Rows: seq 0's prompt end; a decode step of seqs 0 and 1 (by chunk); then
+ * a step with seq 0's next token and seq 1's next, plus (split: false) seq
+ * 1's one after, a two-token tile that sends the whole step by head, or
+ * (split: true) seq 2's first, so the step goes by chunk. */
+static void run(const lms_model *m, int kv_type, int impl, bool split, float *rows)
+{
+    const int32_t nv = m->hp.n_vocab;
+    lms_ctx_params p = {.n_ctx = N_CTX, .n_batch = 64, .n_seq = 3, .n_threads = 2,
+                        .kv_type = kv_type};
+    char err[256];
+    lms_ctx *c;
+    assert_int_equal(lms_ctx_create(m, &p, &c, err, sizeof err), 0);
+    assert_int_equal(fwd_set_attention(c, impl), 0);
+    lms_kv_cache *kv = lms_ctx_kv(c);
+    lms_kv_seq s0 = {0}, s1 = {0}, s2 = {0};
+    assert_int_equal(lms_kv_seq_reserve(kv, &s0, P0 + 2), 0);
+    assert_int_equal(lms_kv_seq_reserve(kv, &s1, P1 + 3), 0);
+    assert_int_equal(lms_kv_seq_reserve(kv, &s2, 1), 0);
+    int32_t toks[P0 + 2];
+    uint32_t rs = 12345;
+    for (int32_t i = 0; i < P0 + 2; i++)
+        toks[i] = (int32_t)(rng_next(&rs) % (uint32_t)nv);
+    prefill(c, &s0, toks, 0, P0, rows, nv);
+    prefill(c, &s1, toks, 0, P1, rows + nv, nv); /* overwritten below */
+    float *lg = malloc((size_t)3 * nv * sizeof *lg);
+    {
+        lms_kv_seq *seqs[2] = {&s0, &s1};
+        int32_t pos[2] = {P0, P1}, tk[2] = {toks[P0], toks[P1]};
+        step(c, seqs, pos, tk, 2, rows + nv);
+    }
+    /* the same batch size both ways, so the matrix products match too */
+    lms_kv_seq *seqs[3] = {&s0, &s1, split ? &s2 : &s1};
+    int32_t pos[3] = {P0 + 1, P1 + 1, split ? 0 : P1 + 2};
+    int32_t tk[3] = {toks[P0 + 1], toks[P1 + 1], toks[P1 + 2]};
+    step(c, seqs, pos, tk, 3, lg);
+    memcpy(rows + (size_t)3 * nv, lg, (size_t)2 * nv * sizeof *lg);
+    free(lg);
+    lms_kv_seq_release(kv, &s0);
+    lms_kv_seq_release(kv, &s1);
+    lms_kv_seq_release(kv, &s2);
+    lms_ctx_destroy(c);
+}
+
+static void test_case(void **state)
+{
+    const att_case *ac = *state;
+    char rel[256], err[512];
+    snprintf(rel, sizeof rel, "models/%s.gguf", ac->model);
+    lms_model *m;
+    if (lms_model_load(tu_data_path(rel), &m, err, sizeof err) < 0)
+        fail_msg("%s: %s", ac->model, err);
+    const size_t n = (size_t)N_ROWS * m->hp.n_vocab;
+    float *ref = malloc(n * sizeof *ref), *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+    run(m, ac->kv_type, FWD_ATT_REF, false, ref);
+    float scale = 0;
+    for (size_t i = 0; i < n; i++)
+        scale = fmaxf(scale, fabsf(ref[i]));
+    const int impls[] = {FWD_ATT_C, FWD_ATT_AVX512};
+    for (size_t k = 0; k < sizeof impls / sizeof impls[0]; k++) {
+        lms_ctx_params p = {.n_ctx = 16, .n_batch = 1, .n_seq = 1, .n_threads = 1};
+        lms_ctx *probe;
+        assert_int_equal(lms_ctx_create(m, &p, &probe, err, sizeof err), 0);
+        bool ok = fwd_set_attention(probe, impls[k]) == 0;
+        lms_ctx_destroy(probe);
+        if (!ok) {
+            printf("attention %-16s kv %-4s hd %3d: %s path not available here\n", ac->model,
+                   ac->kv_type ? "q8_0" : "f16", m->hp.head_dim, k ? "avx512" : "c");
+            continue;
+        }
+        run(m, ac->kv_type, impls[k], false, a);
+        run(m, ac->kv_type, impls[k], true, b);
+        /* by chunk and by head: the same arithmetic */
+        if (memcmp(a, b, n * sizeof *a))
+            fail_msg("%s: decode by chunk differs from by head (max %g)", ac->model,
+                     tu_max_diff(a, b, n));
+        float d = tu_max_diff(a, ref, n);
+        printf("attention %-16s kv %-4s hd %3d %-6s vs reference: max |logit diff| %.3g of %.3g\n",
+               ac->model, ac->kv_type ? "q8_0" : "f16", m->hp.head_dim, k ? "avx512" : "c", d,
+               scale);
+        if (!(d <= 1e-3f * scale + 1e-4f))
+            fail_msg("%s: %s path differs from the reference by %g", ac->model,
+                     k ? "avx512" : "c", d);
+    }
+    free(ref);
+    free(a);
+    free(b);
+    lms_model_free(m);
+}
+
+int main(void)
+{
+    struct CMUnitTest tests[sizeof cases / sizeof cases[0]];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        tests[i] = (struct CMUnitTest){.name = cases[i].kv_type ? "q8_0 cache" : cases[i].model,
+                                       .test_func = test_case,
+                                       .initial_state = (void *)&cases[i]};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
