@@ -233,6 +233,8 @@ static void test_gemm_kernels(void **state)
 {
     (void)state;
     static const int64_t rows[] = {1, 2, 3, 4, 5, 7, 9, 17};
+    /* every partial tile of the 16-token K-quant tiles, a full one, one past */
+    static const int64_t toks[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17};
     uint64_t seed = 0x6e3a9f21;
     int bad = 0, n_checked = 0;
     for (size_t ii = 0; ii < sizeof k_isa_names / sizeof k_isa_names[0]; ii++) {
@@ -249,7 +251,8 @@ static void test_gemm_kernels(void **state)
                                     bs == 256 ? 2048 : 32 * 37};
             for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
                 for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++)
-                    for (int64_t nt = 1; nt <= 9; nt++) {
+                    for (size_t ni = 0; ni < sizeof toks / sizeof toks[0]; ni++) {
+                        const int64_t nt = toks[ni];
                         problem p;
                         problem_init(&p, &seed, type, lens[li], rows[ri], nt);
                         const size_t lds = (size_t)rows[ri] + 3;

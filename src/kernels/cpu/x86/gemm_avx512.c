@@ -12,8 +12,8 @@
  *
  *   kernel       tile                 u8 codes (vpdpbusd)   offset handled by
  *   -----------  -------------------  --------------------  ---------------------
- *   Q4_K / Q5_K  1 row x 8 tokens     0..15 / 0..31         dmin * mins . bsums
- *   Q6_K         1 row x 8 tokens     q + 32, 0..63         -32 * sc . bsums, int32
+ *   Q4_K / Q5_K  1 row x 16 tokens    0..15 / 0..31         dmin * mins . bsums
+ *   Q6_K         1 row x 16 tokens    x + 128 (q - 32 s8)   -128 * sum q, int32
  *   Q8_0         4 rows x 4 tokens    q + 128               -128 * sum x, int32
  *   Q4_0         4 rows x 4 tokens    q + 8                 -8 * sum x, int32
  *   F16          4 rows x 4 tokens    (float FMA)           -
@@ -84,238 +84,348 @@ INLINE __m512i load512(const void *p) { return _mm512_loadu_si512(p); }
         else { GEMM_CASE_T(body, 1, NR, nt, __VA_ARGS__) }                                         \
     } while (0)
 
-/* ---- Q4_K / Q5_K / Q6_K -------------------------------------------------------------- */
-
-/* 64 codes of chunk j (sub-blocks 2j, 2j+1) of a Q4_K/Q5_K block; h: the
- * Q5_K high bits, advanced by the call. */
-INLINE __m512i k4_chunk(const uint8_t *qs, int j, __m512i *h, int has_qh)
-{
-    const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
-    __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(raw), _mm256_srli_epi16(raw, 4), 1);
-    q = _mm512_and_si512(q, _mm512_set1_epi8(0x0F));
-    if (has_qh) {
-        q = _mm512_or_si512(q, _mm512_and_si512(_mm512_slli_epi16(*h, 4), _mm512_set1_epi8(0x10)));
-        *h = _mm512_srli_epi16(*h, 2);
-    }
-    return q;
-}
-
-/* ---- K-quants: one row x pairs of tokens ------------------------------------------
+/* ---- K-quants (Q4_K, Q5_K, Q6_K): one row x pairs of tokens ----------------------
  *
- * Per (row, token, super-block) the integer part takes 4 vpdpbusd over the
- * 64-code chunks (int32 lanes, each a sum of 4 products, |.| < 2^15 for
- * every K-quant code range against |x| <= 127), two vpackssdw that pack
- * them exactly into int16, and 2 vpdpwssd with the sub-block scales laid
- * out to match the packing. Tokens go in pairs: the two tokens' int32
- * sums are folded into one vector (lanes 0..7 token a, 8..15 token b)
- * before the float scaling, which halves the float work per token. The
- * per-token, per-block float factors (d_x for both tokens; for Q4_K/Q5_K
- * also d_x * sub-block sums for the mins term) are computed once per tile
- * into `aux` and read by every row.
+ * Codes are unpacked "by lane": a super-block's 256 codes go to 4 registers
+ * R0..R3 laid out so that every 32-bit lane holds codes of one sub-block,
+ * the same sub-block in all four registers; each token's activations are
+ * permuted once per tile into the same order (X0..X3). Then vpdpbusd can
+ * sum several registers into one int32 accumulator without mixing
+ * sub-blocks: all four for Q4_K (16 codes a lane, |sum| <= 15*127*16),
+ * two and two for Q5_K (8 codes, <= 31*127*8) and Q6_K (8 codes, the exact
+ * signed sum (q - 32) * x, <= 32*127*8). Every lane fits int16 (q8_K
+ * activations are within +-127), so one vpackssdw packs two tokens'
+ * accumulators and one vpdpwssd applies the sub-block scales to both:
  *
- * vpackssdw works within 128-bit lanes: lane L of pack(P0, P1) holds words
- * P0[4L..4L+3] then P1[4L..4L+3]; the scale vectors below follow that. */
+ *   per token pair and super-block   Q4_K          Q5_K / Q6_K
+ *   vpdpbusd                         8             8
+ *   vpackssdw + vpdpwssd             1 + 1         2 + 2
+ *   float (cvt, d_w*d_x, fma, mins)  4             4 / 3
+ *
+ * The result of a pair has token a in lanes 4m, 4m+1 and token b in
+ * lanes 4m+2, 4m+3 of each 128-bit lane m (that is how vpackssdw
+ * interleaves); per-token float factors (d_x; d_x * sub-block sums for the
+ * Q4_K/Q5_K mins) are laid out the same way once per tile in `aux`.
+ *
+ * Layouts (qword = 8 codes, slot j = qword j of a register, m = j / 2):
+ *   Q4_K/Q5_K  R_k slot j: sub-block j, codes 8k..8k+7 (lane sub-block j/2
+ *              of the 32-bit lanes: 2 lanes per sub-block, 8 sub-blocks)
+ *   Q6_K       R_{2g+h} slot 2m+s: codes 128g + 64s + 16m + 8h .. +7, i.e.
+ *              sub-block 8g + 4s + m of 16 (R0,R1 -> acc 0, R2,R3 -> acc 1)
+ * Q6_K multiplies the signed codes q - 32 with activations x + 128 (so the
+ * unsigned operand of vpdpbusd is the activation) and starts each
+ * accumulator at -128 * (sum of the lane's codes), once per row and block. */
 
-#define KQ_PAIRS 4       /* token pairs per tile: 8 tokens (the switch in kq_gemm) */
-#define KQ_CHUNK 8       /* super-blocks per aux chunk: 8 tokens' activations in L1 */
+#define KQ_PAIRS 8   /* token pairs per tile: 16 tokens */
+#define KQ_XB 256    /* bytes of one token's permuted super-block */
+#define KQ_XBLK 64   /* token super-blocks per chunk (16 KiB, in L1): 4 blocks of 16 tokens */
+#define KQ_ROWS 256  /* rows per pass: their token sums wait in a 16 KiB buffer */
 
+#define KQ_CHUNK_MAX 16 /* super-blocks per chunk at most (fewer tokens: longer chunks) */
+
+/* The token side of one super-block, for the tile's tokens. */
 typedef struct kq_aux {
-    __m512 dx;  /* d_x of token a in lanes 0..7, of token b in 8..15 */
-    __m512 bsf; /* Q4_K/Q5_K: d_x * sum of each 32-code sub-block, same layout */
+    /* Q4_K/Q5_K, per pair: d_x * sum of the lane's 32-code sub-block, lanes
+     * as the pair's int32 result (token a in 4m, 4m+1, b in 4m+2, 4m+3) */
+    __m512 bsf[KQ_PAIRS];
+    /* per 4 pairs: d_x of token (i % 4) + 4 * (i / 8) in lane i (kq_fold4) */
+    __m512 dx[KQ_PAIRS / 4];
 } kq_aux;
 
-/* aux[b][p] for blocks [b0, b0 + nb) and token pairs p of tokens xt[]. A
- * token past n_tok has d_x = 0 (its products are finite and vanish). */
-INLINE void kq_prep(const uint8_t *const *xt, int n_tok, int64_t b0, int64_t nb, kq_aux *aux)
+/* Source qword (of the block's 32) of slot `slot` of permuted register r. */
+INLINE int kq_src_qword(int kind, int r, int slot)
 {
-    for (int64_t b = 0; b < nb; b++)
-        for (int p = 0; p < KQ_PAIRS; p++) {
-            float d[2];
-            __m256 bs[2];
-            for (int u = 0; u < 2; u++) {
-                const int t = 2 * p + u;
-                const lms_block_q8_K *xb = (const lms_block_q8_K *)xt[t] + b0 + b;
-                d[u] = t < n_tok ? xb->d : 0.0f;
-                const __m256i s16 = _mm256_loadu_si256((const __m256i *)xb->bsums);
-                bs[u] = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
-            }
-            const __m512 dx =
-                _mm512_insertf32x8(_mm512_set1_ps(d[0]), _mm256_set1_ps(d[1]), 1);
-            const __m512 bsv = _mm512_insertf32x8(_mm512_castps256_ps512(bs[0]), bs[1], 1);
-            aux[b * KQ_PAIRS + p].dx = dx;
-            aux[b * KQ_PAIRS + p].bsf = _mm512_mul_ps(bsv, dx);
+    if (kind != 2)
+        return 4 * slot + r;
+    const int g = r / 2, h = r % 2, m = slot / 2, s = slot % 2;
+    return 16 * g + 8 * s + 2 * m + h;
+}
+
+/* Permuted activations xp[b][t] and aux[b][p] for blocks [b0, b0 + nb) of
+ * tokens xt[0 .. 2 * np). A token past n_tok (the odd one of the last pair)
+ * has d_x = 0: its products are finite and vanish. */
+INLINE void kq_prep(int kind, const uint8_t *const *xt, int n_tok, int np, int64_t b0, int64_t nb,
+                    uint8_t *xp, kq_aux *aux)
+{
+    /* Q6_K: x + 128 as unsigned bytes */
+    const uint64_t flip = kind == 2 ? 0x8080808080808080ull : 0;
+    for (int64_t b = 0; b < nb; b++) {
+        for (int t = 0; t < 2 * np; t++) {
+            const lms_block_q8_K *xb = (const lms_block_q8_K *)xt[t] + b0 + b;
+            uint8_t *dst = xp + ((size_t)b * 2 * np + (size_t)t) * KQ_XB;
+            for (int r = 0; r < 4; r++)
+                for (int j = 0; j < 8; j++) {
+                    uint64_t v;
+                    memcpy(&v, xb->qs + 8 * kq_src_qword(kind, r, j), 8);
+                    v ^= flip;
+                    memcpy(dst + 64 * r + 8 * j, &v, 8);
+                }
         }
+        float d[2 * KQ_PAIRS];
+        for (int t = 0; t < 2 * KQ_PAIRS; t++)
+            d[t] = t < n_tok ? ((const lms_block_q8_K *)xt[t < 2 * np ? t : 0] + b0 + b)->d : 0.0f;
+        for (int p = 0; p < np; p++) {
+            float bs[16];
+            for (int l = 0; l < 16; l++) {
+                const int t = 2 * p + ((l >> 1) & 1), sb = 2 * (l >> 2) + (l & 1);
+                const lms_block_q8_K *xb = (const lms_block_q8_K *)xt[t] + b0 + b;
+                bs[l] = d[t] * (float)(xb->bsums[2 * sb] + xb->bsums[2 * sb + 1]);
+            }
+            aux[b].bsf[p] = _mm512_loadu_ps(bs);
+        }
+        for (int g = 0; g < (np + 3) / 4; g++) {
+            float dx[16];
+            for (int i = 0; i < 16; i++)
+                dx[i] = d[8 * g + i % 4 + 4 * (i / 8)];
+            aux[b].dx[g] = _mm512_loadu_ps(dx);
+        }
+    }
 }
 
-/* Byte-shuffle control that fills each 128-bit lane L with word wa(L) x4
- * then word wb(L) x4, wa/wb given for lanes 0-1 and lanes 2-3. */
-INLINE __m512i kq_ctrl(int a01, int b01, int a23, int b23)
+/* One super-block of a row, unpacked: codes, int16 scale vectors for the
+ * packed accumulators of group 0 and 1, and the float factors. */
+typedef struct kq_w {
+    __m512i r[4];
+    __m512i sc[2];  /* word pattern per 128-bit lane m: see kq_unpack */
+    __m512i neg[2]; /* Q6_K: -128 * sum of each lane's codes of group g */
+    __m512 mins;    /* Q4_K/Q5_K: dmin * min of the lane's sub-block */
+    __m512 dw;
+} kq_w;
+
+INLINE void kq_unpack(int kind, const uint8_t *blk, kq_w *o)
 {
-    const __m128i lo = _mm_setr_epi8(2 * a01, 2 * a01 + 1, 2 * a01, 2 * a01 + 1, 2 * a01,
-                                     2 * a01 + 1, 2 * a01, 2 * a01 + 1, 2 * b01, 2 * b01 + 1,
-                                     2 * b01, 2 * b01 + 1, 2 * b01, 2 * b01 + 1, 2 * b01,
-                                     2 * b01 + 1);
-    const __m128i hi = _mm_setr_epi8(2 * a23, 2 * a23 + 1, 2 * a23, 2 * a23 + 1, 2 * a23,
-                                     2 * a23 + 1, 2 * a23, 2 * a23 + 1, 2 * b23, 2 * b23 + 1,
-                                     2 * b23, 2 * b23 + 1, 2 * b23, 2 * b23 + 1, 2 * b23,
-                                     2 * b23 + 1);
-    const __m256i l2 = _mm256_set_m128i(lo, lo), h2 = _mm256_set_m128i(hi, hi);
-    return _mm512_inserti64x4(_mm512_castsi256_si512(l2), h2, 1);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    if (kind == 2) {
+        const lms_block_q6_K *b = (const lms_block_q6_K *)blk;
+        const __m512i m2 = _mm512_set1_epi8(0x30), c32 = _mm512_set1_epi8(32);
+        const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+        const __m512i shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+        __m512i q[4];
+        for (int hf = 0; hf < 2; hf++) {
+            const __m512i ql = load512(b->ql + 64 * hf);
+            const __m512i qh =
+                _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qh + 32 * hf)));
+            /* codes 128hf + 0..63 and 128hf + 64..127, in order */
+            q[2 * hf] = _mm512_or_si512(_mm512_and_si512(ql, m4),
+                                        _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m2));
+            q[2 * hf + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                                            _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m2));
+        }
+        const __m512i c128 = _mm512_set1_epi8((char)0x80);
+        for (int g = 0; g < 2; g++) {
+            o->r[2 * g] = _mm512_sub_epi8(_mm512_unpacklo_epi64(q[2 * g], q[2 * g + 1]), c32);
+            o->r[2 * g + 1] = _mm512_sub_epi8(_mm512_unpackhi_epi64(q[2 * g], q[2 * g + 1]), c32);
+            const __m512i cs = _mm512_dpbusd_epi32(
+                _mm512_dpbusd_epi32(_mm512_setzero_si512(), c128, o->r[2 * g]), c128,
+                o->r[2 * g + 1]);
+            o->neg[g] = _mm512_sub_epi32(_mm512_setzero_si512(), cs);
+        }
+        /* words of lane m: sub-blocks 8g + m, 8g + m, 8g + 4 + m, 8g + 4 + m, twice */
+        const __m512i sc16 =
+            _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales)));
+        const __m512i i0 = _mm512_set_epi16(7, 7, 3, 3, 7, 7, 3, 3, 6, 6, 2, 2, 6, 6, 2, 2, 5, 5, 1,
+                                            1, 5, 5, 1, 1, 4, 4, 0, 0, 4, 4, 0, 0);
+        o->sc[0] = _mm512_permutexvar_epi16(i0, sc16);
+        o->sc[1] = _mm512_permutexvar_epi16(_mm512_add_epi16(i0, _mm512_set1_epi16(8)), sc16);
+        o->dw = _mm512_set1_ps(x86_h2f(b->d));
+        return;
+    }
+    const lms_block_q4_K *b = (const lms_block_q4_K *)blk;
+    const uint8_t *qs = kind == 1 ? ((const lms_block_q5_K *)blk)->qs : b->qs;
+    const __m512i lo = load512(qs), hi = load512(qs + 64);
+    const __m512i nib = _mm512_set_epi64(4, 0, 4, 0, 4, 0, 4, 0);
+    for (int k = 0; k < 4; k++) {
+        /* slot j <- qword 4 * (j / 2) + k, low nibbles in even slots, high in odd */
+        const __m512i idx = _mm512_add_epi64(_mm512_set_epi64(12, 12, 8, 8, 4, 4, 0, 0),
+                                             _mm512_set1_epi64(k));
+        const __m512i v = _mm512_permutex2var_epi64(lo, idx, hi);
+        o->r[k] = _mm512_and_si512(_mm512_srlv_epi64(v, nib), m4);
+        if (kind == 1) {
+            /* bit j of qh byte 8k + i is bit 4 of code i of sub-block j */
+            uint64_t h;
+            memcpy(&h, ((const lms_block_q5_K *)blk)->qh + 8 * k, 8);
+            const __m512i rot = _mm512_set_epi64(61, 62, 63, 0, 1, 2, 3, 4);
+            const __m512i hb = _mm512_rolv_epi64(_mm512_set1_epi64((long long)h), rot);
+            o->r[k] = _mm512_or_si512(o->r[k], _mm512_and_si512(hb, _mm512_set1_epi8(0x10)));
+        }
+    }
+    const __m128i scmn = k4_scales(b->scales);
+    /* words of lane m: sub-blocks 2m, 2m, 2m + 1, 2m + 1, twice */
+    const __m512i i0 = _mm512_set_epi16(7, 7, 6, 6, 7, 7, 6, 6, 5, 5, 4, 4, 5, 5, 4, 4, 3, 3, 2,
+                                        2, 3, 3, 2, 2, 1, 1, 0, 0, 1, 1, 0, 0);
+    o->sc[0] = o->sc[1] =
+        _mm512_permutexvar_epi16(i0, _mm512_castsi128_si512(_mm_cvtepu8_epi16(scmn)));
+    /* float lanes 4m + 2u + v: sub-block 2m + v */
+    const __m256 mnf = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(scmn, scmn))),
+                                     _mm256_set1_ps(x86_h2f(b->dmin)));
+    o->mins = _mm512_permutexvar_ps(
+        _mm512_setr_epi32(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7),
+        _mm512_castps256_ps512(mnf));
+    o->dw = _mm512_set1_ps(x86_h2f(b->d));
 }
 
-/* One token's int32 lanes for one super-block: 4 chunks of codes q[] x its
- * activations, packed and scaled by s01 / s23. */
-INLINE __m512i kq_token(const __m512i q[4], const int8_t *xq, __m512i s01, __m512i s23)
+/* One token's int32 accumulators for a super-block (x: its permuted codes). */
+INLINE void kq_token(int kind, const kq_w *w, const uint8_t *x, __m512i acc[2])
 {
     const __m512i z = _mm512_setzero_si512();
-    const __m512i p0 = _mm512_dpbusd_epi32(z, q[0], load512(xq));
-    const __m512i p1 = _mm512_dpbusd_epi32(z, q[1], load512(xq + 64));
-    const __m512i p2 = _mm512_dpbusd_epi32(z, q[2], load512(xq + 128));
-    const __m512i p3 = _mm512_dpbusd_epi32(z, q[3], load512(xq + 192));
-    const __m512i a = _mm512_dpwssd_epi32(z, _mm512_packs_epi32(p0, p1), s01);
-    return _mm512_dpwssd_epi32(a, _mm512_packs_epi32(p2, p3), s23);
-}
-
-/* Lanes 0..7: low + high half of a; lanes 8..15: the same of b. */
-INLINE __m512i fold_pair(__m512i a, __m512i b)
-{
-    return _mm512_add_epi32(_mm512_shuffle_i64x2(a, b, 0x44), _mm512_shuffle_i64x2(a, b, 0xEE));
-}
-
-/* The codes of one Q4_K / Q5_K super-block as 4 chunks of 64 (chunk j:
- * sub-block 2j in bytes 0..31, 2j+1 in 32..63) and its scale vectors. */
-INLINE void k4_unpack(const uint8_t *blk, int has_qh, __m512i q[4], __m512i *s01, __m512i *s23,
-                      __m512 *mins, __m512 *dw)
-{
-    const lms_block_q4_K *b = (const lms_block_q4_K *)blk;
-    const uint8_t *qs = has_qh ? ((const lms_block_q5_K *)blk)->qs : b->qs;
-    __m512i h = _mm512_setzero_si512();
-    if (has_qh) {
-        const __m256i qh = _mm256_loadu_si256((const __m256i *)((const lms_block_q5_K *)blk)->qh);
-        h = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 1), 1);
+    if (kind == 2) {
+        for (int g = 0; g < 2; g++)
+            acc[g] = _mm512_dpbusd_epi32(
+                _mm512_dpbusd_epi32(w->neg[g], load512(x + 128 * g), w->r[2 * g]),
+                load512(x + 128 * g + 64), w->r[2 * g + 1]);
+    } else if (kind == 1) {
+        for (int g = 0; g < 2; g++)
+            acc[g] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, w->r[2 * g], load512(x + 128 * g)),
+                                         w->r[2 * g + 1], load512(x + 128 * g + 64));
+    } else {
+        __m512i a = _mm512_dpbusd_epi32(z, w->r[0], load512(x));
+        a = _mm512_dpbusd_epi32(a, w->r[1], load512(x + 64));
+        a = _mm512_dpbusd_epi32(a, w->r[2], load512(x + 128));
+        acc[0] = _mm512_dpbusd_epi32(a, w->r[3], load512(x + 192));
     }
-    for (int j = 0; j < 4; j++)
-        q[j] = k4_chunk(qs, j, &h, has_qh);
-    const __m128i scmn = k4_scales(b->scales);
-    const __m512i sc = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(scmn));
-    /* pack(P0,P1) lane L: sub-blocks (0,2) for L < 2, (1,3) for L >= 2 */
-    *s01 = _mm512_shuffle_epi8(sc, kq_ctrl(0, 2, 1, 3));
-    *s23 = _mm512_shuffle_epi8(sc, kq_ctrl(4, 6, 5, 7));
-    const __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(scmn, scmn)));
-    *mins = _mm512_broadcast_f32x8(_mm256_mul_ps(mnf, _mm256_set1_ps(x86_h2f(b->dmin))));
-    *dw = _mm512_set1_ps(x86_h2f(b->d));
 }
 
-/* The codes of one Q6_K super-block as u = q + 32 in 4 chunks of 64
- * (chunk j: elements 64j..64j+63, sub-blocks 4j..4j+3), its scale vectors
- * and the -32 offset as int16 scales for the bsums. */
-INLINE void q6_unpack(const lms_block_q6_K *b, __m512i q[4], __m512i *s01, __m512i *s23,
-                      __m512i *corr, __m512 *dw)
+/* The 16 token sums of 8 pair accumulators, in token order: a transposing
+ * tree of shuffles and adds (21 instructions instead of 16 reductions). */
+INLINE __m512 kq_reduce(const __m512 acc[KQ_PAIRS])
 {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(0x30);
-    const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
-    const __m512i shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
-    for (int hf = 0; hf < 2; hf++) {
-        const __m512i ql = load512(b->ql + 64 * hf);
-        const __m512i qh =
-            _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qh + 32 * hf)));
-        q[2 * hf] = _mm512_or_si512(_mm512_and_si512(ql, m4),
-                                    _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m2));
-        q[2 * hf + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
-                                        _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m2));
+    __m512 v[4], x[2];
+    /* [a a b b] + [c c d d] per 128-bit lane -> [a b c d] */
+    for (int i = 0; i < 4; i++)
+        v[i] = _mm512_add_ps(_mm512_shuffle_ps(acc[2 * i], acc[2 * i + 1], 0x88),
+                             _mm512_shuffle_ps(acc[2 * i], acc[2 * i + 1], 0xDD));
+    /* lanes 0+1, 2+3 of v[2i] then of v[2i+1] */
+    for (int i = 0; i < 2; i++)
+        x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], 0x88),
+                         _mm512_shuffle_f32x4(x[0], x[1], 0xDD));
+}
+
+/* Four pairs' int32 results (lanes as kq_aux.bsf) folded into one vector,
+ * token (i % 4) + 4 * (i / 8) in lane i: the sub-blocks are already
+ * scaled, so from here on a token's lanes only need adding. */
+INLINE __m512i kq_fold4(const __m512i *ii)
+{
+    __m512i v[2];
+    for (int h = 0; h < 2; h++) {
+        const __m512 a = _mm512_castsi512_ps(ii[2 * h]), b = _mm512_castsi512_ps(ii[2 * h + 1]);
+        v[h] = _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(a, b, 0x88)),
+                                _mm512_castps_si512(_mm512_shuffle_ps(a, b, 0xDD)));
     }
-    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
-    const __m512i lo = _mm512_broadcast_i32x4(_mm256_castsi256_si128(sc16));
-    const __m512i hi = _mm512_broadcast_i32x4(_mm256_extracti128_si256(sc16, 1));
-    /* pack(P0,P1) lane L: sub-blocks L and 4 + L; pack(P2,P3): 8 + L, 12 + L */
-    const __m512i c = kq_ctrl(0, 4, 0, 4), c1 = kq_ctrl(1, 5, 1, 5);
-    const __m512i c2 = kq_ctrl(2, 6, 2, 6), c3 = kq_ctrl(3, 7, 3, 7);
-    const __mmask64 l1 = 0x00000000FFFF0000ull, l2 = 0x0000FFFF00000000ull,
-                    l3 = 0xFFFF000000000000ull;
-    __m512i v = _mm512_shuffle_epi8(lo, c);
-    v = _mm512_mask_shuffle_epi8(v, l1, lo, c1);
-    v = _mm512_mask_shuffle_epi8(v, l2, lo, c2);
-    *s01 = _mm512_mask_shuffle_epi8(v, l3, lo, c3);
-    v = _mm512_shuffle_epi8(hi, c);
-    v = _mm512_mask_shuffle_epi8(v, l1, hi, c1);
-    v = _mm512_mask_shuffle_epi8(v, l2, hi, c2);
-    *s23 = _mm512_mask_shuffle_epi8(v, l3, hi, c3);
-    *corr = _mm512_zextsi256_si512(_mm256_mullo_epi16(sc16, _mm256_set1_epi16(-32)));
-    *dw = _mm512_set1_ps(x86_h2f(b->d));
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(v[0], v[1], 0x88),
+                            _mm512_shuffle_i32x4(v[0], v[1], 0xDD));
 }
 
 /* kind: 0 Q4_K, 1 Q5_K, 2 Q6_K. One weight row against NP token pairs over
- * blocks [b0, b0 + nb); adds (or stores) into s[t * lds]. */
-INLINE void kq_row(const uint8_t *wrow, int kind, int64_t b0, int64_t nb,
-                   const uint8_t *const *xt, const kq_aux *aux, float *s, size_t lds, int n_tok,
-                   int add, const int NP)
+ * blocks [b0, b0 + nb); stores (or adds) its 16 token sums into out[]. */
+INLINE void kq_row(const uint8_t *wrow, int kind, int64_t b0, int64_t nb, const uint8_t *xp,
+                   const kq_aux *aux, float *out, int add, const int NP)
 {
     const size_t bw = kind == 0 ? sizeof(lms_block_q4_K)
                       : kind == 1 ? sizeof(lms_block_q5_K) : sizeof(lms_block_q6_K);
-    __m512 acc[KQ_PAIRS];
-    for (int p = 0; p < NP; p++)
-        acc[p] = _mm512_setzero_ps();
+    const int ng = kind == 0 ? 1 : 2;
+    const int NG = (NP + 3) / 4;
+    __m512 accm[KQ_PAIRS], acc[KQ_PAIRS / 4];
+    for (int p = 0; p < KQ_PAIRS; p++)
+        accm[p] = _mm512_setzero_ps();
+    for (int g = 0; g < KQ_PAIRS / 4; g++)
+        acc[g] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = wrow + (size_t)(b0 + b) * bw;
-        __m512i q[4], s01, s23, corr = _mm512_setzero_si512();
-        __m512 mins = _mm512_setzero_ps(), dw;
-        if (kind == 2)
-            q6_unpack((const lms_block_q6_K *)blk, q, &s01, &s23, &corr, &dw);
-        else
-            k4_unpack(blk, kind == 1, q, &s01, &s23, &mins, &dw);
-        const kq_aux *ax = aux + b * KQ_PAIRS;
-        for (int p = 0; p < NP; p++) {
-            __m512i si[2];
-            for (int u = 0; u < 2; u++) {
-                const lms_block_q8_K *xb = (const lms_block_q8_K *)xt[2 * p + u] + b0 + b;
-                si[u] = kq_token(q, xb->qs, s01, s23);
-                if (kind == 2) {
-                    const __m512i bs =
-                        _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)xb->bsums));
-                    si[u] = _mm512_dpwssd_epi32(si[u], bs, corr);
-                }
+        kq_w w;
+        kq_unpack(kind, wrow + (size_t)(b0 + b) * bw, &w);
+        const kq_aux *ax = aux + b;
+        const uint8_t *xb = xp + (size_t)b * 2 * NP * KQ_XB;
+        __m512i ii[KQ_PAIRS];
+        for (int p = 0; p < 4 * NG; p++) {
+            if (p >= NP) {
+                ii[p] = _mm512_setzero_si512();
+                continue;
             }
-            const __m512 f = _mm512_cvtepi32_ps(fold_pair(si[0], si[1]));
-            acc[p] = _mm512_fmadd_ps(f, _mm512_mul_ps(dw, ax[p].dx), acc[p]);
+            __m512i ta[2], tb[2];
+            kq_token(kind, &w, xb + (size_t)(2 * p) * KQ_XB, ta);
+            kq_token(kind, &w, xb + (size_t)(2 * p + 1) * KQ_XB, tb);
+            ii[p] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_packs_epi32(ta[0], tb[0]),
+                                        w.sc[0]);
+            if (ng == 2)
+                ii[p] = _mm512_dpwssd_epi32(ii[p], _mm512_packs_epi32(ta[1], tb[1]), w.sc[1]);
             if (kind != 2)
-                acc[p] = _mm512_fnmadd_ps(mins, ax[p].bsf, acc[p]);
+                accm[p] = _mm512_fnmadd_ps(w.mins, ax->bsf[p], accm[p]);
         }
+        for (int g = 0; g < NG; g++)
+            acc[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(kq_fold4(ii + 4 * g)),
+                                     _mm512_mul_ps(w.dw, ax->dx[g]), acc[g]);
     }
-    for (int p = 0; p < NP; p++)
-        for (int u = 0; u < 2; u++) {
-            const int t = 2 * p + u;
-            if (t >= n_tok)
-                break;
-            const __m256 h = u ? _mm512_extractf32x8_ps(acc[p], 1) : _mm512_castps512_ps256(acc[p]);
-            const float v = x86_hsum_ps(h);
-            s[(size_t)t * lds] = add ? s[(size_t)t * lds] + v : v;
-        }
+    /* tokens 0..3 in 128-bit lanes 0 (and 1), 4..7 in 2 (and 3) of each acc[g] */
+    __m512 h[2];
+    for (int g = 0; g < 2; g++)
+        h[g] = _mm512_add_ps(acc[g], _mm512_shuffle_f32x4(acc[g], acc[g], 0xB1));
+    __m512 v = _mm512_shuffle_f32x4(h[0], h[1], 0x88);
+    if (kind != 2)
+        v = _mm512_add_ps(v, kq_reduce(accm));
+    _mm512_store_ps(out, add ? _mm512_add_ps(_mm512_load_ps(out), v) : v);
 }
 
+#define KQ_AHEAD 2 /* rows between a row's prefetch and its use */
+
+INLINE void kq_prefetch(const uint8_t *p, size_t n_bytes)
+{
+    for (size_t i = 0; i < n_bytes; i += 64)
+        _mm_prefetch((const char *)p + i, _MM_HINT_T0);
+}
+
+/* Tiles of 16 tokens; for each, passes of up to KQ_ROWS rows; for each,
+ * chunks of blocks whose permuted activations stay in L1 while every row
+ * of the pass runs over them. Each row's 16 token sums wait in sums[]
+ * (contiguous: s is strided by token, and 16 stores 4 or 8 KiB apart
+ * would fight over one L1 set) until the pass is done. */
 INLINE void kq_gemm(int kind, int64_t n, int64_t n_rows, int64_t n_tok, const void *w,
                     size_t ldw, const void *x, size_t ldx, float *s, size_t lds)
 {
-    kq_aux aux[KQ_CHUNK * KQ_PAIRS];
+    kq_aux aux[KQ_CHUNK_MAX];
+    _Alignas(64) uint8_t xp[KQ_XBLK * KQ_XB];
+    _Alignas(64) float sums[KQ_ROWS][2 * KQ_PAIRS];
     const int64_t nb = n / LMS_QK_K;
+    const size_t bw = kind == 0 ? sizeof(lms_block_q4_K)
+                      : kind == 1 ? sizeof(lms_block_q5_K) : sizeof(lms_block_q6_K);
     for (int64_t t0 = 0; t0 < n_tok; t0 += 2 * KQ_PAIRS) {
         const int nt = n_tok - t0 < 2 * KQ_PAIRS ? (int)(n_tok - t0) : 2 * KQ_PAIRS;
         const int np = (nt + 1) / 2;
+        const int64_t chunk =
+            KQ_XBLK / (2 * np) < KQ_CHUNK_MAX ? KQ_XBLK / (2 * np) : KQ_CHUNK_MAX;
         const uint8_t *xt[2 * KQ_PAIRS];
         for (int t = 0; t < 2 * KQ_PAIRS; t++)
             xt[t] = (const uint8_t *)x + (size_t)(t0 + (t < nt ? t : nt - 1)) * ldx;
-        for (int64_t b0 = 0; b0 < nb; b0 += KQ_CHUNK) {
-            const int64_t nbc = nb - b0 < KQ_CHUNK ? nb - b0 : KQ_CHUNK;
-            kq_prep(xt, nt, b0, nbc, aux);
-            for (int64_t r = 0; r < n_rows; r++) {
-                const uint8_t *wr = (const uint8_t *)w + (size_t)r * ldw;
-                float *sr = s + (size_t)t0 * lds + r;
-                const int add = b0 > 0;
-                switch (np) {
-                case 1: kq_row(wr, kind, b0, nbc, xt, aux, sr, lds, nt, add, 1); break;
-                case 2: kq_row(wr, kind, b0, nbc, xt, aux, sr, lds, nt, add, 2); break;
-                case 3: kq_row(wr, kind, b0, nbc, xt, aux, sr, lds, nt, add, 3); break;
-                default: kq_row(wr, kind, b0, nbc, xt, aux, sr, lds, nt, add, 4); break;
+        for (int64_t r0 = 0; r0 < n_rows; r0 += KQ_ROWS) {
+            const int64_t nr = n_rows - r0 < KQ_ROWS ? n_rows - r0 : KQ_ROWS;
+            for (int64_t b0 = 0; b0 < nb; b0 += chunk) {
+                const int64_t nbc = nb - b0 < chunk ? nb - b0 : chunk;
+                kq_prep(kind, xt, nt, np, b0, nbc, xp, aux);
+                for (int64_t r = 0; r < nr; r++) {
+                    const uint8_t *wr = (const uint8_t *)w + (size_t)(r0 + r) * ldw;
+                    const int add = b0 > 0;
+                    /* the weights come once from DRAM in batched decode:
+                     * ask for this chunk of row r + KQ_AHEAD now */
+                    if (r + KQ_AHEAD < nr)
+                        kq_prefetch(wr + KQ_AHEAD * ldw + (size_t)b0 * bw, (size_t)nbc * bw);
+#define KQ_ROW(np_) kq_row(wr, kind, b0, nbc, xp, aux, sums[r], add, np_)
+                    switch (np) {
+                    case 1: KQ_ROW(1); break;
+                    case 2: KQ_ROW(2); break;
+                    case 3: KQ_ROW(3); break;
+                    case 4: KQ_ROW(4); break;
+                    case 5: KQ_ROW(5); break;
+                    case 6: KQ_ROW(6); break;
+                    case 7: KQ_ROW(7); break;
+                    default: KQ_ROW(8); break;
+                    }
+#undef KQ_ROW
                 }
+            }
+            for (int t = 0; t < nt; t++) {
+                float *st = s + (size_t)(t0 + t) * lds + r0;
+                for (int64_t r = 0; r < nr; r++)
+                    st[r] = sums[r][t];
             }
         }
     }
