@@ -6,7 +6,8 @@
  * with VNNI (vpdpbusd / vpdpwssd replace the three-instruction AVX2 integer
  * sequences; still 256-bit, which keeps one 32-element block per register),
  * and 512-bit float-row kernels written here: F32 and F16 rows with FMA,
- * BF16 rows with vdpbf16ps. Row tails use masked loads, so any n works.
+ * BF16 rows with vdpbf16ps, and 512-bit Q4_K and Q6_K rows against Q8_K.
+ * Row tails use masked loads, so any n works.
  * Decode also has a multi-row Q4_K kernel (gemv: four rows share the
  * activation loads, the scale unpacking and the final reductions).
  *
@@ -138,6 +139,68 @@ static void vec_dot_q4_K_q8_K_512(int64_t n, float *s, const void *vw, const voi
                                _mm256_cvtepi32_ps(k4_mins(scmn, x[i].bsums)), accm);
     }
     *s = x86_hsum_ps(acc) - x86_hsum_ps(accm);
+}
+
+/* Q6_K against Q8_K with 512-bit registers, in address order (one row is
+ * one linear stream). Per half super-block (128 codes): one 64-byte load of
+ * ql (its low nibbles are codes 0-63 of the half, its high nibbles 64-127)
+ * and the matching 32 bytes of qh broadcast to both 256-bit halves; one
+ * variable shift per group brings the right 2-bit pair of qh to bits 4-5.
+ * vpdpbusd of the unsigned codes (0..63) with the activations gives int32
+ * sums of 4 products (|sum| <= 4 * 63 * 128, exact in int16), vpackssdw
+ * folds the two groups into int16 and one vpdpwssd applies the sub-block
+ * scales. The -32 offset comes back as 32 * sum_s sc[s] * bsums[s]. */
+static inline __m512i q6k_half_sum(__m512i sumi, const uint8_t *ql, const uint8_t *qh,
+                                   const int8_t *a, __m512i sc)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(0x30);
+    /* codes 0-31 take qh bits 0-1, 32-63 bits 2-3, 64-95 bits 4-5, 96-127 bits 6-7 */
+    const __m512i shl = _mm512_setr_epi64(0x0004000400040004ll, 0x0004000400040004ll,
+                                          0x0004000400040004ll, 0x0004000400040004ll,
+                                          0x0002000200020002ll, 0x0002000200020002ll,
+                                          0x0002000200020002ll, 0x0002000200020002ll);
+    const __m512i shr = _mm512_setr_epi64(0, 0, 0, 0, 0x0002000200020002ll, 0x0002000200020002ll,
+                                          0x0002000200020002ll, 0x0002000200020002ll);
+    const __m512i q = _mm512_loadu_si512(ql);
+    const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh));
+    const __m512i hl = _mm512_and_si512(_mm512_sllv_epi16(h, shl), m2);
+    const __m512i hh = _mm512_and_si512(_mm512_srlv_epi16(h, shr), m2);
+    /* (a & b) | c */
+    const __m512i ulo = _mm512_ternarylogic_epi32(q, m4, hl, 0xEA);
+    const __m512i uhi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(q, 4), m4, hh, 0xEA);
+    const __m512i z = _mm512_setzero_si512();
+    const __m512i plo = _mm512_dpbusd_epi32(z, ulo, _mm512_loadu_si512(a));
+    const __m512i phi = _mm512_dpbusd_epi32(z, uhi, _mm512_loadu_si512(a + 64));
+    return _mm512_dpwssd_epi32(sumi, _mm512_packs_epi32(plo, phi), sc);
+}
+
+static void vec_dot_q6_K_q8_K_512(int64_t n, float *s, const void *vw, const void *vx)
+{
+    const lms_block_q6_K *w = vw;
+    const lms_block_q8_K *x = vx;
+    const int64_t nb = n / LMS_QK_K;
+    /* vpackssdw lane k of a half: words 0-3 from sub-block k, 4-7 from
+     * sub-block k + 4 (of that half's eight) */
+    const __m512i i0 = _mm512_setr_epi64(0x0000000000000000ll, 0x0004000400040004ll,
+                                         0x0001000100010001ll, 0x0005000500050005ll,
+                                         0x0002000200020002ll, 0x0006000600060006ll,
+                                         0x0003000300030003ll, 0x0007000700070007ll);
+    const __m512i i1 = _mm512_add_epi16(i0, _mm512_set1_epi16(8));
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const int8_t *a = x[i].qs;
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[i].scales));
+        const __m512i sc = _mm512_castsi256_si512(sc16);
+        const __m256i corr = _mm256_madd_epi16(x86_load(x[i].bsums), sc16);
+        const __m256i neg = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr, 5));
+        __m512i sumi = _mm512_zextsi256_si512(neg);
+        sumi = q6k_half_sum(sumi, w[i].ql, w[i].qh, a, _mm512_permutexvar_epi16(i0, sc));
+        sumi = q6k_half_sum(sumi, w[i].ql + 64, w[i].qh + 32, a + 128,
+                            _mm512_permutexvar_epi16(i1, sc));
+        const __m512 d = _mm512_set1_ps(x86_h2f(w[i].d) * x[i].d);
+        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc);
+    }
+    *s = hsum_ps_512(acc);
 }
 
 /* ---- decode: several Q4_K rows against one Q8_K row ------------------------
@@ -307,7 +370,7 @@ static const lms_kernel_table k_avx512 = {
         [LMS_TYPE_Q3_K] = vec_dot_q3_K_q8_K,
         [LMS_TYPE_Q4_K] = vec_dot_q4_K_q8_K_512,
         [LMS_TYPE_Q5_K] = vec_dot_q5_K_q8_K,
-        [LMS_TYPE_Q6_K] = vec_dot_q6_K_q8_K,
+        [LMS_TYPE_Q6_K] = vec_dot_q6_K_q8_K_512,
     },
     .from_float = {
         [LMS_TYPE_F16] = from_float_f16_x86,
