@@ -16,7 +16,7 @@
  *   Q6_K         1 row x 16 tokens    x + 128 (q - 32 s8)   -128 * sum q, int32
  *   Q8_0         4 rows x 4 tokens    q + 128               -128 * sum x, int32
  *   Q4_0         4 rows x 4 tokens    q + 8                 -8 * sum x, int32
- *   F16          4 rows x 4 tokens    (float FMA)           -
+ *   F16          4 rows x 6 tokens    (float FMA)           -
  *
  * The driver loops keep a tile's tokens outermost, then a chunk of blocks
  * (so that those tokens' activations stay in L1), then the rows.
@@ -634,31 +634,166 @@ void gemm_q4_0_q8_0_avx512(int64_t n, int64_t n_rows, int64_t n_tok, const void 
     q8_gemm(1, n, n_rows, n_tok, w, ldw, x, ldx, s, lds);
 }
 
-/* ---- F16 ------------------------------------------------------------------------- */
+/* ---- F16 -------------------------------------------------------------------------
+ *
+ * 4 rows x 6 tokens of named float accumulators (24 zmm; with the 6
+ * activation vectors and one weight vector, 31 of the 32 registers).
+ * The tile's activations are converted to float once per K chunk into a
+ * buffer that stays in L1 (F16_KC floats a token, zero beyond n), so a
+ * 16-column step is 6 loads, 4 weight conversions and 24 FMAs. Named
+ * variables rather than an array: GCC keeps such an array in memory and
+ * stores it every step. Partial sums of the chunks are added into s. */
 
-INLINE void f16_tile(int64_t n, const uint8_t *w, size_t ldw, const uint8_t *x, size_t ldx,
-                     float *s, size_t lds, const int MR, const int NR)
+#define F16_MR 4
+#define F16_NR 6
+#define F16_KC 1024 /* columns per chunk: 6 tokens' floats are 24 KiB */
+
+/* Rows [0, MR) x tokens [0, NR) of the tile: accumulator a<r><t>, zeroed. */
+#define F16_ACC_ROW(r)                                                                             \
+    __m512 a##r##0 = _mm512_setzero_ps(), a##r##1 = a##r##0, a##r##2 = a##r##0, a##r##3 = a##r##0, \
+           a##r##4 = a##r##0, a##r##5 = a##r##0
+
+/* Row r's step: its 16 weights (from wv_expr) times every token. */
+#define F16_FMA_ROW(r, wv_expr)                                                                    \
+    do {                                                                                           \
+        if ((r) < MR) {                                                                            \
+            const __m512 wv_ = (wv_expr);                                                          \
+            a##r##0 = _mm512_fmadd_ps(wv_, x0, a##r##0);                                           \
+            if (NR > 1)                                                                            \
+                a##r##1 = _mm512_fmadd_ps(wv_, x1, a##r##1);                                       \
+            if (NR > 2)                                                                            \
+                a##r##2 = _mm512_fmadd_ps(wv_, x2, a##r##2);                                       \
+            if (NR > 3)                                                                            \
+                a##r##3 = _mm512_fmadd_ps(wv_, x3, a##r##3);                                       \
+            if (NR > 4)                                                                            \
+                a##r##4 = _mm512_fmadd_ps(wv_, x4, a##r##4);                                       \
+            if (NR > 5)                                                                            \
+                a##r##5 = _mm512_fmadd_ps(wv_, x5, a##r##5);                                       \
+        }                                                                                          \
+    } while (0)
+
+/* One 16-column step at column i; LOAD(p) converts 16 weights at p. */
+#define F16_STEP(i, LOAD)                                                                          \
+    do {                                                                                           \
+        const __m512 x0 = _mm512_load_ps(xf + (i));                                                \
+        const __m512 x1 = NR > 1 ? _mm512_load_ps(xf + 1 * F16_KC + (i)) : x0;                     \
+        const __m512 x2 = NR > 2 ? _mm512_load_ps(xf + 2 * F16_KC + (i)) : x0;                     \
+        const __m512 x3 = NR > 3 ? _mm512_load_ps(xf + 3 * F16_KC + (i)) : x0;                     \
+        const __m512 x4 = NR > 4 ? _mm512_load_ps(xf + 4 * F16_KC + (i)) : x0;                     \
+        const __m512 x5 = NR > 5 ? _mm512_load_ps(xf + 5 * F16_KC + (i)) : x0;                     \
+        F16_FMA_ROW(0, LOAD(w0 + (i)));                                                            \
+        F16_FMA_ROW(1, LOAD(w0 + ldw2 + (i)));                                                     \
+        F16_FMA_ROW(2, LOAD(w0 + 2 * ldw2 + (i)));                                                 \
+        F16_FMA_ROW(3, LOAD(w0 + 3 * ldw2 + (i)));                                                 \
+    } while (0)
+
+/* 16 halves at p (those of mask m; zero elsewhere) as floats. */
+INLINE __m512 f16_load(const uint16_t *p, __mmask16 m)
 {
-    __m512 acc[4][4];
-    for (int r = 0; r < MR; r++)
-        for (int t = 0; t < NR; t++)
-            acc[r][t] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
-        __m512 xv[4];
-        for (int t = 0; t < NR; t++)
-            xv[t] = _mm512_cvtph_ps(
-                _mm256_maskz_loadu_epi16(m, (const uint16_t *)(x + (size_t)t * ldx) + i));
-        for (int r = 0; r < MR; r++) {
-            const __m512 wv = _mm512_cvtph_ps(
-                _mm256_maskz_loadu_epi16(m, (const uint16_t *)(w + (size_t)r * ldw) + i));
-            for (int t = 0; t < NR; t++)
-                acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
-        }
-    }
-    STORE_TILE(acc, MR, NR, s, lds);
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
 }
 
-#define F16_BODY(n, w, ldw, x, ldx, s, lds, MR, NR) f16_tile(n, w, ldw, x, ldx, s, lds, MR, NR)
+#define F16_LOAD_FULL(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 
-GEMM_DRIVER(gemm_f16_f16_avx512, F16_BODY, 4, 4)
+/* The horizontal sums of a, b, c, d as one vector {sum a, sum b, sum c, sum d}. */
+INLINE __m128 f16_reduce4(__m512 a, __m512 b, __m512 c, __m512 d)
+{
+    /* 128-bit quarters: ab = {a0+a2, a1+a3, b0+b2, b1+b3}, likewise cd */
+    const __m512 ab =
+        _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+    const __m512 cd =
+        _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+    /* quarter q holds four partial sums of a, b, c, d for q = 0..3 */
+    __m512 v =
+        _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+    v = _mm512_add_ps(v, _mm512_shuffle_ps(v, v, 0x4E));
+    v = _mm512_add_ps(v, _mm512_shuffle_ps(v, v, 0xB1)); /* every lane of quarter q: the sum */
+    return _mm512_castps512_ps128(_mm512_permutexvar_ps(
+        _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), v));
+}
+
+/* Token t's MR sums into s[t * lds + 0..MR-1], stored (first chunk) or added. */
+#define F16_STORE_TOK(t)                                                                           \
+    do {                                                                                           \
+        if ((t) < NR) {                                                                            \
+            __m128 v_ = f16_reduce4(a0##t, a1##t, a2##t, a3##t);                                   \
+            float *st_ = s + (size_t)(t)*lds;                                                      \
+            const __mmask8 mk_ = (__mmask8)((1u << MR) - 1);                                       \
+            if (!first)                                                                            \
+                v_ = _mm_add_ps(v_, _mm_maskz_loadu_ps(mk_, st_));                                 \
+            _mm_mask_storeu_ps(st_, mk_, v_);                                                      \
+        }                                                                                          \
+    } while (0)
+
+/* Rows [0, MR) of w (columns [0, n) of the chunk) times the tile's NR
+ * tokens in xf (token t at xf + t * F16_KC, zero from n to the next
+ * multiple of 16). */
+INLINE void f16_tile(int64_t n, const uint16_t *w0, size_t ldw2, const float *xf, float *s,
+                     size_t lds, int first, const int MR, const int NR)
+{
+    F16_ACC_ROW(0);
+    F16_ACC_ROW(1);
+    F16_ACC_ROW(2);
+    F16_ACC_ROW(3);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        F16_STEP(i, F16_LOAD_FULL);
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+#define F16_LOAD_TAIL(p) f16_load(p, m)
+        F16_STEP(i, F16_LOAD_TAIL);
+#undef F16_LOAD_TAIL
+    }
+    F16_STORE_TOK(0);
+    F16_STORE_TOK(1);
+    F16_STORE_TOK(2);
+    F16_STORE_TOK(3);
+    F16_STORE_TOK(4);
+    F16_STORE_TOK(5);
+}
+
+#define F16_CASE_T(mr, nt, ...)                                                                    \
+    switch (nt) {                                                                                  \
+    case 1: f16_tile(__VA_ARGS__, mr, 1); break;                                                   \
+    case 2: f16_tile(__VA_ARGS__, mr, 2); break;                                                   \
+    case 3: f16_tile(__VA_ARGS__, mr, 3); break;                                                   \
+    case 4: f16_tile(__VA_ARGS__, mr, 4); break;                                                   \
+    case 5: f16_tile(__VA_ARGS__, mr, 5); break;                                                   \
+    default: f16_tile(__VA_ARGS__, mr, 6); break;                                                  \
+    }
+
+void gemm_f16_f16_avx512(int64_t n, int64_t n_rows, int64_t n_tok, const void *w, size_t ldw,
+                         const void *x, size_t ldx, float *s, size_t lds)
+{
+    _Alignas(64) float xf[F16_NR * F16_KC];
+    const size_t ldw2 = ldw / 2;
+    for (int64_t t0 = 0; t0 < n_tok; t0 += F16_NR) {
+        const int64_t nt = n_tok - t0 < F16_NR ? n_tok - t0 : F16_NR;
+        for (int64_t k0 = 0; k0 < n; k0 += F16_KC) {
+            const int64_t kc = n - k0 < F16_KC ? n - k0 : F16_KC;
+            /* the tokens' chunk as floats, zero up to the next multiple of 16 */
+            for (int64_t t = 0; t < nt; t++) {
+                const uint16_t *xt =
+                    (const uint16_t *)((const uint8_t *)x + (size_t)(t0 + t) * ldx) + k0;
+                for (int64_t i = 0; i < kc; i += 16) {
+                    const __mmask16 m =
+                        kc - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (kc - i)) - 1);
+                    _mm512_store_ps(xf + t * F16_KC + i,
+                                    m == 0xFFFF ? F16_LOAD_FULL(xt + i) : f16_load(xt + i, m));
+                }
+            }
+            const int first = k0 == 0;
+            for (int64_t r0 = 0; r0 < n_rows; r0 += F16_MR) {
+                const int64_t nr = n_rows - r0 < F16_MR ? n_rows - r0 : F16_MR;
+                const uint16_t *wr = (const uint16_t *)((const uint8_t *)w + (size_t)r0 * ldw) + k0;
+                float *sr = s + (size_t)t0 * lds + r0;
+                switch (nr) {
+                case 4: F16_CASE_T(4, nt, kc, wr, ldw2, xf, sr, lds, first) break;
+                case 3: F16_CASE_T(3, nt, kc, wr, ldw2, xf, sr, lds, first) break;
+                case 2: F16_CASE_T(2, nt, kc, wr, ldw2, xf, sr, lds, first) break;
+                default: F16_CASE_T(1, nt, kc, wr, ldw2, xf, sr, lds, first) break;
+                }
+            }
+        }
+    }
+}
