@@ -551,9 +551,24 @@ enum {
     ATT_V_CONT, /* out = out + ... continuing a sum over the next positions */
 };
 
-/* A query row in the form the kernels take (qrow = hd + hd/32 floats): f16
- * cache: the row rounded to f16, as floats; q8_0: the row quantized as the
- * reference does, its hd int8 values as floats, then its hd/32 scales. */
+/* A query row in the form the kernels take (qrow = hd + hd/32 floats of
+ * room). f16 cache: the row rounded to f16, as floats. q8_0 cache: the row
+ * quantized as the reference does, packed as bytes (att_q8q): its hd int8
+ * values; per group of 4 values, -128 times their sum as an int32 (what
+ * the +128 offset of the VNNI product adds); per block, its scale 8 times
+ * (one per int32 lane of the block). */
+typedef struct att_q8q {
+    const int8_t *qs;
+    const int32_t *corr; /* hd/4 */
+    const float *d;      /* hd/4: block b's scale in [8b, 8b + 8) */
+} att_q8q;
+
+static inline att_q8q att_q8_query(const float *qf, int hd)
+{
+    const uint8_t *p = (const uint8_t *)qf;
+    return (att_q8q){(const int8_t *)p, (const int32_t *)(p + hd), (const float *)(p + 2 * hd)};
+}
+
 static void load_query(int type, int hd, const float *q, float *qf)
 {
     if (type == LMS_TYPE_F16) {
@@ -562,12 +577,19 @@ static void load_query(int type, int hd, const float *q, float *qf)
         return;
     }
     const lms_from_float_fn quant = lms_kernels_get()->from_float[LMS_TYPE_Q8_0];
+    uint8_t *p = (uint8_t *)qf;
+    int8_t *qs = (int8_t *)p;
+    int32_t *corr = (int32_t *)(p + hd);
+    float *dd = (float *)(p + 2 * hd);
     for (int b = 0; b < hd / LMS_QK8_0; b++) {
         lms_block_q8_0 blk;
         quant(q + b * LMS_QK8_0, &blk, LMS_QK8_0);
-        for (int i = 0; i < LMS_QK8_0; i++)
-            qf[b * LMS_QK8_0 + i] = (float)blk.qs[i];
-        qf[hd + b] = lms_f16_to_f32(blk.d);
+        memcpy(qs + b * LMS_QK8_0, blk.qs, LMS_QK8_0);
+        for (int g = 0; g < LMS_QK8_0 / 4; g++) {
+            const int8_t *x = blk.qs + 4 * g;
+            corr[b * 8 + g] = -128 * (x[0] + x[1] + x[2] + x[3]);
+            dd[b * 8 + g] = lms_f16_to_f32(blk.d);
+        }
     }
 }
 
@@ -600,6 +622,8 @@ LMS_CLONES static void scores_f16_c(const att_src *s, int hd, int nq, const floa
     }
 }
 
+/* Per 16 lanes as the AVX-512 kernel: lane (b % 2) * 8 + g adds block b's
+ * group g of 4 products (an exact integer) times the two scales. */
 LMS_CLONES static void scores_q8_0_c(const att_src *s, int hd, int nq, const float *qf, size_t qrow,
                                      int32_t j0, int32_t j1, int32_t n, float *w, size_t ws)
 {
@@ -607,13 +631,15 @@ LMS_CLONES static void scores_q8_0_c(const att_src *s, int hd, int nq, const flo
     for (int32_t j = j0; j < j1; j++) {
         const lms_block_q8_0 *k = (const lms_block_q8_0 *)att_row(s, j);
         for (int q = 0; q < nq; q++) {
-            const float *x = qf + q * qrow, *xd = x + hd;
+            const att_q8q x = att_q8_query(qf + q * qrow, hd);
             float acc[16] = {0}, sum = 0.0f;
             for (int b = 0; b < hd / LMS_QK8_0; b++) {
-                const float sc = lms_f16_to_f32(k[b].d) * xd[b];
-                const float *xb = x + b * LMS_QK8_0;
-                for (int l = 0; l < 16; l++) /* the products are exact: small integers */
-                    acc[l] += (xb[l] * (float)k[b].qs[l] + xb[l + 16] * (float)k[b].qs[l + 16]) * sc;
+                const float kd = lms_f16_to_f32(k[b].d);
+                for (int g = 0; g < 8; g++) {
+                    const int8_t *xq = x.qs + b * LMS_QK8_0 + 4 * g, *kq = k[b].qs + 4 * g;
+                    const int32_t p = xq[0] * kq[0] + xq[1] * kq[1] + xq[2] * kq[2] + xq[3] * kq[3];
+                    acc[(b % 2) * 8 + g] += (float)p * (kd * x.d[b * 8 + g]);
+                }
             }
             for (int l = 0; l < 16; l++)
                 sum += acc[l];
@@ -709,29 +735,93 @@ ATT_INLINE void scores_f16_x(const att_src *s, int hd, const float *qf, size_t q
     }
 }
 
-ATT_INLINE void scores_q8_0_x(const att_src *s, int hd, const float *qf, size_t qrow, int32_t j0,
-                              int32_t j1, int32_t n, float *w, size_t ws, const int NQ)
+/*
+ * q8_0 scores as integers: per pair of blocks, the 64 K bytes in one
+ * register, each int32 lane the exact sum of 4 products with the query's
+ * int8 values, then scaled by the two blocks' scales (lanes 0-7: block b,
+ * 8-15: block b + 1) into a float accumulator. With AVX512-VNNI the products
+ * are one vpdpbusd, which takes one operand unsigned: K + 128 (an xor), the
+ * lane starting from -128 times the query's 4 values (att_q8q.corr).
+ * Without it, |K| times the query with K's sign (vpmaddubsw, no saturation
+ * at |values| <= 128 since each pair is <= 2 * 128 * 127) then vpmaddwd with
+ * ones. The lanes are the same exact integers either way.
+ */
+ATT_INLINE __m512 q8_pair_scales(const lms_block_q8_0 *k)
 {
-    for (int32_t j = j0; j < j1; j++) {
-        const lms_block_q8_0 *k = (const lms_block_q8_0 *)att_row(s, j);
-        prefetch_ahead(s, j, n, 0, (int64_t)hd / LMS_QK8_0 * (int64_t)sizeof *k);
-        __m512 acc[ATT_ROWS];
-        for (int q = 0; q < NQ; q++)
-            acc[q] = _mm512_setzero_ps();
-        for (int b = 0; b < hd / LMS_QK8_0; b++) {
-            const __m512 k0 = q8_lanes(k[b].qs), k1 = q8_lanes(k[b].qs + 16);
-            const float kd = lms_f16_to_f32(k[b].d);
-            for (int q = 0; q < NQ; q++) {
-                const float *x = qf + q * qrow + b * LMS_QK8_0;
-                __m512 p = _mm512_mul_ps(_mm512_loadu_ps(x), k0); /* exact: small integers */
-                p = _mm512_fmadd_ps(_mm512_loadu_ps(x + 16), k1, p);
-                acc[q] = _mm512_fmadd_ps(p, _mm512_set1_ps(kd * qf[q * qrow + hd + b]), acc[q]);
-            }
-        }
-        for (int q = 0; q < NQ; q++)
-            w[q * ws + (size_t)j] = _mm512_reduce_add_ps(acc[q]);
-    }
+    return _mm512_cvtph_ps(
+        _mm256_set_m128i(_mm_set1_epi16((short)k[1].d), _mm_set1_epi16((short)k[0].d)));
 }
+
+ATT_INLINE __m512i q8_pair_qs(const lms_block_q8_0 *k)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)k[0].qs)),
+                              _mm256_loadu_si256((const __m256i *)k[1].qs), 1);
+}
+
+/* The sums of the 16 lanes of a, b, c and d, in that order; each sum by
+ * the same tree whatever the other three hold. */
+ATT_INLINE __m128 att_hsum4(__m512 a, __m512 b, __m512 c, __m512 d)
+{
+    const __m512 t0 = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+    const __m512 t1 = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+    __m512 u = _mm512_add_ps(_mm512_shuffle_f32x4(t0, t1, 0x88), _mm512_shuffle_f32x4(t0, t1, 0xDD));
+    u = _mm512_add_ps(u, _mm512_permute_ps(u, 0x4E));
+    u = _mm512_add_ps(u, _mm512_permute_ps(u, 0xB1));
+    return _mm512_castps512_ps128(
+        _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), u));
+}
+
+/* 4 / NQ positions at a time, so one att_hsum4 ends 4 (position, row) sums */
+#define ATT_SCORES_Q8(name, TARGET, VNNI)                                                         \
+    static inline __attribute__((always_inline)) TARGET void name(                                \
+        const att_src *s, int hd, const float *qf, size_t qrow, int32_t j0, int32_t j1,           \
+        int32_t n, float *w, size_t ws, const int NQ)                                             \
+    {                                                                                             \
+        const int PP = 4 / NQ;                                                                    \
+        att_q8q x[ATT_ROWS];                                                                      \
+        for (int q = 0; q < NQ; q++)                                                              \
+            x[q] = att_q8_query(qf + q * qrow, hd);                                               \
+        for (int32_t j = j0; j < j1; j += PP) {                                                   \
+            __m512 acc[4];                                                                        \
+            for (int i = 0; i < 4; i++)                                                           \
+                acc[i] = _mm512_setzero_ps();                                                     \
+            for (int pp = 0; pp < PP && j + pp < j1; pp++) {                                      \
+                const lms_block_q8_0 *k = (const lms_block_q8_0 *)att_row(s, j + pp);             \
+                prefetch_ahead(s, j + pp, n, 0, (int64_t)hd / LMS_QK8_0 * (int64_t)sizeof *k);   \
+                for (int b = 0; b < hd / LMS_QK8_0; b += 2) {                                     \
+                    const __m512i kq = q8_pair_qs(k + b);                                         \
+                    const __m512 kd = q8_pair_scales(k + b);                                      \
+                    const __m512i ku = _mm512_xor_si512(kq, _mm512_set1_epi8((char)0x80));        \
+                    const __m512i ka = _mm512_abs_epi8(kq);                                       \
+                    const __mmask64 kneg = _mm512_movepi8_mask(kq);                               \
+                    for (int q = 0; q < NQ; q++) {                                                \
+                        const __m512i xq = _mm512_loadu_si512(x[q].qs + b * LMS_QK8_0);           \
+                        __m512i p;                                                                \
+                        if (VNNI)                                                                 \
+                            p = ATT_DPBUSD(_mm512_loadu_si512(x[q].corr + b * 8), ku, xq);        \
+                        else                                                                      \
+                            p = _mm512_madd_epi16(                                                \
+                                _mm512_maddubs_epi16(ka, _mm512_mask_sub_epi8(                    \
+                                                             xq, kneg, _mm512_setzero_si512(), xq)), \
+                                _mm512_set1_epi16(1));                                            \
+                        acc[pp * NQ + q] = _mm512_fmadd_ps(                                       \
+                            _mm512_cvtepi32_ps(p),                                                \
+                            _mm512_mul_ps(kd, _mm512_loadu_ps(x[q].d + b * 8)), acc[pp * NQ + q]); \
+                    }                                                                             \
+                }                                                                                 \
+            }                                                                                     \
+            float o[4];                                                                           \
+            _mm_storeu_ps(o, att_hsum4(acc[0], acc[1], acc[2], acc[3]));                          \
+            for (int pp = 0; pp < PP && j + pp < j1; pp++)                                        \
+                for (int q = 0; q < NQ; q++)                                                      \
+                    w[q * ws + (size_t)(j + pp)] = o[pp * NQ + q];                                \
+        }                                                                                         \
+    }
+
+#define ATT_TARGET_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
+#define ATT_DPBUSD(acc, u, s) _mm512_dpbusd_epi32(acc, u, s)
+ATT_SCORES_Q8(scores_q8_0_x, ATT_TARGET, 0)
+ATT_SCORES_Q8(scores_q8_0_vnni_x, ATT_TARGET_VNNI, 1)
 
 /* 64 columns at a time: NQ x 4 accumulators; V64 loads a row's 64 values */
 #define ATT_VALUES_X(name, V64, COL_BYTES)                                                       \
@@ -774,9 +864,11 @@ ATT_INLINE void v64_f16(const uint8_t *row, int c0, __m512 *x)
 ATT_INLINE void v64_q8_0(const uint8_t *row, int c0, __m512 *x)
 {
     const lms_block_q8_0 *v = (const lms_block_q8_0 *)row + c0 / LMS_QK8_0;
-    for (int i = 0; i < 4; i++) /* exact: an f16 scale times a small integer */
-        x[i] = _mm512_mul_ps(_mm512_set1_ps(lms_f16_to_f32(v[i / 2].d)),
-                             q8_lanes(v[i / 2].qs + 16 * (i % 2)));
+    for (int b = 0; b < 2; b++) { /* exact: an f16 scale times a small integer */
+        const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)v[b].d));
+        x[2 * b] = _mm512_mul_ps(d, q8_lanes(v[b].qs));
+        x[2 * b + 1] = _mm512_mul_ps(d, q8_lanes(v[b].qs + 16));
+    }
 }
 
 ATT_VALUES_X(values_f16_x, v64_f16, 128)
@@ -803,6 +895,13 @@ ATT_TARGET static void scores_q8_0_avx512(const att_src *s, int hd, int nq, cons
                                           size_t ws)
 {
     ATT_BY_ROWS(scores_q8_0_x, nq, s, hd, qf, qrow, j0, j1, n, w, ws)
+}
+
+ATT_TARGET_VNNI static void scores_q8_0_vnni(const att_src *s, int hd, int nq, const float *qf,
+                                             size_t qrow, int32_t j0, int32_t j1, int32_t n,
+                                             float *w, size_t ws)
+{
+    ATT_BY_ROWS(scores_q8_0_vnni_x, nq, s, hd, qf, qrow, j0, j1, n, w, ws)
 }
 
 ATT_TARGET static void values_f16_avx512(const att_src *s, int hd, int nq, const float *w,
@@ -836,7 +935,10 @@ static att_kernels att_pick(const lms_ctx *c)
     att_kernels k = {q8 ? scores_q8_0_c : scores_f16_c, q8 ? values_q8_0_c : values_f16_c};
 #ifdef ATT_AVX512
     if (c->att_impl == FWD_ATT_AVX512) {
-        k.scores = q8 ? scores_q8_0_avx512 : scores_f16_avx512;
+        /* LMS_ATT_NO_VNNI=1: the AVX512BW products instead (the same integers) */
+        k.scores = !q8                                                                  ? scores_f16_avx512
+                   : __builtin_cpu_supports("avx512vnni") && !getenv("LMS_ATT_NO_VNNI") ? scores_q8_0_vnni
+                                                                                         : scores_q8_0_avx512;
         k.values = q8 ? values_q8_0_avx512 : values_f16_avx512;
     }
 #endif
