@@ -150,24 +150,13 @@ static const task_ops oll_ops = {oll_on_event, oll_destroy};
 
 /* ---- requests ------------------------------------------------------------------- */
 
-/* Ollama names models "name:tag"; ":latest" is the default tag. */
+/* The request's model, if named, is this server's ("name:latest" too). */
 static int check_model(conn *c, const json_t *body, reqerr *e)
 {
     const char *model = NULL;
     if (reqparse_str(body, "model", &model, e) < 0)
         return -1;
-    if (!model || !model[0] || server_model_matches(c->srv, model))
-        return 0;
-    size_t n = strlen(model);
-    char base[256];
-    if (n > 7 && n - 7 < sizeof base && !strcmp(model + n - 7, ":latest")) {
-        memcpy(base, model, n - 7);
-        base[n - 7] = '\0';
-        if (server_model_matches(c->srv, base))
-            return 0;
-    }
-    return reqerr_set(e, 404, "model", "model '%.200s' not found; this server serves '%s'", model,
-                      c->srv->model_id);
+    return model && model[0] ? api_check_model(c, body, e) : 0;
 }
 
 /* Chat messages for /api/generate: the system text and the prompt. */
@@ -239,11 +228,7 @@ static int generate(conn *c, json_t *body, bool chat)
     task *t = NULL;
     if (rc == 0) {
         *j = (oll_job){.chat = chat, .stream = stream, .t0 = lms_now_ms()};
-        lms_request r = {
-            .tokens = toks, .n_tokens = n, .sp = gp.sp, .max_tokens = gp.max_tokens,
-            .timeout_ms = gp.timeout_ms, .stop = (const char *const *)gp.stop,
-            .n_stop = gp.n_stop, .ignore_eos = gp.ignore_eos,
-        };
+        lms_request r = genparams_request(&gp, toks, n);
         t = task_submit(c, &r, &oll_ops, j, &e);
         if (!t)
             oll_destroy(&(task){.state = j});

@@ -520,12 +520,8 @@ static void job_ids(lms_server *s, gen_job *j)
 /* Submits and starts the response; on failure replies with the error. */
 static int start(conn *c, gen_job *j, const genparams *gp, const int32_t *toks, int32_t n_toks)
 {
-    lms_request r = {
-        .tokens = toks, .n_tokens = n_toks, .sp = gp->sp, .max_tokens = gp->max_tokens,
-        .timeout_ms = gp->timeout_ms,
-        .stop = (const char *const *)gp->stop, .n_stop = gp->n_stop, .ignore_eos = gp->ignore_eos,
-        .n_logprobs = j->logprobs > 0 ? j->logprobs : 0,
-    };
+    lms_request r = genparams_request(gp, toks, n_toks);
+    r.n_logprobs = j->logprobs > 0 ? j->logprobs : 0;
     reqerr e;
     task *t = task_submit(c, &r, &gen_ops, j, &e);
     if (!t) {

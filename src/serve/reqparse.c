@@ -227,6 +227,16 @@ void genparams_deinit(genparams *gp)
     gp->n_stop = 0;
 }
 
+lms_request genparams_request(const genparams *gp, const int32_t *toks, int32_t n)
+{
+    lms_request r = {
+        .tokens = toks, .n_tokens = n, .sp = gp->sp, .max_tokens = gp->max_tokens,
+        .stop = (const char *const *)gp->stop, .n_stop = gp->n_stop,
+        .ignore_eos = gp->ignore_eos, .timeout_ms = gp->timeout_ms,
+    };
+    return r;
+}
+
 #define MAX_STOP_BYTES 1024
 
 static int add_stop(genparams *gp, const json_t *s, reqerr *e)

@@ -117,6 +117,9 @@ typedef struct genparams {
 int reqparse_gen(const json_t *o, genparams *gp, reqerr *e);
 void genparams_init(genparams *gp, uint64_t seed);
 void genparams_deinit(genparams *gp);
+/* The scheduler request for a prompt under these parameters (borrows gp's
+ * stop strings and toks until submitted). */
+lms_request genparams_request(const genparams *gp, const int32_t *toks, int32_t n);
 
 /* ---- chat template (chatfmt.c) ---------------------------------------------- */
 

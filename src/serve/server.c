@@ -60,11 +60,26 @@ bool server_key_ok(const lms_server *s, const char *presented, size_t n)
     return diff == 0 && kn > 0;
 }
 
-bool server_model_matches(const lms_server *s, const char *model)
+/* Ollama clients name models "name:tag" with ":latest" by default. */
+static bool matches_name(const lms_server *s, const char *model)
 {
     return !strcmp(model, s->model_id) || (s->model_base[0] && !strcmp(model, s->model_base)) ||
            (s->model_path && !strcmp(model, s->model_path)) ||
            (s->model && s->model->name[0] && !strcmp(model, s->model->name));
+}
+
+bool server_model_matches(const lms_server *s, const char *model)
+{
+    static const char tag[] = ":latest";
+    size_t n = strlen(model), t = sizeof tag - 1;
+    char base[256];
+    if (matches_name(s, model))
+        return true;
+    if (n <= t || n - t >= sizeof base || strcmp(model + n - t, tag) != 0)
+        return false;
+    memcpy(base, model, n - t);
+    base[n - t] = '\0';
+    return matches_name(s, base);
 }
 
 void server_broadcast_ws(lms_server *s, json_t *msg, bool all)

@@ -36,10 +36,8 @@ static bool starts_with(const char *s, size_t n, const char *lit, size_t lit_len
 /* Offset of the first lit in s[0..n), or n. */
 static size_t find(const char *s, size_t n, const char *lit, size_t lit_len)
 {
-    for (size_t i = 0; i + lit_len <= n; i++)
-        if (s[i] == lit[0] && memcmp(s + i, lit, lit_len) == 0)
-            return i;
-    return n;
+    const char *p = memmem(s, n, lit, lit_len);
+    return p ? (size_t)(p - s) : n;
 }
 
 void toolcalls_free(toolcalls *tc)

@@ -157,10 +157,7 @@ static void op_infer(conn *c, json_t *msg)
     if (rc == 0)
         rc = prompt_tokens(c, prompt, system, raw, &toks, &n, &e);
     if (rc == 0) {
-        lms_request r = {.tokens = toks, .n_tokens = n, .sp = gp.sp, .max_tokens = gp.max_tokens,
-                         .timeout_ms = gp.timeout_ms,
-                         .stop = (const char *const *)gp.stop, .n_stop = gp.n_stop,
-                         .ignore_eos = gp.ignore_eos};
+        lms_request r = genparams_request(&gp, toks, n);
         c->op_task = task_submit(c, &r, &op_ops, NULL, &e);
         rc = c->op_task ? 0 : -1;
     }

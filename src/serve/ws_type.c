@@ -147,10 +147,7 @@ static int start(conn *c, const json_t *msg, const char *sid, reqerr *e)
     if (rc == 0 && (!(j = calloc(1, sizeof *j)) || !(j->sid = strdup(sid))))
         rc = reqerr_set(e, 503, NULL, "out of memory");
     if (rc == 0) {
-        lms_request r = {.tokens = toks, .n_tokens = n, .sp = gp.sp, .max_tokens = gp.max_tokens,
-                         .timeout_ms = gp.timeout_ms,
-                         .stop = (const char *const *)gp.stop, .n_stop = gp.n_stop,
-                         .ignore_eos = gp.ignore_eos};
+        lms_request r = genparams_request(&gp, toks, n);
         rc = task_submit(c, &r, &type_ops, j, e) ? 0 : -1;
     }
     if (rc < 0 && j) {

@@ -27,6 +27,19 @@ N_FAIL=0
 
 skip() { echo "SKIP: $*"; exit 0; }
 
+# Helpers of the curl tests (they set T to their scratch folder):
+# py FILE EXPR   evaluates EXPR with d = the JSON in FILE; prints the result
+# eq GOT WANT    string equality that says what it got
+# req METHOD PATH [curl args...]   body in $T/out, status in $T/code; code prints it
+py() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$@" 2>/dev/null; }
+eq() { [ "$1" = "$2" ] || { echo "    got '$1', want '$2'"; return 1; }; }
+req() {
+    local m=$1 p=$2
+    shift 2
+    curl -s -X "$m" -o "$T/out" -w '%{http_code}' "$BASE$p" "$@" >"$T/code"
+}
+code() { cat "$T/code"; }
+
 [ -f "$MODEL" ] || skip "no $MODEL"
 command -v curl >/dev/null || skip "curl is not installed"
 

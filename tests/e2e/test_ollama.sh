@@ -6,14 +6,6 @@ command -v python3 >/dev/null || skip "python3 is not installed"
 
 T=$(mktemp -d /tmp/lmserv-ollama.XXXXXX)
 trap 'cleanup; rm -rf "$T"' EXIT
-py() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$@" 2>/dev/null; }
-eq() { [ "$1" = "$2" ] || { echo "    got '$1', want '$2'"; return 1; }; }
-req() {
-    local m=$1 p=$2
-    shift 2
-    curl -s -X "$m" -o "$T/out" -w '%{http_code}' "$BASE$p" "$@" >"$T/code"
-}
-code() { cat "$T/code"; }
 
 start_server -c 512
 req GET /api/version
