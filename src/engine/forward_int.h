@@ -22,7 +22,7 @@ typedef struct fwd_gpu fwd_gpu; /* forward_cuda.c */
 #define ATT_TILE 8
 
 /* Attention's value sums are defined by chunks of this many positions
- * (forward.c); a multiple of LMS_KV_BLOCK. */
+ * (attention.c); a multiple of LMS_KV_BLOCK. */
 #define ATT_CHUNK 128
 
 typedef struct att_tile {
@@ -66,6 +66,10 @@ enum { FWD_ATT_AUTO = 0, FWD_ATT_REF, FWD_ATT_C, FWD_ATT_AVX512 };
  * LMS_ATTENTION=ref|c overrides auto for A/B timings); LMS_ERR_UNSUPPORTED
  * if the asked one cannot run here. */
 int fwd_set_attention(lms_ctx *c, int impl);
+
+/* The attention of CPU layer il for every token of b: queries in c->qb,
+ * this step's K/V already in the cache, output to c->att (attention.c). */
+void fwd_attention(lms_ctx *c, int il, const lms_batch *b);
 
 #ifdef LMS_HAVE_CUDA
 /* Plans the placement from free VRAM and c->p, allocates device memory and

@@ -1,6 +1,6 @@
 /*
  * test_attention.c - the forward pass's attention paths against each other
- * (forward.c): the per-row path in portable C and in AVX-512 (where the CPU
+ * (attention.c): the per-row path in portable C and in AVX-512 (where the CPU
  * and head size allow) against the reference tiled path, for f16 and q8_0
  * caches; and, within each path, a decode step scheduled by chunk (a step
  * of single-token tiles) bit-identical to the same row scheduled by head

@@ -1,0 +1,931 @@
+/*
+ * attention.c - the attention of the CPU layers over the paged KV cache:
+ * the reference path (tiled gemm scores) and the per-row path (portable C
+ * and AVX-512), with the by-head and by-chunk schedules described below.
+ * forward.c calls fwd_attention once per layer.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "base/err.h"
+#include "base/fastmath.h"
+#include "base/fp16.h"
+#include "engine/forward_int.h"
+#include "kernels/kernels.h"
+#include "kernels/matmul.h"
+
+/* The per-row attention kernels have an AVX-512 copy on x86-64 GCC/Clang,
+ * chosen at run time (fwd_set_attention). */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define ATT_AVX512 1
+#include <immintrin.h>
+#endif
+
+/* ---- attention ------------------------------------------------------------ */
+
+/*
+ * Decode and prefill attention, one work item per (token, KV head): the
+ * `group` query heads that share a KV head are done together, so each K
+ * and V row is read from memory once per token rather than once per query
+ * head (grouped-query attention). Scores for all positions are kept (one
+ * row per query head), then softmax, then V rows are accumulated.
+ */
+
+/* y[i] += a * x[i] over n values of a V row in the cache type. Built for
+ * several x86 levels (the compiler picks one at load time); the f16 -> f32
+ * conversion is exact, so every level gives the same sums. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#define LMS_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define LMS_CLONES
+#endif
+
+/* GCC 12 has _Float16 on x86-64 and ARM: the conversion vectorizes
+ * (vcvtph2ps); elsewhere the bit-exact scalar conversion is used. */
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && \
+    (defined(__x86_64__) || defined(__aarch64__))
+typedef _Float16 half_t;
+#define HALF_TO_F32(x) ((float)(x))
+#define ROUND_F16(x) ((float)(_Float16)(x)) /* round to nearest even, like lms_f32_to_f16 */
+#else
+typedef uint16_t half_t;
+#define HALF_TO_F32(x) lms_f16_to_f32(x)
+#define ROUND_F16(x) lms_f16_to_f32(lms_f32_to_f16(x))
+#endif
+
+LMS_CLONES static void axpy_f16(int n, float a, const half_t *x, float *restrict y)
+{
+    for (int i = 0; i < n; i++)
+        y[i] += a * HALF_TO_F32(x[i]);
+}
+
+/* y += a x for an f32 row (V converted once per tile); same contraction as
+ * axpy_f16 on every level, so both paths round alike. */
+LMS_CLONES static void axpy_f32(int n, float a, const float *x, float *restrict y)
+{
+    for (int i = 0; i < n; i++)
+        y[i] += a * x[i];
+}
+
+/* y += a[0] x0 + ... + a[3] x3 for f32 rows (V converted once per tile). */
+LMS_CLONES static void axpy4_f32(int n, const float *a, const float *const *x, float *restrict y)
+{
+    const float *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3];
+    for (int i = 0; i < n; i++)
+        y[i] += a[0] * x0[i] + a[1] * x1[i] + a[2] * x2[i] + a[3] * x3[i];
+}
+
+/* y += a[0] x0 + a[1] x1 + a[2] x2 + a[3] x3: four V rows per pass over y,
+ * so the output row is loaded and stored a quarter as often. */
+LMS_CLONES static void axpy4_f16(int n, const float *a, const half_t *const *x, float *restrict y)
+{
+    const half_t *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3];
+    for (int i = 0; i < n; i++)
+        y[i] += a[0] * HALF_TO_F32(x0[i]) + a[1] * HALF_TO_F32(x1[i]) +
+                a[2] * HALF_TO_F32(x2[i]) + a[3] * HALF_TO_F32(x3[i]);
+}
+
+LMS_CLONES static void axpy_q8_0(int n, float a, const lms_block_q8_0 *x, float *restrict y)
+{
+    for (int b = 0; b < n / LMS_QK8_0; b++) {
+        const float s = a * lms_f16_to_f32(x[b].d);
+        float *yb = y + b * LMS_QK8_0;
+        for (int i = 0; i < LMS_QK8_0; i++)
+            yb[i] += s * (float)x[b].qs[i];
+    }
+}
+
+/* A Q8_0 V row to floats (vectorized here: the reference converter is
+ * scalar). Exact like the reference: d * q in float. */
+LMS_CLONES static void deq_q8_0(const lms_block_q8_0 *x, float *restrict y, int n)
+{
+    for (int b = 0; b < n / LMS_QK8_0; b++) {
+        const float d = lms_f16_to_f32(x[b].d);
+        for (int i = 0; i < LMS_QK8_0; i++)
+            y[b * LMS_QK8_0 + i] = d * (float)x[b].qs[i];
+    }
+}
+
+/* Converts n query vectors (hd floats each, q_stride apart in groups) to
+ * the cache type's dot-product form, packed qrow bytes apart. */
+static void prepare_queries(lms_ctx *c, const float *q, int n, uint8_t *qc)
+{
+    const int hd = c->m->hp.head_dim, type = c->kv.type;
+    const size_t qrow = lms_row_size(type, hd);
+    for (int i = 0; i < n; i++) {
+        if (type == LMS_TYPE_F16) {
+            uint16_t *h = (uint16_t *)(qc + i * qrow);
+            for (int d = 0; d < hd; d++)
+                h[d] = lms_f32_to_f16(q[i * hd + d]);
+        } else {
+            lms_kernels_get()->from_float[type](q + i * hd, qc + i * qrow, hd);
+        }
+    }
+}
+
+/* scores[qi][j] = scale * q_qi . K_j for j < n_max, by blocks of the cache:
+ * within a block the K rows are row_bytes apart, which is the stride the
+ * tile kernels take. The tile kernel's result for a (query, row) pair does
+ * not depend on the tile around it, so batching never changes a score. */
+static void tile_scores(lms_ctx *c, int il_host, const att_tile *a, int kvh, const uint8_t *qc,
+                        int n_q, float *w)
+{
+    const int hd = c->m->hp.head_dim, type = c->kv.type;
+    const int32_t n_max = a->pos0 + a->n_tok, stride = c->p.n_ctx;
+    const size_t off = lms_row_size(type, (int64_t)kvh * hd), qrow = lms_row_size(type, hd);
+    const lms_kernel_table *k = lms_kernels_get();
+    for (int32_t j0 = 0; j0 < n_max; j0 += LMS_KV_BLOCK) {
+        int32_t nr = n_max - j0 < LMS_KV_BLOCK ? n_max - j0 : LMS_KV_BLOCK;
+        const uint8_t *kr = lms_kv_k(&c->kv, a->seq, il_host, j0) + off;
+        if (k->gemm[type]) {
+            k->gemm[type](hd, nr, n_q, kr, c->kv.row_bytes, qc, qrow, w + j0, (size_t)stride);
+        } else {
+            for (int32_t r = 0; r < nr; r++)
+                for (int qi = 0; qi < n_q; qi++)
+                    k->vec_dot[type](hd, &w[(size_t)qi * stride + j0 + r], kr + r * c->kv.row_bytes,
+                                     qc + qi * qrow);
+        }
+    }
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int qi = 0; qi < n_q; qi++)
+        for (int32_t j = 0; j < n_max; j++)
+            w[(size_t)qi * stride + j] *= scale;
+}
+
+/* Softmax over the n visible positions, weights rounded to f16 as llama.cpp
+ * does; the exponentials vectorize (lms_exp_neg, like llama.cpp's own
+ * vector exp, within 2e-7). */
+LMS_CLONES static void softmax_f16(float *wg, int32_t n)
+{
+    float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int32_t j = 0; j < n; j++)
+        mx = wg[j] > mx ? wg[j] : mx;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int32_t j = 0; j < n; j++) {
+        wg[j] = lms_exp_neg(wg[j] - mx);
+        sum += wg[j];
+    }
+    const float inv = 1.0f / sum;
+    for (int32_t j = 0; j < n; j++)
+        wg[j] = ROUND_F16(wg[j] * inv);
+}
+
+/* out += sum_j w[j] V_j over positions [0, n) of V (this head's slice at
+ * byte offset off of each cached row). */
+static void accumulate_v(lms_ctx *c, int il_host, const lms_kv_seq *seq, size_t off,
+                         const float *w, int32_t n, float *out)
+{
+    const int hd = c->m->hp.head_dim;
+    int32_t j = 0;
+    if (c->kv.type == LMS_TYPE_F16) {
+        for (; j + 4 <= n; j += 4) {
+            const half_t *rows[4];
+            for (int r = 0; r < 4; r++)
+                rows[r] = (const half_t *)(lms_kv_v(&c->kv, seq, il_host, j + r) + off);
+            axpy4_f16(hd, w + j, rows, out);
+        }
+    }
+    for (; j < n; j++) {
+        const uint8_t *vr = lms_kv_v(&c->kv, seq, il_host, j) + off;
+        if (c->kv.type == LMS_TYPE_F16)
+            axpy_f16(hd, w[j], (const half_t *)vr, out);
+        else
+            axpy_q8_0(hd, w[j], (const lms_block_q8_0 *)vr, out);
+    }
+}
+
+static void accumulate_vf(int hd, const float *vf, const float *w, int32_t n, float *out)
+{
+    int32_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const float *rows[4] = {vf + (size_t)j * hd, vf + (size_t)(j + 1) * hd,
+                                vf + (size_t)(j + 2) * hd, vf + (size_t)(j + 3) * hd};
+        axpy4_f32(hd, w + j, rows, out);
+    }
+    for (; j < n; j++)
+        axpy_f32(hd, w[j], vf + (size_t)j * hd, out);
+}
+
+/* The reference: gemm scores over the tile, V rows converted to f32 once
+ * per tile when several queries read them. */
+static void attend_tile_ref(lms_ctx *c, int il, const att_tile *a, int kvh, int tid)
+{
+    const lms_hparams *hp = &c->m->hp;
+    const int hd = hp->head_dim, type = c->kv.type, group = hp->n_head / hp->n_head_kv;
+    const int64_t q_stride = (int64_t)hp->n_head * hd;
+    const int32_t stride = c->p.n_ctx, n_q = a->n_tok * group;
+    const size_t off = lms_row_size(type, (int64_t)kvh * hd), qrow = lms_row_size(type, hd);
+    float *w = c->scores + (size_t)tid * ATT_TILE * group * stride;
+    uint8_t *qc = (uint8_t *)(c->qh + (size_t)tid * ATT_TILE * group * hd);
+    const int il_host = il - c->n_gpu;
+    for (int32_t t = 0; t < a->n_tok; t++) /* the group's heads are adjacent in a token's Q */
+        prepare_queries(c, c->qb + (a->t0 + t) * q_stride + (int64_t)kvh * group * hd, group,
+                        qc + (size_t)t * group * qrow);
+    tile_scores(c, il_host, a, kvh, qc, n_q, w);
+    for (int qi = 0; qi < n_q; qi++)
+        softmax_f16(w + (size_t)qi * stride, a->pos0 + qi / group + 1);
+    for (int32_t t = 0; t < a->n_tok; t++)
+        memset(c->att + (a->t0 + t) * q_stride + (int64_t)kvh * group * hd, 0,
+               (size_t)group * hd * sizeof(float));
+    /* a tile of several queries (tokens, or heads sharing the KV head)
+     * reads each V row many times: convert the rows it sees to f32 once
+     * (the two paths give the same sums) */
+    float *vf = a->n_tok > 1 || group > 1 ? c->vconv + (size_t)tid * stride * hd : NULL;
+    if (vf)
+        for (int32_t j = 0; j < a->pos0 + a->n_tok; j++) {
+            const uint8_t *vr = lms_kv_v(&c->kv, a->seq, il_host, j) + off;
+            if (type == LMS_TYPE_Q8_0)
+                deq_q8_0((const lms_block_q8_0 *)vr, vf + (size_t)j * hd, hd);
+            else
+                lms_kernels_get()->to_float[type](vr, vf + (size_t)j * hd, hd);
+        }
+    for (int32_t t = 0; t < a->n_tok; t++) {
+        const int32_t n = a->pos0 + t + 1; /* positions this token sees */
+        float *out = c->att + (a->t0 + t) * q_stride + (int64_t)kvh * group * hd;
+        for (int g = 0; g < group; g++) {
+            const float *wg = w + (size_t)(t * group + g) * stride;
+            if (vf)
+                accumulate_vf(hd, vf, wg, n, out + g * hd);
+            else
+                accumulate_v(c, il_host, a->seq, off, wg, n, out + g * hd);
+        }
+    }
+}
+
+/* ---- attention: the per-row path -------------------------------------------- */
+
+/*
+ * The default path where AVX-512 is (fwd_set_attention), for decode and
+ * prefill alike; its portable C twin is tested but not chosen. Each query row is scored
+ * against the K rows straight from the cache (f16 -> f32 fused with the
+ * FMA, or q8_0 blocks as exact integer products times the two scales),
+ * softmax as above, then the V rows are accumulated straight from the cache
+ * into registers. Up to ATT_ROWS query rows are done per pass over the rows,
+ * so the query heads of a KV group share each K and V load; for decode (one
+ * token, group <= ATT_ROWS heads) that is a single pass.
+ *
+ * The value sum of a row is defined by chunks: positions are cut at
+ * multiples of ATT_CHUNK, each chunk's weighted sum is accumulated from zero
+ * in position order, and the chunk sums are added left to right. Two
+ * schedules compute exactly that:
+ *
+ *   by head    one work item per (tile, KV head) walks all positions
+ *              (attend_tile_rows); any tile, used for prefill;
+ *   by chunk   for a step of single-token tiles (decode): work items are
+ *              (tile, chunk) and take every KV head of each row, so each
+ *              thread streams whole cached rows (a head's slice alone is a
+ *              short run every row_bytes, which the hardware prefetchers
+ *              follow poorly: about half the bandwidth), in phases: scores,
+ *              softmax, chunk sums, merge (attention_by_chunk).
+ *
+ * Every query row's arithmetic (the order of every sum) is the same in
+ * whatever schedule, tile, pass or batch it is computed, so batching never
+ * changes a result. attend_tile_ref is the slow twin
+ * (tests/unit/test_attention.c).
+ */
+#define ATT_ROWS 4
+#define ATT_PF 32     /* prefetch distance in positions */
+
+/* One KV head's slice of a sequence's cached K or V rows. */
+typedef struct att_src {
+    const uint8_t *base;   /* the layer's pool */
+    const int32_t *blocks; /* the sequence's block table */
+    size_t row_bytes;
+    size_t off;            /* the head's byte offset within a row */
+} att_src;
+
+static inline const uint8_t *att_row(const att_src *s, int32_t j)
+{
+    size_t cell = (size_t)s->blocks[j / LMS_KV_BLOCK] * LMS_KV_BLOCK + (size_t)(j % LMS_KV_BLOCK);
+    return s->base + cell * s->row_bytes + s->off;
+}
+
+/* How a values call leaves out: */
+enum {
+    ATT_V_SET,  /* out = the sum over [j0, j1) */
+    ATT_V_ADD,  /* out += the sum over [j0, j1) (a chunk after the first) */
+    ATT_V_CONT, /* out = out + ... continuing a sum over the next positions */
+};
+
+/* A query row in the form the kernels take (qrow = hd + hd/32 floats of
+ * room). f16 cache: the row rounded to f16, as floats. q8_0 cache: the row
+ * quantized as the reference does, packed as bytes (att_q8q): its hd int8
+ * values; per group of 4 values, -128 times their sum as an int32 (what
+ * the +128 offset of the VNNI product adds); per block, its scale 8 times
+ * (one per int32 lane of the block). */
+typedef struct att_q8q {
+    const int8_t *qs;
+    const int32_t *corr; /* hd/4 */
+    const float *d;      /* hd/4: block b's scale in [8b, 8b + 8) */
+} att_q8q;
+
+static inline att_q8q att_q8_query(const float *qf, int hd)
+{
+    const uint8_t *p = (const uint8_t *)qf;
+    return (att_q8q){(const int8_t *)p, (const int32_t *)(p + hd), (const float *)(p + 2 * hd)};
+}
+
+static void load_query(int type, int hd, const float *q, float *qf)
+{
+    if (type == LMS_TYPE_F16) {
+        for (int d = 0; d < hd; d++)
+            qf[d] = lms_f16_to_f32(lms_f32_to_f16(q[d]));
+        return;
+    }
+    const lms_from_float_fn quant = lms_kernels_get()->from_float[LMS_TYPE_Q8_0];
+    uint8_t *p = (uint8_t *)qf;
+    int8_t *qs = (int8_t *)p;
+    int32_t *corr = (int32_t *)(p + hd);
+    float *dd = (float *)(p + 2 * hd);
+    for (int b = 0; b < hd / LMS_QK8_0; b++) {
+        lms_block_q8_0 blk;
+        quant(q + b * LMS_QK8_0, &blk, LMS_QK8_0);
+        memcpy(qs + b * LMS_QK8_0, blk.qs, LMS_QK8_0);
+        for (int g = 0; g < LMS_QK8_0 / 4; g++) {
+            const int8_t *x = blk.qs + 4 * g;
+            corr[b * 8 + g] = -128 * (x[0] + x[1] + x[2] + x[3]);
+            dd[b * 8 + g] = lms_f16_to_f32(blk.d);
+        }
+    }
+}
+
+/* -- portable kernels: plain C the compiler vectorizes --
+ *
+ * scores: w[q*ws + j] = q_q . K_j for the nq rows of qf (qrow floats apart)
+ * and j in [j0, j1). values: the nq rows of out (hd floats apart) get
+ * sum_{j0<=j<j1} w[q*ws + j] V_j as mode says. n: the positions the caller
+ * will read (the prefetch limit). */
+
+LMS_CLONES static void scores_f16_c(const att_src *s, int hd, int nq, const float *qf, size_t qrow,
+                                    int32_t j0, int32_t j1, int32_t n, float *w, size_t ws)
+{
+    (void)n;
+    for (int32_t j = j0; j < j1; j++) {
+        const half_t *k = (const half_t *)att_row(s, j);
+        for (int q = 0; q < nq; q++) {
+            const float *x = qf + q * qrow;
+            float acc[16] = {0}, sum = 0.0f;
+            int d = 0;
+            for (; d + 16 <= hd; d += 16)
+                for (int l = 0; l < 16; l++)
+                    acc[l] += x[d + l] * HALF_TO_F32(k[d + l]);
+            for (; d < hd; d++)
+                sum += x[d] * HALF_TO_F32(k[d]);
+            for (int l = 0; l < 16; l++)
+                sum += acc[l];
+            w[q * ws + (size_t)j] = sum;
+        }
+    }
+}
+
+/* Per 16 lanes as the AVX-512 kernel: lane (b % 2) * 8 + g adds block b's
+ * group g of 4 products (an exact integer) times the two scales. */
+LMS_CLONES static void scores_q8_0_c(const att_src *s, int hd, int nq, const float *qf, size_t qrow,
+                                     int32_t j0, int32_t j1, int32_t n, float *w, size_t ws)
+{
+    (void)n;
+    for (int32_t j = j0; j < j1; j++) {
+        const lms_block_q8_0 *k = (const lms_block_q8_0 *)att_row(s, j);
+        for (int q = 0; q < nq; q++) {
+            const att_q8q x = att_q8_query(qf + q * qrow, hd);
+            float acc[16] = {0}, sum = 0.0f;
+            for (int b = 0; b < hd / LMS_QK8_0; b++) {
+                const float kd = lms_f16_to_f32(k[b].d);
+                for (int g = 0; g < 8; g++) {
+                    const int8_t *xq = x.qs + b * LMS_QK8_0 + 4 * g, *kq = k[b].qs + 4 * g;
+                    const int32_t p = xq[0] * kq[0] + xq[1] * kq[1] + xq[2] * kq[2] + xq[3] * kq[3];
+                    acc[(b % 2) * 8 + g] += (float)p * (kd * x.d[b * 8 + g]);
+                }
+            }
+            for (int l = 0; l < 16; l++)
+                sum += acc[l];
+            w[q * ws + (size_t)j] = sum;
+        }
+    }
+}
+
+/* 64 columns of one row at a time, in a local accumulator */
+LMS_CLONES static void values_f16_c(const att_src *s, int hd, int nq, const float *w, size_t ws,
+                                    int32_t j0, int32_t j1, int32_t n, float *restrict out, int mode)
+{
+    (void)n;
+    for (int q = 0; q < nq; q++)
+        for (int c0 = 0; c0 < hd; c0 += 64) {
+            const int nc = hd - c0 < 64 ? hd - c0 : 64;
+            float *restrict y = out + q * hd + c0, acc[64];
+            for (int d = 0; d < nc; d++)
+                acc[d] = mode == ATT_V_CONT ? y[d] : 0.0f;
+            for (int32_t j = j0; j < j1; j++) {
+                const half_t *v = (const half_t *)att_row(s, j) + c0;
+                const float a = w[q * ws + (size_t)j];
+                for (int d = 0; d < nc; d++)
+                    acc[d] += a * HALF_TO_F32(v[d]);
+            }
+            for (int d = 0; d < nc; d++)
+                y[d] = mode == ATT_V_ADD ? y[d] + acc[d] : acc[d];
+        }
+}
+
+LMS_CLONES static void values_q8_0_c(const att_src *s, int hd, int nq, const float *w, size_t ws,
+                                     int32_t j0, int32_t j1, int32_t n, float *restrict out, int mode)
+{
+    (void)n;
+    for (int q = 0; q < nq; q++)
+        for (int c0 = 0; c0 < hd; c0 += 64) {
+            const int nc = hd - c0 < 64 ? hd - c0 : 64; /* a multiple of 32 */
+            float *restrict y = out + q * hd + c0, acc[64];
+            for (int d = 0; d < nc; d++)
+                acc[d] = mode == ATT_V_CONT ? y[d] : 0.0f;
+            for (int32_t j = j0; j < j1; j++) {
+                const lms_block_q8_0 *v = (const lms_block_q8_0 *)att_row(s, j) + c0 / LMS_QK8_0;
+                const float a = w[q * ws + (size_t)j];
+                for (int b = 0; b < nc / LMS_QK8_0; b++) {
+                    const float dv = lms_f16_to_f32(v[b].d);
+                    for (int i = 0; i < LMS_QK8_0; i++) /* d * q is exact */
+                        acc[b * LMS_QK8_0 + i] += a * (dv * (float)v[b].qs[i]);
+                }
+            }
+            for (int d = 0; d < nc; d++)
+                y[d] = mode == ATT_V_ADD ? y[d] + acc[d] : acc[d];
+        }
+}
+
+/* -- AVX-512 kernels (hd a multiple of 64): the rows of a pass live in
+ * registers; NQ is a constant in each inlined copy -- */
+
+#ifdef ATT_AVX512
+#define ATT_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma")))
+#define ATT_INLINE static inline __attribute__((always_inline)) ATT_TARGET
+
+/* bytes of the same head slice ATT_PF positions ahead, into L2 */
+ATT_INLINE void prefetch_ahead(const att_src *s, int32_t j, int32_t n, int64_t skip, int64_t bytes)
+{
+    if (j + ATT_PF >= n)
+        return;
+    const char *p = (const char *)att_row(s, j + ATT_PF) + skip;
+    for (int64_t o = 0; o < bytes; o += 64)
+        _mm_prefetch(p + o, _MM_HINT_T1);
+}
+
+ATT_INLINE __m512 q8_lanes(const int8_t *qs)
+{
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)qs)));
+}
+
+ATT_INLINE void scores_f16_x(const att_src *s, int hd, const float *qf, size_t qrow, int32_t j0,
+                             int32_t j1, int32_t n, float *w, size_t ws, const int NQ)
+{
+    for (int32_t j = j0; j < j1; j++) {
+        const uint16_t *k = (const uint16_t *)att_row(s, j);
+        prefetch_ahead(s, j, n, 0, (int64_t)hd * 2);
+        __m512 acc[ATT_ROWS];
+        for (int q = 0; q < NQ; q++)
+            acc[q] = _mm512_setzero_ps();
+        for (int d = 0; d < hd; d += 16) {
+            const __m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + d)));
+            for (int q = 0; q < NQ; q++)
+                acc[q] = _mm512_fmadd_ps(_mm512_loadu_ps(qf + q * qrow + d), kv, acc[q]);
+        }
+        for (int q = 0; q < NQ; q++)
+            w[q * ws + (size_t)j] = _mm512_reduce_add_ps(acc[q]);
+    }
+}
+
+/*
+ * q8_0 scores as integers: per pair of blocks, the 64 K bytes in one
+ * register, each int32 lane the exact sum of 4 products with the query's
+ * int8 values, then scaled by the two blocks' scales (lanes 0-7: block b,
+ * 8-15: block b + 1) into a float accumulator. With AVX512-VNNI the products
+ * are one vpdpbusd, which takes one operand unsigned: K + 128 (an xor), the
+ * lane starting from -128 times the query's 4 values (att_q8q.corr).
+ * Without it, |K| times the query with K's sign (vpmaddubsw, no saturation
+ * at |values| <= 128 since each pair is <= 2 * 128 * 127) then vpmaddwd with
+ * ones. The lanes are the same exact integers either way.
+ */
+ATT_INLINE __m512 q8_pair_scales(const lms_block_q8_0 *k)
+{
+    return _mm512_cvtph_ps(
+        _mm256_set_m128i(_mm_set1_epi16((short)k[1].d), _mm_set1_epi16((short)k[0].d)));
+}
+
+ATT_INLINE __m512i q8_pair_qs(const lms_block_q8_0 *k)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)k[0].qs)),
+                              _mm256_loadu_si256((const __m256i *)k[1].qs), 1);
+}
+
+/* The sums of the 16 lanes of a, b, c and d, in that order; each sum by
+ * the same tree whatever the other three hold. */
+ATT_INLINE __m128 att_hsum4(__m512 a, __m512 b, __m512 c, __m512 d)
+{
+    const __m512 t0 = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+    const __m512 t1 = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+    __m512 u = _mm512_add_ps(_mm512_shuffle_f32x4(t0, t1, 0x88), _mm512_shuffle_f32x4(t0, t1, 0xDD));
+    u = _mm512_add_ps(u, _mm512_permute_ps(u, 0x4E));
+    u = _mm512_add_ps(u, _mm512_permute_ps(u, 0xB1));
+    return _mm512_castps512_ps128(
+        _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), u));
+}
+
+/* 4 / NQ positions at a time, so one att_hsum4 ends 4 (position, row) sums */
+#define ATT_SCORES_Q8(name, TARGET, VNNI)                                                         \
+    static inline __attribute__((always_inline)) TARGET void name(                                \
+        const att_src *s, int hd, const float *qf, size_t qrow, int32_t j0, int32_t j1,           \
+        int32_t n, float *w, size_t ws, const int NQ)                                             \
+    {                                                                                             \
+        const int PP = 4 / NQ;                                                                    \
+        att_q8q x[ATT_ROWS];                                                                      \
+        for (int q = 0; q < NQ; q++)                                                              \
+            x[q] = att_q8_query(qf + q * qrow, hd);                                               \
+        for (int32_t j = j0; j < j1; j += PP) {                                                   \
+            __m512 acc[4];                                                                        \
+            for (int i = 0; i < 4; i++)                                                           \
+                acc[i] = _mm512_setzero_ps();                                                     \
+            for (int pp = 0; pp < PP && j + pp < j1; pp++) {                                      \
+                const lms_block_q8_0 *k = (const lms_block_q8_0 *)att_row(s, j + pp);             \
+                prefetch_ahead(s, j + pp, n, 0, (int64_t)hd / LMS_QK8_0 * (int64_t)sizeof *k);   \
+                for (int b = 0; b < hd / LMS_QK8_0; b += 2) {                                     \
+                    const __m512i kq = q8_pair_qs(k + b);                                         \
+                    const __m512 kd = q8_pair_scales(k + b);                                      \
+                    const __m512i ku = _mm512_xor_si512(kq, _mm512_set1_epi8((char)0x80));        \
+                    const __m512i ka = _mm512_abs_epi8(kq);                                       \
+                    const __mmask64 kneg = _mm512_movepi8_mask(kq);                               \
+                    for (int q = 0; q < NQ; q++) {                                                \
+                        const __m512i xq = _mm512_loadu_si512(x[q].qs + b * LMS_QK8_0);           \
+                        __m512i p;                                                                \
+                        if (VNNI)                                                                 \
+                            p = ATT_DPBUSD(_mm512_loadu_si512(x[q].corr + b * 8), ku, xq);        \
+                        else                                                                      \
+                            p = _mm512_madd_epi16(                                                \
+                                _mm512_maddubs_epi16(ka, _mm512_mask_sub_epi8(                    \
+                                                             xq, kneg, _mm512_setzero_si512(), xq)), \
+                                _mm512_set1_epi16(1));                                            \
+                        acc[pp * NQ + q] = _mm512_fmadd_ps(                                       \
+                            _mm512_cvtepi32_ps(p),                                                \
+                            _mm512_mul_ps(kd, _mm512_loadu_ps(x[q].d + b * 8)), acc[pp * NQ + q]); \
+                    }                                                                             \
+                }                                                                                 \
+            }                                                                                     \
+            float o[4];                                                                           \
+            _mm_storeu_ps(o, att_hsum4(acc[0], acc[1], acc[2], acc[3]));                          \
+            for (int pp = 0; pp < PP && j + pp < j1; pp++)                                        \
+                for (int q = 0; q < NQ; q++)                                                      \
+                    w[q * ws + (size_t)(j + pp)] = o[pp * NQ + q];                                \
+        }                                                                                         \
+    }
+
+#define ATT_TARGET_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
+#define ATT_DPBUSD(acc, u, s) _mm512_dpbusd_epi32(acc, u, s)
+ATT_SCORES_Q8(scores_q8_0_x, ATT_TARGET, 0)
+ATT_SCORES_Q8(scores_q8_0_vnni_x, ATT_TARGET_VNNI, 1)
+
+/* 64 columns at a time: NQ x 4 accumulators; V64 loads a row's 64 values */
+#define ATT_VALUES_X(name, V64, COL_BYTES)                                                       \
+    ATT_INLINE void name(const att_src *s, int hd, const float *w, size_t ws, int32_t j0,       \
+                         int32_t j1, int32_t n, float *out, int mode, const int NQ)              \
+    {                                                                                            \
+        for (int c0 = 0; c0 < hd; c0 += 64) {                                                    \
+            __m512 acc[ATT_ROWS][4];                                                             \
+            for (int q = 0; q < NQ; q++)                                                         \
+                for (int i = 0; i < 4; i++)                                                      \
+                    acc[q][i] = mode == ATT_V_CONT ? _mm512_loadu_ps(out + q * hd + c0 + 16 * i) \
+                                                   : _mm512_setzero_ps();                        \
+            for (int32_t j = j0; j < j1; j++) {                                                  \
+                prefetch_ahead(s, j, n, (int64_t)c0 * (COL_BYTES) / 64, COL_BYTES);              \
+                __m512 x[4];                                                                     \
+                V64(att_row(s, j), c0, x);                                                       \
+                for (int q = 0; q < NQ; q++) {                                                   \
+                    const __m512 a = _mm512_set1_ps(w[q * ws + (size_t)j]);                      \
+                    for (int i = 0; i < 4; i++)                                                  \
+                        acc[q][i] = _mm512_fmadd_ps(a, x[i], acc[q][i]);                         \
+                }                                                                                \
+            }                                                                                    \
+            for (int q = 0; q < NQ; q++)                                                         \
+                for (int i = 0; i < 4; i++) {                                                    \
+                    float *y = out + q * hd + c0 + 16 * i;                                       \
+                    _mm512_storeu_ps(y, mode == ATT_V_ADD ? _mm512_add_ps(_mm512_loadu_ps(y),    \
+                                                                          acc[q][i])             \
+                                                          : acc[q][i]);                          \
+                }                                                                                \
+        }                                                                                        \
+    }
+
+ATT_INLINE void v64_f16(const uint8_t *row, int c0, __m512 *x)
+{
+    const uint16_t *v = (const uint16_t *)row + c0;
+    for (int i = 0; i < 4; i++)
+        x[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + 16 * i)));
+}
+
+ATT_INLINE void v64_q8_0(const uint8_t *row, int c0, __m512 *x)
+{
+    const lms_block_q8_0 *v = (const lms_block_q8_0 *)row + c0 / LMS_QK8_0;
+    for (int b = 0; b < 2; b++) { /* exact: an f16 scale times a small integer */
+        const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)v[b].d));
+        x[2 * b] = _mm512_mul_ps(d, q8_lanes(v[b].qs));
+        x[2 * b + 1] = _mm512_mul_ps(d, q8_lanes(v[b].qs + 16));
+    }
+}
+
+ATT_VALUES_X(values_f16_x, v64_f16, 128)
+ATT_VALUES_X(values_q8_0_x, v64_q8_0, 2 * (int64_t)sizeof(lms_block_q8_0))
+
+/* Dispatch on the pass's row count so each copy keeps its rows in registers. */
+#define ATT_BY_ROWS(fn, nq, ...)            \
+    switch (nq) {                           \
+    case 1: fn(__VA_ARGS__, 1); break;      \
+    case 2: fn(__VA_ARGS__, 2); break;      \
+    case 3: fn(__VA_ARGS__, 3); break;      \
+    default: fn(__VA_ARGS__, 4); break;     \
+    }
+
+ATT_TARGET static void scores_f16_avx512(const att_src *s, int hd, int nq, const float *qf,
+                                         size_t qrow, int32_t j0, int32_t j1, int32_t n, float *w,
+                                         size_t ws)
+{
+    ATT_BY_ROWS(scores_f16_x, nq, s, hd, qf, qrow, j0, j1, n, w, ws)
+}
+
+ATT_TARGET static void scores_q8_0_avx512(const att_src *s, int hd, int nq, const float *qf,
+                                          size_t qrow, int32_t j0, int32_t j1, int32_t n, float *w,
+                                          size_t ws)
+{
+    ATT_BY_ROWS(scores_q8_0_x, nq, s, hd, qf, qrow, j0, j1, n, w, ws)
+}
+
+ATT_TARGET_VNNI static void scores_q8_0_vnni(const att_src *s, int hd, int nq, const float *qf,
+                                             size_t qrow, int32_t j0, int32_t j1, int32_t n,
+                                             float *w, size_t ws)
+{
+    ATT_BY_ROWS(scores_q8_0_vnni_x, nq, s, hd, qf, qrow, j0, j1, n, w, ws)
+}
+
+ATT_TARGET static void values_f16_avx512(const att_src *s, int hd, int nq, const float *w,
+                                         size_t ws, int32_t j0, int32_t j1, int32_t n, float *out,
+                                         int mode)
+{
+    ATT_BY_ROWS(values_f16_x, nq, s, hd, w, ws, j0, j1, n, out, mode)
+}
+
+ATT_TARGET static void values_q8_0_avx512(const att_src *s, int hd, int nq, const float *w,
+                                          size_t ws, int32_t j0, int32_t j1, int32_t n, float *out,
+                                          int mode)
+{
+    ATT_BY_ROWS(values_q8_0_x, nq, s, hd, w, ws, j0, j1, n, out, mode)
+}
+#endif /* ATT_AVX512 */
+
+typedef void (*att_scores_fn)(const att_src *s, int hd, int nq, const float *qf, size_t qrow,
+                              int32_t j0, int32_t j1, int32_t n, float *w, size_t ws);
+typedef void (*att_values_fn)(const att_src *s, int hd, int nq, const float *w, size_t ws,
+                              int32_t j0, int32_t j1, int32_t n, float *out, int mode);
+
+typedef struct att_kernels {
+    att_scores_fn scores;
+    att_values_fn values;
+} att_kernels;
+
+static att_kernels att_pick(const lms_ctx *c)
+{
+    const bool q8 = c->kv.type == LMS_TYPE_Q8_0;
+    att_kernels k = {q8 ? scores_q8_0_c : scores_f16_c, q8 ? values_q8_0_c : values_f16_c};
+#ifdef ATT_AVX512
+    if (c->att_impl == FWD_ATT_AVX512) {
+        /* LMS_ATT_NO_VNNI=1: the AVX512BW products instead (the same integers) */
+        k.scores = !q8                                                                  ? scores_f16_avx512
+                   : __builtin_cpu_supports("avx512vnni") && !getenv("LMS_ATT_NO_VNNI") ? scores_q8_0_vnni
+                                                                                         : scores_q8_0_avx512;
+        k.values = q8 ? values_q8_0_avx512 : values_f16_avx512;
+    }
+#endif
+    return k;
+}
+
+/* KV head kvh's K and V slices of a tile's sequence in layer il. */
+static void att_srcs(const lms_ctx *c, int il, const lms_kv_seq *seq, int kvh, att_src *ks,
+                     att_src *vs)
+{
+    const int il_host = il - c->n_gpu;
+    const size_t off = lms_row_size(c->kv.type, (int64_t)kvh * c->m->hp.head_dim);
+    *ks = (att_src){c->kv.k + (size_t)il_host * c->kv.layer_stride, seq->blocks, c->kv.row_bytes,
+                    off};
+    *vs = *ks;
+    vs->base = c->kv.v + (size_t)il_host * c->kv.layer_stride;
+}
+
+/* Scores rows [r0, r0 + nr) of qf against positions [j0, j1), in passes. */
+static void scores_rows(const att_kernels *k, const att_src *ks, int hd, int nr, const float *qf,
+                        size_t qrow, int32_t j0, int32_t j1, int32_t n, float *w, size_t ws)
+{
+    for (int q0 = 0; q0 < nr; q0 += ATT_ROWS)
+        k->scores(ks, hd, nr - q0 < ATT_ROWS ? nr - q0 : ATT_ROWS, qf + (size_t)q0 * qrow, qrow,
+                  j0, j1, n, w + (size_t)q0 * ws, ws);
+}
+
+static void values_rows(const att_kernels *k, const att_src *vs, int hd, int nr, const float *w,
+                        size_t ws, int32_t j0, int32_t j1, int32_t n, float *out, int mode)
+{
+    for (int q0 = 0; q0 < nr; q0 += ATT_ROWS)
+        k->values(vs, hd, nr - q0 < ATT_ROWS ? nr - q0 : ATT_ROWS, w + (size_t)q0 * ws, ws, j0, j1,
+                  n, out + (size_t)q0 * hd, mode);
+}
+
+/* Scale then softmax of one row of n scores. */
+static void att_softmax(float *wq, int32_t n, float scale)
+{
+    for (int32_t j = 0; j < n; j++)
+        wq[j] *= scale;
+    softmax_f16(wq, n);
+}
+
+/* The by-head schedule: one (tile, KV head). */
+static void attend_tile_rows(lms_ctx *c, int il, const att_tile *a, int kvh, int tid)
+{
+    const lms_hparams *hp = &c->m->hp;
+    const int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
+    const int64_t q_stride = (int64_t)hp->n_head * hd;
+    const int32_t stride = c->p.n_ctx, n_q = a->n_tok * group, n_max = a->pos0 + a->n_tok;
+    const size_t qrow = (size_t)hd + (size_t)hd / LMS_QK8_0;
+    float *w = c->scores + (size_t)tid * ATT_TILE * group * stride;
+    float *qf = c->qf + (size_t)tid * c->qf_rows * qrow;
+    const att_kernels k = att_pick(c);
+    att_src ks, vs;
+    att_srcs(c, il, a->seq, kvh, &ks, &vs);
+    /* queries: row t * group + g is token t's head kvh * group + g */
+    for (int32_t t = 0; t < a->n_tok; t++)
+        for (int g = 0; g < group; g++)
+            load_query(c->kv.type, hd,
+                       c->qb + (a->t0 + t) * q_stride + ((int64_t)kvh * group + g) * hd,
+                       qf + (size_t)(t * group + g) * qrow);
+    scores_rows(&k, &ks, hd, n_q, qf, qrow, 0, n_max, n_max, w, (size_t)stride);
+    for (int qi = 0; qi < n_q; qi++)
+        att_softmax(w + (size_t)qi * stride, a->pos0 + qi / group + 1, 1.0f / sqrtf((float)hd));
+    /* a pass takes rows of one token (they see the same positions) */
+    for (int32_t t = 0; t < a->n_tok; t++) {
+        float *out = c->att + (a->t0 + t) * q_stride + (int64_t)kvh * group * hd;
+        const int32_t n = a->pos0 + t + 1;
+        for (int32_t j0 = 0; j0 < n; j0 += ATT_CHUNK)
+            values_rows(&k, &vs, hd, group, w + (size_t)t * group * stride, (size_t)stride, j0,
+                        j0 + ATT_CHUNK < n ? j0 + ATT_CHUNK : n, n, out,
+                        j0 ? ATT_V_ADD : ATT_V_SET);
+    }
+}
+
+/* The by-chunk schedule for single-token tiles, in c->dec: per tile, the
+ * scores [n_head][ws] then the chunk sums [n_chunk][n_head][hd]; ws is the
+ * longest tile's position count rounded up to ATT_CHUNK. Returns false
+ * (nothing done) when the step does not fit there. */
+static bool attention_by_chunk(lms_ctx *c, int il, const att_tile *tiles, int32_t n_tiles)
+{
+    const lms_hparams *hp = &c->m->hp;
+    const int hd = hp->head_dim, nh = hp->n_head, nkv = hp->n_head_kv, group = nh / nkv;
+    const int64_t q_stride = (int64_t)nh * hd;
+    int32_t n_longest = 0;
+    for (int32_t i = 0; i < n_tiles; i++) {
+        if (tiles[i].n_tok != 1)
+            return false;
+        n_longest = tiles[i].pos0 + 1 > n_longest ? tiles[i].pos0 + 1 : n_longest;
+    }
+    const int32_t n_chunk = (n_longest + ATT_CHUNK - 1) / ATT_CHUNK;
+    const size_t ws = (size_t)n_chunk * ATT_CHUNK;
+    const size_t per_tile = (size_t)nh * ws + (size_t)n_chunk * nh * hd;
+    if ((size_t)n_tiles * per_tile > c->dec_floats || n_tiles > c->qf_tiles)
+        return false;
+    const size_t qrow = (size_t)hd + (size_t)hd / LMS_QK8_0;
+    const att_kernels k = att_pick(c);
+    const int64_t n_items = (int64_t)n_tiles * n_chunk;
+    const bool par = (int64_t)n_tiles * n_longest * nh * hd >= 65536;
+#pragma omp parallel if (par)
+    {
+        /* queries, all heads of every tile: rows [tile][head] */
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < (int64_t)n_tiles * nh; r++)
+            load_query(c->kv.type, hd, c->qb + tiles[r / nh].t0 * q_stride + (r % nh) * hd,
+                       c->qf + (size_t)r * qrow);
+        /* scores: (tile, chunk) items, every head of each block of rows */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < n_items; it++) {
+            const att_tile *a = &tiles[it / n_chunk];
+            const int32_t n = a->pos0 + 1, j0 = (int32_t)(it % n_chunk) * ATT_CHUNK;
+            float *w = c->dec + (size_t)(it / n_chunk) * per_tile;
+            for (int32_t b0 = j0; b0 < n && b0 < j0 + ATT_CHUNK; b0 += LMS_KV_BLOCK)
+                for (int h = 0; h < nkv; h++) {
+                    att_src ks, vs;
+                    att_srcs(c, il, a->seq, h, &ks, &vs);
+                    scores_rows(&k, &ks, hd, group,
+                                c->qf + ((size_t)(it / n_chunk) * nh + (size_t)h * group) * qrow,
+                                qrow, b0, b0 + LMS_KV_BLOCK < n ? b0 + LMS_KV_BLOCK : n, n,
+                                w + (size_t)h * group * ws, ws);
+                }
+        }
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < (int64_t)n_tiles * nh; r++)
+            att_softmax(c->dec + (size_t)(r / nh) * per_tile + (size_t)(r % nh) * ws,
+                        tiles[r / nh].pos0 + 1, 1.0f / sqrtf((float)hd));
+        /* chunk sums, every head of each block of rows */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < n_items; it++) {
+            const att_tile *a = &tiles[it / n_chunk];
+            const int32_t n = a->pos0 + 1, j0 = (int32_t)(it % n_chunk) * ATT_CHUNK;
+            const float *w = c->dec + (size_t)(it / n_chunk) * per_tile;
+            float *sum = c->dec + (size_t)(it / n_chunk) * per_tile + (size_t)nh * ws +
+                         (size_t)(it % n_chunk) * nh * hd;
+            for (int32_t b0 = j0; b0 < n && b0 < j0 + ATT_CHUNK; b0 += LMS_KV_BLOCK)
+                for (int h = 0; h < nkv; h++) {
+                    att_src ks, vs;
+                    att_srcs(c, il, a->seq, h, &ks, &vs);
+                    values_rows(&k, &vs, hd, group, w + (size_t)h * group * ws, ws, b0,
+                                b0 + LMS_KV_BLOCK < n ? b0 + LMS_KV_BLOCK : n, n,
+                                sum + (size_t)h * group * hd, b0 > j0 ? ATT_V_CONT : ATT_V_SET);
+                }
+        }
+        /* merge: out = chunk 0 + chunk 1 + ..., left to right */
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < (int64_t)n_tiles * nh; r++) {
+            const att_tile *a = &tiles[r / nh];
+            const float *sum = c->dec + (size_t)(r / nh) * per_tile + (size_t)nh * ws +
+                               (size_t)(r % nh) * hd;
+            float *out = c->att + a->t0 * q_stride + (r % nh) * hd;
+            const int32_t nc = a->pos0 / ATT_CHUNK + 1;
+            memcpy(out, sum, (size_t)hd * sizeof(float));
+            for (int32_t ci = 1; ci < nc; ci++)
+                for (int d = 0; d < hd; d++)
+                    out[d] += sum[(size_t)ci * nh * hd + d];
+        }
+    }
+    return true;
+}
+
+int fwd_set_attention(lms_ctx *c, int impl)
+{
+    const int hd = c->m->hp.head_dim;
+    bool simd = false;
+#ifdef ATT_AVX512
+    /* (every AVX-512 CPU has F16C, which clang's builtin cannot name) */
+    simd = hd % 64 == 0 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
+#endif
+    const char *env = getenv("LMS_ATTENTION"); /* ref | c: for A/B timings */
+    if (impl == FWD_ATT_AUTO && env && (!strcmp(env, "ref") || !strcmp(env, "c")))
+        impl = env[0] == 'r' ? FWD_ATT_REF : FWD_ATT_C;
+    /* The kernel ISA (LMS_ISA) caps it. Without AVX-512 the reference
+     * runs: GCC 12 leaves the portable kernels' inner loops scalar (no
+     * vector type for the f16 conversion there), which makes them slower
+     * than the reference's gemm at depth; they stay as the tested twin. */
+    if (impl == FWD_ATT_AUTO)
+        impl = simd && !strcmp(lms_kernels_get()->isa, "avx512") ? FWD_ATT_AVX512 : FWD_ATT_REF;
+    if ((impl != FWD_ATT_REF && impl != FWD_ATT_C && impl != FWD_ATT_AVX512) ||
+        (impl == FWD_ATT_AVX512 && !simd))
+        return LMS_ERR_UNSUPPORTED;
+    c->att_impl = impl;
+    return 0;
+}
+
+/* Splits the batch into tiles of consecutive positions of one sequence. */
+static int32_t make_tiles(const lms_batch *b, att_tile *tiles)
+{
+    int32_t n = 0;
+    for (int32_t t = 0; t < b->n_tokens;) {
+        att_tile a = {b->seq[t], b->pos[t], t, 1};
+        while (t + a.n_tok < b->n_tokens && a.n_tok < ATT_TILE && b->seq[t + a.n_tok] == a.seq &&
+               b->pos[t + a.n_tok] == a.pos0 + a.n_tok)
+            a.n_tok++;
+        tiles[n++] = a;
+        t += a.n_tok;
+    }
+    return n;
+}
+
+void fwd_attention(lms_ctx *c, int il, const lms_batch *b)
+{
+    const lms_hparams *hp = &c->m->hp;
+    const int nkv = hp->n_head_kv;
+    att_tile *tiles = c->tiles;
+    const int32_t n_tiles = make_tiles(b, tiles);
+    const int64_t n_work = (int64_t)n_tiles * nkv;
+    int64_t n_pos = 0;
+    for (int32_t t = 0; t < b->n_tokens; t++)
+        n_pos += b->pos[t] + 1;
+    if (c->att_impl != FWD_ATT_REF && attention_by_chunk(c, il, tiles, n_tiles))
+        return;
+    const bool par = n_pos * hp->n_head * hp->head_dim >= 65536;
+#pragma omp parallel for schedule(dynamic, 1) if (par)
+    for (int64_t wi = 0; wi < n_work; wi++) {
+#ifdef _OPENMP
+        int tid = omp_get_thread_num();
+#else
+        int tid = 0;
+#endif
+        if (c->att_impl == FWD_ATT_REF)
+            attend_tile_ref(c, il, &tiles[wi / nkv], (int)(wi % nkv), tid);
+        else
+            attend_tile_rows(c, il, &tiles[wi / nkv], (int)(wi % nkv), tid);
+    }
+}
