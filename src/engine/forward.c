@@ -74,12 +74,12 @@ void lms_gpu_plan_format(const lms_gpu_plan *p, char *buf, size_t n)
     const double mib = 1 << 20;
     snprintf(buf, n,
              "gpu: %s, %d/%d layers%s on the GPU; VRAM planned: weights %.1f MiB, KV %.1f MiB, "
-             "scratch %.1f MiB (total %.1f MiB of %.1f usable = %.1f free - margin); allocated "
-             "%.1f MiB",
+             "scratch %.1f MiB, prompt offload %.1f MiB (total %.1f MiB of %.1f usable = %.1f "
+             "free - margin); allocated %.1f MiB",
              p->device, p->n_layer_gpu, p->n_layer, p->output_gpu ? " + output" : "",
              (double)p->weights_bytes / mib, (double)p->kv_bytes / mib,
-             (double)p->scratch_bytes / mib,
-             (double)(p->weights_bytes + p->kv_bytes + p->scratch_bytes) / mib,
+             (double)p->scratch_bytes / mib, (double)p->offload_bytes / mib,
+             (double)(p->weights_bytes + p->kv_bytes + p->scratch_bytes + p->offload_bytes) / mib,
              (double)p->usable_bytes / mib, (double)p->free_bytes / mib,
              (double)p->allocated_bytes / mib);
 }
@@ -272,6 +272,15 @@ static void qkv(lms_ctx *c, const lms_layer *l, int il, const lms_batch *b)
     add_bias(c->qb, &l->bq, n, q);
     add_bias(c->kb, &l->bk, n, kv);
     add_bias(c->vb, &l->bv, n, kv);
+    fwd_qkv_post(c, il, b);
+}
+
+void fwd_qkv_post(lms_ctx *c, int il, const lms_batch *b)
+{
+    const lms_hparams *hp = &c->m->hp;
+    const lms_layer *l = &c->m->layers[il];
+    const int64_t n = b->n_tokens, hd = hp->head_dim;
+    const int64_t q = hp->n_head * hd, kv = hp->n_head_kv * hd;
     const float *ff = c->m->rope_freqs.data;
     for (int64_t t = 0; t < n; t++) {
         float *qt = c->qb + t * q, *kt = c->kb + t * kv;
@@ -303,6 +312,11 @@ static void layer(lms_ctx *c, int il, const lms_batch *b)
     const lms_hparams *hp = &c->m->hp;
     const lms_layer *l = &c->m->layers[il];
     const int64_t n = b->n_tokens, e = hp->n_embd, f = hp->n_ff;
+#ifdef LMS_HAVE_CUDA
+    /* a prompt batch on a split model: this layer's products on the GPU */
+    if (c->gpu && fwd_gpu_offload_layer(c, il, b))
+        return;
+#endif
     for (int64_t t = 0; t < n; t++)
         rms_norm(c->x + t * e, l->attn_norm.data, c->xn + t * e, e, hp->rms_eps);
     qkv(c, l, il, b);

@@ -47,6 +47,8 @@ typedef struct lms_gpu_plan {
     size_t weights_bytes;    /* planned: layer weights (+ head) on the GPU */
     size_t kv_bytes;         /* planned: K/V blocks of the GPU layers */
     size_t scratch_bytes;    /* planned: activations, matmul and attention scratch */
+    size_t offload_bytes;    /* planned: staging for the CPU layers' prompt products
+                              * (0: no prompt offload) */
     size_t allocated_bytes;  /* actually allocated on the device */
 } lms_gpu_plan;
 

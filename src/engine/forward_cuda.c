@@ -27,6 +27,16 @@
  * the CPU, and the head runs on the GPU (normed rows up, logits down in
  * chunks) when it was placed there.
  *
+ * Prompt offload: when layers stay on the CPU, a batch of at least
+ * OFFLOAD_MIN tokens still runs their matrix products on the GPU
+ * (fwd_gpu_offload_layer): each matrix is copied from host memory into one
+ * of OFFLOAD_SLOTS staging buffers on a second stream while the previous
+ * product runs; RMSNorm, biases and the residual adds stay on the device
+ * with the products; RoPE, the cache writes and attention run on the CPU
+ * over the host cache. A prompt reads every weight anyway, and PCIe moves
+ * it faster than the CPU multiplies a big batch by it. The staging and
+ * the CPU layers' norm/bias vectors are part of the plan (offload_bytes).
+ *
  * Owner: the thread that owns the lms_ctx.
  */
 #include <stdio.h>
@@ -39,6 +49,8 @@
 #include "kernels/kernels.h"
 
 #define HEAD_CHUNK 64 /* logits rows computed per head pass on the GPU */
+#define OFFLOAD_SLOTS 3 /* staging buffers of the prompt offload */
+#define OFFLOAD_MIN 32  /* batches from this many tokens offload (LMS_CUDA_OFFLOAD_MIN) */
 #define ALIGN 256
 
 typedef struct gpu_layer {
@@ -48,6 +60,11 @@ typedef struct gpu_layer {
     size_t mem_bytes;
     uint16_t *k, *v; /* this layer's K/V pool: [n_blocks][16][n_kv_dim] f16 */
 } gpu_layer;
+
+/* Device copies of a CPU layer's vectors, for the prompt offload. */
+typedef struct gpu_vecs {
+    const float *attn_norm, *ffn_norm, *bq, *bk, *bv;
+} gpu_vecs;
 
 struct fwd_gpu {
     lcu *g;
@@ -74,6 +91,14 @@ struct fwd_gpu {
     float *x_h;          /* pinned [n_batch][e] */
     float *logits_h;     /* pinned [HEAD_CHUNK][n_vocab] */
     lcu_attn_shape shape;
+    /* prompt offload of the CPU layers (fwd_gpu_offload_layer) */
+    bool offload;
+    int32_t off_min;     /* batches of at least this many tokens */
+    void *off_mem;       /* vectors of layers [n_gpu, n_layer) */
+    size_t off_bytes;
+    gpu_vecs *off;       /* [n_layer - n_gpu] */
+    const void *reg_w;   /* page-locked span of the CPU layers' weights, or NULL */
+    const void *reg_act[5]; /* page-locked host activation buffers */
 };
 
 static size_t align_up(size_t n)
@@ -118,6 +143,46 @@ static bool layer_supported(const lms_layer *l)
             return false;
     }
     return l->attn_norm.data && l->ffn_norm.data;
+}
+
+/* The vectors a CPU layer's offloaded step needs on the device. */
+static void layer_vecs(const lms_layer *l, const lms_weight *vs[5])
+{
+    const lms_weight *list[5] = {&l->attn_norm, &l->ffn_norm, &l->bq, &l->bk, &l->bv};
+    memcpy(vs, list, sizeof list);
+}
+
+static size_t largest_matrix(const lms_model *m)
+{
+    size_t mx = 0;
+    for (int32_t il = 0; il < m->hp.n_layer; il++) {
+        const lms_weight *ws[14];
+        layer_weights(&m->layers[il], ws);
+        for (int i = 0; i < 7; i++)
+            mx = weight_bytes(ws[i]) > mx ? weight_bytes(ws[i]) : mx;
+    }
+    return mx;
+}
+
+/* VRAM of the prompt offload when layers [k, n_layer) stay on the CPU: the
+ * staging buffers and those layers' vectors; 0 when it is off or some CPU
+ * layer has a type the GPU kernels lack. */
+static size_t offload_bytes(const lms_ctx *c, int32_t k)
+{
+    const lms_model *m = c->m;
+    const char *env = getenv("LMS_CUDA_OFFLOAD");
+    if (k >= m->hp.n_layer || (env && atoi(env) == 0))
+        return 0;
+    size_t b = OFFLOAD_SLOTS * largest_matrix(m);
+    for (int32_t il = k; il < m->hp.n_layer; il++) {
+        if (!layer_supported(&m->layers[il]))
+            return 0;
+        const lms_weight *vs[5];
+        layer_vecs(&m->layers[il], vs);
+        for (int i = 0; i < 5; i++)
+            b += weight_bytes(vs[i]);
+    }
+    return b;
 }
 
 typedef struct sizes {
@@ -180,6 +245,21 @@ static int make_plan(lms_ctx *c, size_t free_bytes, const sizes *z, char *err, s
         w += lb;
         k++;
     }
+    /* layers left on the CPU: room for the prompt offload, for auto at the
+     * cost of GPU layers (one layer's weights buy a prompt speed-up of
+     * several times), for an explicit count only where it fits */
+    size_t off = offload_bytes(c, k);
+    while (is_auto && off && k > 1 && used + off > usable) {
+        k--;
+        size_t lb = layer_bytes(&m->layers[k]);
+        used -= lb + z->kv_layer;
+        w -= lb;
+        off = offload_bytes(c, k);
+    }
+    if (off && used + off > usable)
+        off = 0;
+    used += off;
+    pl->offload_bytes = off;
     if (!is_auto && k < want && !layer_supported(&m->layers[k]))
         return lms_errf(err, errsz, LMS_ERR_UNSUPPORTED,
                         "--gpu-layers: layer %d has a tensor type the CUDA kernels lack", k);
@@ -191,6 +271,7 @@ static int make_plan(lms_ctx *c, size_t free_bytes, const sizes *z, char *err, s
                         (double)free_bytes / (1 << 20), (double)margin / (1 << 20));
     if (is_auto && k == 0) {
         pl->n_layer_gpu = 0;
+        pl->offload_bytes = 0;
         return 0;
     }
     size_t ob = weight_bytes(&m->output) +
@@ -307,7 +388,12 @@ static void free_gpu(fwd_gpu *gp, int32_t n_gpu)
 {
     if (!gp)
         return;
+    lcu_host_unregister(gp->reg_w);
+    for (int i = 0; i < 5; i++)
+        lcu_host_unregister(gp->reg_act[i]);
+    free(gp->off);
     if (gp->g) {
+        lcu_free(gp->g, gp->off_mem, gp->off_bytes);
         for (int32_t il = 0; gp->layers && il < n_gpu; il++)
             lcu_free(gp->g, gp->layers[il].mem, gp->layers[il].mem_bytes);
         lcu_free(gp->g, gp->out_mem, gp->out_bytes);
@@ -322,6 +408,67 @@ static void free_gpu(fwd_gpu *gp, int32_t n_gpu)
     lcu_host_free(gp->logits_h);
     free(gp->layers);
     free(gp);
+}
+
+/* The prompt offload's staging, the CPU layers' vectors on the device, and
+ * page-locking of the host memory it copies from: the CPU layers' weights
+ * (one span of the mapped file, when they lie together) and the
+ * activation buffers. A failed page-lock only makes copies synchronous. */
+static int setup_offload(lms_ctx *c, fwd_gpu *gp, char *err, size_t errsz)
+{
+    const lms_model *m = c->m;
+    const int32_t nl = m->hp.n_layer, n_cpu = nl - c->n_gpu;
+    int rc = lcu_stage_reserve(gp->g, largest_matrix(m), OFFLOAD_SLOTS, err, errsz);
+    if (rc < 0)
+        return rc;
+    gp->off_bytes = c->plan.offload_bytes - OFFLOAD_SLOTS * largest_matrix(m);
+    if (!(gp->off = calloc((size_t)n_cpu, sizeof *gp->off)) ||
+        !(gp->off_mem = lcu_alloc(gp->g, gp->off_bytes ? gp->off_bytes : 1, err, errsz)))
+        return LMS_ERR_NOMEM;
+    char *cur = gp->off_mem;
+    const uint8_t *lo = NULL, *hi = NULL;
+    size_t sum = 0;
+    for (int32_t il = c->n_gpu; il < nl; il++) {
+        const lms_layer *l = &m->layers[il];
+        gpu_vecs *v = &gp->off[il - c->n_gpu];
+        v->attn_norm = put(gp, &l->attn_norm, &cur);
+        v->ffn_norm = put(gp, &l->ffn_norm, &cur);
+        v->bq = put(gp, &l->bq, &cur);
+        v->bk = put(gp, &l->bk, &cur);
+        v->bv = put(gp, &l->bv, &cur);
+        const lms_weight *ws[14];
+        layer_weights(l, ws);
+        for (int i = 0; i < 7; i++) {
+            const uint8_t *d = ws[i]->data;
+            size_t b = ws[i]->row_bytes * (size_t)ws[i]->ne[1];
+            lo = !lo || d < lo ? d : lo;
+            hi = !hi || d + b > hi ? d + b : hi;
+            sum += b;
+        }
+    }
+    if ((rc = lcu_sync(gp->g, err, errsz)) < 0)
+        return rc;
+    /* only a span that is mostly these weights (GGUF files store layers in order) */
+    if (lo && (size_t)(hi - lo) <= sum + sum / 4 && lcu_host_register(lo, (size_t)(hi - lo), true) == 0)
+        gp->reg_w = lo;
+    const lms_hparams *hp = &m->hp;
+    const size_t n = (size_t)c->p.n_batch, e = (size_t)hp->n_embd;
+    const size_t q = (size_t)hp->n_head * (size_t)hp->head_dim;
+    const size_t kv = (size_t)hp->n_head_kv * (size_t)hp->head_dim;
+    const void *act[5] = {c->x, c->qb, c->kb, c->vb, c->att};
+    const size_t len[5] = {n * e, n * q, n * kv, n * kv, n * q};
+    for (int i = 0; i < 5; i++)
+        if (lcu_host_register(act[i], len[i] * sizeof(float), false) == 0)
+            gp->reg_act[i] = act[i];
+    const char *mn = getenv("LMS_CUDA_OFFLOAD_MIN");
+    gp->off_min = mn && atoi(mn) > LCU_MATVEC_MAX ? atoi(mn) : OFFLOAD_MIN;
+    gp->offload = true;
+    fprintf(stderr,
+            "lmserv: prompt offload: layers %d-%d run batches of %d+ tokens on the GPU (weights "
+            "%s)\n",
+            c->n_gpu, nl - 1, gp->off_min,
+            gp->reg_w ? "page-locked" : "pageable: copies are synchronous");
+    return 0;
 }
 
 static int create(lms_ctx *c, fwd_gpu *gp, int32_t n_blocks, char *err, size_t errsz)
@@ -387,6 +534,8 @@ static int create(lms_ctx *c, fwd_gpu *gp, int32_t n_blocks, char *err, size_t e
                                  hp->rope_freq_scale,
                                  hp->rms_eps,
                                  gp->freq_factors};
+    if (c->plan.offload_bytes && (rc = setup_offload(c, gp, err, errsz)) < 0)
+        return rc;
     c->plan.allocated_bytes = lcu_allocated(gp->g);
     return 0;
 }
@@ -647,4 +796,85 @@ int fwd_gpu_output(lms_ctx *c, const float *xn, int32_t n, float *logits)
         memcpy(logits + (size_t)r0 * nv, gp->logits_h, (size_t)k * nv * sizeof(float));
     }
     return 0;
+}
+
+/* ---- prompt offload of a CPU layer ------------------------------------------------ */
+
+/* y = W·x (+= when acc) with W copied from host memory into a staging slot. */
+static int staged_matmul(lcu *g, const lms_weight *w, const float *x, int64_t n, float *y, bool acc)
+{
+    const void *d = lcu_stage(g, w->data, w->row_bytes * (size_t)w->ne[1]);
+    if (!d)
+        return LMS_ERR_DEVICE;
+    lcu_mat m = as_lmat(w, d);
+    int rc = lcu_matmul(g, &m, x, n, y, acc);
+    lcu_stage_done(g, d);
+    return rc < 0 ? LMS_ERR_DEVICE : 0;
+}
+
+static int offload_layer(lms_ctx *c, int il, const lms_batch *b)
+{
+    fwd_gpu *gp = c->gpu;
+    lcu *g = gp->g;
+    const lms_hparams *hp = &c->m->hp;
+    const lms_layer *l = &c->m->layers[il];
+    const gpu_vecs *v = &gp->off[il - c->n_gpu];
+    const int64_t n = b->n_tokens, e = hp->n_embd;
+    const int64_t q = (int64_t)hp->n_head * hp->head_dim, kv = (int64_t)hp->n_head_kv * hp->head_dim;
+    const size_t fl = sizeof(float);
+    char err[256];
+    /* Q, K, V of the normed residual, back to the host */
+    int rc = lcu_upload(g, gp->x, c->x, (size_t)(n * e) * fl);
+    lcu_rms_norm(g, gp->x, v->attn_norm, gp->xn, n, e, hp->rms_eps);
+    rc |= staged_matmul(g, &l->wq, gp->xn, n, gp->qb, false);
+    rc |= staged_matmul(g, &l->wk, gp->xn, n, gp->kb, false);
+    rc |= staged_matmul(g, &l->wv, gp->xn, n, gp->vb, false);
+    lcu_add_bias(g, gp->qb, v->bq, n, q);
+    lcu_add_bias(g, gp->kb, v->bk, n, kv);
+    lcu_add_bias(g, gp->vb, v->bv, n, kv);
+    rc |= lcu_download(g, c->qb, gp->qb, (size_t)(n * q) * fl);
+    rc |= lcu_download(g, c->kb, gp->kb, (size_t)(n * kv) * fl);
+    rc |= lcu_download(g, c->vb, gp->vb, (size_t)(n * kv) * fl);
+    /* W_o's copy overlaps the attention on the CPU */
+    const void *wo = lcu_stage(g, l->wo.data, l->wo.row_bytes * (size_t)l->wo.ne[1]);
+    if (rc || !wo || lcu_sync(g, err, sizeof err) < 0)
+        return LMS_ERR_DEVICE;
+    fwd_qkv_post(c, il, b);
+    fwd_attention(c, il, b);
+    /* x += W_o·att; the FFN block; x back to the host */
+    rc = lcu_upload(g, gp->att, c->att, (size_t)(n * q) * fl);
+    lcu_mat mo = as_lmat(&l->wo, wo);
+    rc |= lcu_matmul(g, &mo, gp->att, n, gp->x, true);
+    lcu_stage_done(g, wo);
+    lcu_rms_norm(g, gp->x, v->ffn_norm, gp->xn, n, e, hp->rms_eps);
+    const void *dg = lcu_stage(g, l->w_gate.data, l->w_gate.row_bytes * (size_t)l->w_gate.ne[1]);
+    const void *du = lcu_stage(g, l->w_up.data, l->w_up.row_bytes * (size_t)l->w_up.ne[1]);
+    if (rc || !dg || !du)
+        return LMS_ERR_DEVICE;
+    lcu_mat mg = as_lmat(&l->w_gate, dg), mu = as_lmat(&l->w_up, du);
+    rc |= lcu_ffn_gate_up(g, &mg, &mu, gp->xn, NULL, n, gp->ga, gp->up, NULL);
+    lcu_stage_done(g, dg);
+    lcu_stage_done(g, du);
+    rc |= staged_matmul(g, &l->w_down, gp->ga, n, gp->x, true);
+    rc |= lcu_download(g, c->x, gp->x, (size_t)(n * e) * fl);
+    if (lcu_sync(g, err, sizeof err) < 0) {
+        fprintf(stderr, "lmserv: %s\n", err);
+        return LMS_ERR_DEVICE;
+    }
+    return rc ? LMS_ERR_DEVICE : 0;
+}
+
+bool fwd_gpu_offload_layer(lms_ctx *c, int il, const lms_batch *b)
+{
+    fwd_gpu *gp = c->gpu;
+    if (!gp->offload || b->n_tokens < gp->off_min)
+        return false;
+    if (offload_layer(c, il, b) < 0) {
+        /* c->x is written only by the last copy: the CPU redoes the layer */
+        fprintf(stderr, "lmserv: prompt offload of layer %d failed; CPU layers stay on the CPU\n",
+                il);
+        gp->offload = false;
+        return false;
+    }
+    return true;
 }

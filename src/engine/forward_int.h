@@ -71,6 +71,10 @@ int fwd_set_attention(lms_ctx *c, int impl);
  * this step's K/V already in the cache, output to c->att (attention.c). */
 void fwd_attention(lms_ctx *c, int il, const lms_batch *b);
 
+/* After the Q/K/V products of CPU layer il (c->qb, kb, vb, biases added):
+ * per-head norms, RoPE, and K/V written to the host cache (forward.c). */
+void fwd_qkv_post(lms_ctx *c, int il, const lms_batch *b);
+
 #ifdef LMS_HAVE_CUDA
 /* Plans the placement from free VRAM and c->p, allocates device memory and
  * uploads the chosen layers; sets c->n_gpu, c->gpu and c->plan. With
@@ -80,6 +84,12 @@ int fwd_gpu_create(lms_ctx *c, int32_t n_blocks, char *err, size_t errsz);
 void fwd_gpu_destroy(lms_ctx *c);
 /* Runs layers [0, n_gpu) over c->x (n_tokens rows) in place. */
 int fwd_gpu_layers(lms_ctx *c, const lms_batch *b);
+/* Runs CPU layer il with its matrix products on the GPU (the weights are
+ * uploaded for the step; attention stays on the CPU over the host cache)
+ * when the batch is large enough for that to win. false: not done (too
+ * few tokens, offload off, or a device error), the caller runs the layer;
+ * c->x is then unchanged. */
+bool fwd_gpu_offload_layer(lms_ctx *c, int il, const lms_batch *b);
 /* Whether the output head is on the GPU, and logits of n normed rows. */
 bool fwd_gpu_has_output(const lms_ctx *c);
 int fwd_gpu_output(lms_ctx *c, const float *xn, int32_t n, float *logits);

@@ -5,6 +5,8 @@
  * For every golden model whose file is present, two placements:
  *   all    every layer and the output head on the GPU
  *   split  layer 0 on the GPU, the rest on the CPU (the head on the GPU)
+ *   offld  the split with the CPU layers' products of prompts of 9+
+ *          tokens on the GPU (prompt offload)
  * each checks the prompt's logits at every position (one forward call:
  * matrix-vector kernels for prompts of up to 8 tokens, the cuBLAS path for
  * longer ones), then teacher-forced single-token steps with the README's
@@ -282,11 +284,18 @@ static void test_model(void **state)
         skip();
     }
     fclose(f);
-    const int32_t modes[2] = {LMS_GPU_LAYERS_ALL, 1};
-    const char *names[2] = {"all", "split"};
-    for (int k = 0; k < 2; k++) {
+    /* offload: the split, with the prompt products of the CPU layers on the
+     * GPU from 9 tokens (case1's 23-token prompt) instead of 32 */
+    const int32_t modes[3] = {LMS_GPU_LAYERS_ALL, 1, 1};
+    const char *names[3] = {"all", "split", "offld"};
+    for (int k = 0; k < 3; k++) {
         runner r;
+        if (k == 2)
+            setenv("LMS_CUDA_OFFLOAD_MIN", "9", 1);
         open_runner(&r, gm->name, modes[k], 1);
+        unsetenv("LMS_CUDA_OFFLOAD_MIN");
+        if (k == 2)
+            assert_true(lms_ctx_gpu_plan(r.c)->offload_bytes > 0);
         float worst = 0;
         check_case(&r, gm, "case0", names[k], &worst);
         check_case(&r, gm, "case1", names[k], &worst);

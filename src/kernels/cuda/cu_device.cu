@@ -128,6 +128,13 @@ extern "C" void lcu_destroy(lcu *g)
     cudaFree(g->blas_ws);
     cudaFree(g->attn_part);
     cudaFree(g->xq);
+    for (int i = 0; i < g->n_stage; i++) {
+        cudaFree(g->stage[i]);
+        cudaEventDestroy(g->staged[i]);
+        cudaEventDestroy(g->freed[i]);
+    }
+    if (g->copy)
+        cudaStreamDestroy(g->copy);
     cublasDestroy(g->blas);
     cudaStreamDestroy(g->stream);
     free(g);
@@ -203,7 +210,29 @@ extern "C" void lcu_free(lcu *g, void *p, size_t bytes)
 extern "C" size_t lcu_allocated(const lcu *g)
 {
     return g->allocated + g->w16_bytes + g->x16_bytes + g->blas_ws_bytes + g->attn_part_bytes +
-           g->xq_bytes;
+           g->xq_bytes + (size_t)g->n_stage * g->stage_slot_bytes;
+}
+
+extern "C" int lcu_host_register(const void *p, size_t bytes, bool read_only)
+{
+    if (!p || !bytes)
+        return -2;
+    const uintptr_t page = 4096, a = (uintptr_t)p / page * page;
+    const size_t n = ((uintptr_t)p + bytes - a + page - 1) / page * page;
+    unsigned flags = read_only ? cudaHostRegisterReadOnly : cudaHostRegisterDefault;
+    if (cudaHostRegister((void *)a, n, flags) != cudaSuccess) {
+        cudaGetLastError();
+        return -9;
+    }
+    return 0;
+}
+
+extern "C" void lcu_host_unregister(const void *p)
+{
+    if (!p)
+        return;
+    if (cudaHostUnregister((void *)((uintptr_t)p / 4096 * 4096)) != cudaSuccess)
+        cudaGetLastError();
 }
 
 extern "C" void *lcu_host_alloc(size_t bytes)
@@ -309,6 +338,55 @@ extern "C" int lcu_reserve(lcu *g, int64_t max_cols, int64_t max_rows, int64_t n
     if (g->blas_ws)
         cublasSetWorkspace(g->blas, g->blas_ws, g->blas_ws_bytes);
     return 0;
+}
+
+/* ---- weight staging ---------------------------------------------------------------- */
+
+extern "C" int lcu_stage_reserve(lcu *g, size_t slot_bytes, int n_slots, char *err, size_t errsz)
+{
+    if (n_slots < 2 || n_slots > LCU_STAGE_SLOTS || g->n_stage)
+        return fail(err, errsz, "cuda: %d staging slots asked (2..%d, once)", n_slots,
+                    LCU_STAGE_SLOTS);
+    cudaError_t e = cudaStreamCreateWithFlags(&g->copy, cudaStreamNonBlocking);
+    for (int i = 0; i < n_slots && e == cudaSuccess; i++) {
+        e = cudaMalloc(&g->stage[i], slot_bytes);
+        if (e == cudaSuccess)
+            e = cudaEventCreateWithFlags(&g->staged[i], cudaEventDisableTiming);
+        if (e == cudaSuccess)
+            e = cudaEventCreateWithFlags(&g->freed[i], cudaEventDisableTiming);
+        if (e == cudaSuccess)
+            g->n_stage = i + 1;
+    }
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return fail(err, errsz, "cuda: cannot allocate %d x %.1f MiB of weight staging: %s",
+                    n_slots, (double)slot_bytes / (1 << 20), explain(e));
+    }
+    g->stage_slot_bytes = slot_bytes;
+    return 0;
+}
+
+extern "C" const void *lcu_stage(lcu *g, const void *host, size_t bytes)
+{
+    if (!g->n_stage || bytes > g->stage_slot_bytes)
+        return NULL;
+    const int s = g->stage_next;
+    g->stage_next = (s + 1) % g->n_stage;
+    /* the copy waits until the slot's last readers ran (an event never
+     * recorded is complete), and the main stream waits for the copy */
+    if (cudaStreamWaitEvent(g->copy, g->freed[s], 0) != cudaSuccess ||
+        cudaMemcpyAsync(g->stage[s], host, bytes, cudaMemcpyHostToDevice, g->copy) != cudaSuccess ||
+        cudaEventRecord(g->staged[s], g->copy) != cudaSuccess ||
+        cudaStreamWaitEvent(g->stream, g->staged[s], 0) != cudaSuccess)
+        return NULL;
+    return g->stage[s];
+}
+
+extern "C" void lcu_stage_done(lcu *g, const void *slot)
+{
+    for (int i = 0; i < g->n_stage; i++)
+        if (g->stage[i] == slot)
+            cudaEventRecord(g->freed[i], g->stream);
 }
 
 /* ---- graphs ------------------------------------------------------------------- */

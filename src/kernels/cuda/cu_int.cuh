@@ -13,6 +13,7 @@
 #include "kernels/cuda/cuda_backend.h"
 
 #define LCU_GRAPH_SLOTS LCU_GRAPH_MAX
+#define LCU_STAGE_SLOTS 4
 
 struct lcu {
     int device;
@@ -41,6 +42,12 @@ struct lcu {
                                 (LMS_CUDA_MMA_WARPS; H100 B=8 step 4 warps 5.05, 8 4.87 ms) */
     void *xq;                /* q8 activations of lcu_matmul's decode path */
     size_t xq_bytes;
+    /* weight staging (lcu_stage): slots, a copy stream, per-slot events */
+    cudaStream_t copy;
+    void *stage[LCU_STAGE_SLOTS];
+    cudaEvent_t staged[LCU_STAGE_SLOTS], freed[LCU_STAGE_SLOTS];
+    size_t stage_slot_bytes;
+    int n_stage, stage_next;
     cudaGraph_t graph[LCU_GRAPH_SLOTS];
     cudaGraphExec_t exec[LCU_GRAPH_SLOTS];
 };

@@ -75,6 +75,12 @@ size_t lcu_allocated(const lcu *g);
 void *lcu_host_alloc(size_t bytes);
 void lcu_host_free(void *p);
 
+/* Page-locks an existing host range (rounded out to whole pages) so that
+ * copies from it are asynchronous DMA; read_only for mapped weight files.
+ * < 0 when the driver refuses (copies then still work, synchronously). */
+int lcu_host_register(const void *p, size_t bytes, bool read_only);
+void lcu_host_unregister(const void *p);
+
 /* Copies on the stream (asynchronous when host memory is pinned). */
 int lcu_upload(lcu *g, void *dst_dev, const void *src_host, size_t bytes);
 int lcu_download(lcu *g, void *dst_host, const void *src_dev, size_t bytes);
@@ -88,6 +94,20 @@ size_t lcu_scratch_bytes(int64_t max_cols, int64_t max_rows, int64_t n_tok, int 
                          int head_dim);
 int lcu_reserve(lcu *g, int64_t max_cols, int64_t max_rows, int64_t n_tok, int n_head,
                 int head_dim, char *err, size_t errsz);
+
+/* ---- weights streamed from host memory ---------------------------------------
+ * A layer whose weights stay in host memory can still run a big batch's
+ * products on the GPU: lcu_stage copies a matrix into the next of n_slots
+ * device buffers on a second stream and makes the main stream wait for
+ * that copy, so the copy of the next matrix overlaps the product of the
+ * current one. lcu_stage_done(slot pointer) is called once the work that
+ * reads the slot is queued; the slot is overwritten only after that work
+ * has run. Slots are taken round-robin, so at most n_slots - 1 may be held
+ * while staging another. */
+int lcu_stage_reserve(lcu *g, size_t slot_bytes, int n_slots, char *err, size_t errsz);
+/* Device pointer of the staged copy, NULL when it does not fit or fails. */
+const void *lcu_stage(lcu *g, const void *host, size_t bytes);
+void lcu_stage_done(lcu *g, const void *slot);
 
 /* Whether the matrix kernels take this weight type. */
 bool lcu_type_supported(int type);
