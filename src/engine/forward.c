@@ -32,9 +32,11 @@
 #include "kernels/kernels.h"
 #include "kernels/matmul.h"
 
+/* Whole pages: a buffer never shares a page with another allocation, so
+ * the CUDA prompt offload can page-lock it (forward_cuda.c). */
 static float *alloc_f32(size_t n)
 {
-    return aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+    return aligned_alloc(4096, (n * sizeof(float) + 4095) / 4096 * 4096);
 }
 
 static size_t max_scratch(const lms_model *m, int64_t n)
@@ -282,6 +284,8 @@ void fwd_qkv_post(lms_ctx *c, int il, const lms_batch *b)
     const int64_t n = b->n_tokens, hd = hp->head_dim;
     const int64_t q = hp->n_head * hd, kv = hp->n_head_kv * hd;
     const float *ff = c->m->rope_freqs.data;
+    /* tokens are independent here; a prompt's are split over the threads */
+#pragma omp parallel for schedule(static) if (n >= 8)
     for (int64_t t = 0; t < n; t++) {
         float *qt = c->qb + t * q, *kt = c->kb + t * kv;
         if (l->q_norm.data)

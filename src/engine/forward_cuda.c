@@ -44,6 +44,7 @@
 #include <string.h>
 
 #include "base/err.h"
+#include "base/timeutil.h"
 #include "engine/forward_int.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/kernels.h"
@@ -99,6 +100,9 @@ struct fwd_gpu {
     gpu_vecs *off;       /* [n_layer - n_gpu] */
     const void *reg_w;   /* page-locked span of the CPU layers' weights, or NULL */
     const void *reg_act[5]; /* page-locked host activation buffers */
+    double off_ms[5];    /* LMS_CUDA_OFFLOAD_PROF=1: ms in the phases of offloaded layers */
+    int64_t off_layers;
+    bool off_prof;
 };
 
 static size_t align_up(size_t n)
@@ -388,6 +392,12 @@ static void free_gpu(fwd_gpu *gp, int32_t n_gpu)
 {
     if (!gp)
         return;
+    if (gp->off_prof && gp->off_layers)
+        fprintf(stderr,
+                "lmserv: prompt offload, %lld layer runs, ms: QKV on the GPU %.1f, RoPE + cache "
+                "%.1f, attention %.1f, W_o + FFN on the GPU %.1f\n",
+                (long long)gp->off_layers, gp->off_ms[0], gp->off_ms[1], gp->off_ms[2],
+                gp->off_ms[3]);
     lcu_host_unregister(gp->reg_w);
     for (int i = 0; i < 5; i++)
         lcu_host_unregister(gp->reg_act[i]);
@@ -462,6 +472,8 @@ static int setup_offload(lms_ctx *c, fwd_gpu *gp, char *err, size_t errsz)
             gp->reg_act[i] = act[i];
     const char *mn = getenv("LMS_CUDA_OFFLOAD_MIN");
     gp->off_min = mn && atoi(mn) > LCU_MATVEC_MAX ? atoi(mn) : OFFLOAD_MIN;
+    const char *pf = getenv("LMS_CUDA_OFFLOAD_PROF");
+    gp->off_prof = pf && atoi(pf) != 0;
     gp->offload = true;
     fprintf(stderr,
             "lmserv: prompt offload: layers %d-%d run batches of %d+ tokens on the GPU (weights "
@@ -823,6 +835,7 @@ static int offload_layer(lms_ctx *c, int il, const lms_batch *b)
     const int64_t q = (int64_t)hp->n_head * hp->head_dim, kv = (int64_t)hp->n_head_kv * hp->head_dim;
     const size_t fl = sizeof(float);
     char err[256];
+    const double t0 = lms_now_ms();
     /* Q, K, V of the normed residual, back to the host */
     int rc = lcu_upload(g, gp->x, c->x, (size_t)(n * e) * fl);
     lcu_rms_norm(g, gp->x, v->attn_norm, gp->xn, n, e, hp->rms_eps);
@@ -839,8 +852,11 @@ static int offload_layer(lms_ctx *c, int il, const lms_batch *b)
     const void *wo = lcu_stage(g, l->wo.data, l->wo.row_bytes * (size_t)l->wo.ne[1]);
     if (rc || !wo || lcu_sync(g, err, sizeof err) < 0)
         return LMS_ERR_DEVICE;
+    double t1 = lms_now_ms();
     fwd_qkv_post(c, il, b);
+    double t2 = lms_now_ms();
     fwd_attention(c, il, b);
+    double t3 = lms_now_ms();
     /* x += W_o·att; the FFN block; x back to the host */
     rc = lcu_upload(g, gp->att, c->att, (size_t)(n * q) * fl);
     lcu_mat mo = as_lmat(&l->wo, wo);
@@ -857,10 +873,14 @@ static int offload_layer(lms_ctx *c, int il, const lms_batch *b)
     lcu_stage_done(g, du);
     rc |= staged_matmul(g, &l->w_down, gp->ga, n, gp->x, true);
     rc |= lcu_download(g, c->x, gp->x, (size_t)(n * e) * fl);
-    if (lcu_sync(g, err, sizeof err) < 0) {
-        fprintf(stderr, "lmserv: %s\n", err);
+    if (lcu_sync(g, err, sizeof err) < 0)
         return LMS_ERR_DEVICE;
-    }
+    double t4 = lms_now_ms();
+    gp->off_ms[0] += t1 - t0;
+    gp->off_ms[1] += t2 - t1;
+    gp->off_ms[2] += t3 - t2;
+    gp->off_ms[3] += t4 - t3;
+    gp->off_layers++;
     return rc ? LMS_ERR_DEVICE : 0;
 }
 
@@ -870,9 +890,12 @@ bool fwd_gpu_offload_layer(lms_ctx *c, int il, const lms_batch *b)
     if (!gp->offload || b->n_tokens < gp->off_min)
         return false;
     if (offload_layer(c, il, b) < 0) {
-        /* c->x is written only by the last copy: the CPU redoes the layer */
-        fprintf(stderr, "lmserv: prompt offload of layer %d failed; CPU layers stay on the CPU\n",
-                il);
+        /* c->x is written only by the last copy: the CPU redoes the layer;
+         * the wait drains the stream and takes the error off it */
+        char err[256] = "a copy or product could not be queued";
+        lcu_sync(gp->g, err, sizeof err);
+        fprintf(stderr, "lmserv: prompt offload of layer %d failed (%s); CPU layers stay on the "
+                        "CPU\n", il, err);
         gp->offload = false;
         return false;
     }
