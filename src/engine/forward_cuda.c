@@ -64,7 +64,7 @@ typedef struct gpu_layer {
 
 /* Device copies of a CPU layer's vectors, for the prompt offload. */
 typedef struct gpu_vecs {
-    const float *attn_norm, *ffn_norm, *bq, *bk, *bv;
+    const float *attn_norm, *ffn_norm, *bq, *bk, *bv, *q_norm, *k_norm;
 } gpu_vecs;
 
 struct fwd_gpu {
@@ -100,6 +100,20 @@ struct fwd_gpu {
     gpu_vecs *off;       /* [n_layer - n_gpu] */
     const void *reg_w;   /* page-locked span of the CPU layers' weights, or NULL */
     const void *reg_act[5]; /* page-locked host activation buffers */
+    /* the offload's attention on the GPU: a K/V scratch holding, per step,
+     * the blocks of the batch's sequences renumbered from 0 */
+    uint8_t *okv_k, *okv_v; /* [okv_blocks][16][n_kv_dim] f16 */
+    int32_t okv_blocks;
+    int32_t *ometa, *ometa_h; /* device / pinned: pos, tbl_off, tbl of the renumbered batch */
+    lcu_batch odb;
+    int32_t o_max_npos;
+    int32_t *o_pre, *o_new;  /* [okv_blocks][4]: host block, scratch block, first row, rows:
+                              * the cached rows to copy up, the batch's rows to copy back */
+    int32_t o_n_pre, o_n_new;
+    bool ob_ready;       /* this step's renumbering is made */
+    bool o_gpu_att;      /* and the step's attention runs on the GPU */
+    const void *reg_kv[2]; /* page-locked host K/V pools, or NULL */
+    bool reg_kv_tried;
     double off_ms[5];    /* LMS_CUDA_OFFLOAD_PROF=1: ms in the phases of offloaded layers */
     int64_t off_layers;
     bool off_prof;
@@ -150,9 +164,11 @@ static bool layer_supported(const lms_layer *l)
 }
 
 /* The vectors a CPU layer's offloaded step needs on the device. */
-static void layer_vecs(const lms_layer *l, const lms_weight *vs[5])
+#define N_VECS 7
+static void layer_vecs(const lms_layer *l, const lms_weight *vs[N_VECS])
 {
-    const lms_weight *list[5] = {&l->attn_norm, &l->ffn_norm, &l->bq, &l->bk, &l->bv};
+    const lms_weight *list[N_VECS] = {&l->attn_norm, &l->ffn_norm, &l->bq, &l->bk,
+                                      &l->bv,        &l->q_norm,   &l->k_norm};
     memcpy(vs, list, sizeof list);
 }
 
@@ -168,22 +184,41 @@ static size_t largest_matrix(const lms_model *m)
     return mx;
 }
 
+/* Blocks of the offload's device K/V scratch: the batch's own positions
+ * and a cached prefix of up to OFFLOAD_PREFIX positions per step (longer
+ * prefixes, or a q8_0 host cache, take attention on the CPU). */
+#define OFFLOAD_PREFIX 4096
+static int32_t offload_kv_blocks(const lms_ctx *c, int32_t n_blocks)
+{
+    int32_t s = 2 * ((c->p.n_batch + LMS_KV_BLOCK - 1) / LMS_KV_BLOCK) + OFFLOAD_PREFIX / LMS_KV_BLOCK;
+    return s < n_blocks ? s : n_blocks;
+}
+
+static size_t offload_kv_bytes(const lms_ctx *c, int32_t n_blocks)
+{
+    if ((c->p.kv_type ? c->p.kv_type : LMS_TYPE_F16) != LMS_TYPE_F16)
+        return 0;
+    const size_t row = (size_t)c->m->hp.n_head_kv * (size_t)c->m->hp.head_dim * sizeof(uint16_t);
+    const size_t nb = (size_t)offload_kv_blocks(c, n_blocks);
+    return 2 * align_up(nb * LMS_KV_BLOCK * row) + align_up((2 * (size_t)c->p.n_batch + nb) * 4);
+}
+
 /* VRAM of the prompt offload when layers [k, n_layer) stay on the CPU: the
- * staging buffers and those layers' vectors; 0 when it is off or some CPU
- * layer has a type the GPU kernels lack. */
-static size_t offload_bytes(const lms_ctx *c, int32_t k)
+ * staging buffers, those layers' vectors and the K/V scratch; 0 when it is
+ * off or some CPU layer has a type the GPU kernels lack. */
+static size_t offload_bytes(const lms_ctx *c, int32_t k, int32_t n_blocks)
 {
     const lms_model *m = c->m;
     const char *env = getenv("LMS_CUDA_OFFLOAD");
     if (k >= m->hp.n_layer || (env && atoi(env) == 0))
         return 0;
-    size_t b = OFFLOAD_SLOTS * largest_matrix(m);
+    size_t b = OFFLOAD_SLOTS * largest_matrix(m) + offload_kv_bytes(c, n_blocks);
     for (int32_t il = k; il < m->hp.n_layer; il++) {
         if (!layer_supported(&m->layers[il]))
             return 0;
-        const lms_weight *vs[5];
+        const lms_weight *vs[N_VECS];
         layer_vecs(&m->layers[il], vs);
-        for (int i = 0; i < 5; i++)
+        for (int i = 0; i < N_VECS; i++)
             b += weight_bytes(vs[i]);
     }
     return b;
@@ -191,6 +226,7 @@ static size_t offload_bytes(const lms_ctx *c, int32_t k)
 
 typedef struct sizes {
     size_t act, meta_n, scratch, kv_layer, max_cols, max_rows;
+    int32_t n_blocks;
 } sizes;
 
 static void compute_sizes(const lms_ctx *c, int32_t n_blocks, sizes *z)
@@ -219,6 +255,7 @@ static void compute_sizes(const lms_ctx *c, int32_t n_blocks, sizes *z)
                  lcu_scratch_bytes((int64_t)max_cols, (int64_t)max_rows, (int64_t)n, hp->n_head,
                                    hp->head_dim);
     z->kv_layer = (size_t)n_blocks * LMS_KV_BLOCK * kv * 2 * sizeof(uint16_t);
+    z->n_blocks = n_blocks;
 }
 
 /* Fills c->plan: how many layers, whether the head. */
@@ -252,13 +289,13 @@ static int make_plan(lms_ctx *c, size_t free_bytes, const sizes *z, char *err, s
     /* layers left on the CPU: room for the prompt offload, for auto at the
      * cost of GPU layers (one layer's weights buy a prompt speed-up of
      * several times), for an explicit count only where it fits */
-    size_t off = offload_bytes(c, k);
+    size_t off = offload_bytes(c, k, z->n_blocks);
     while (is_auto && off && k > 1 && used + off > usable) {
         k--;
         size_t lb = layer_bytes(&m->layers[k]);
         used -= lb + z->kv_layer;
         w -= lb;
-        off = offload_bytes(c, k);
+        off = offload_bytes(c, k, z->n_blocks);
     }
     if (off && used + off > usable)
         off = 0;
@@ -394,11 +431,17 @@ static void free_gpu(fwd_gpu *gp, int32_t n_gpu)
         return;
     if (gp->off_prof && gp->off_layers)
         fprintf(stderr,
-                "lmserv: prompt offload, %lld layer runs, ms: QKV on the GPU %.1f, RoPE + cache "
-                "%.1f, attention %.1f, W_o + FFN on the GPU %.1f\n",
-                (long long)gp->off_layers, gp->off_ms[0], gp->off_ms[1], gp->off_ms[2],
-                gp->off_ms[3]);
+                "lmserv: prompt offload, %lld layer runs (%.0f with attention on the GPU), ms: "
+                "QKV %.1f, RoPE + cache on the CPU %.1f, attention on the CPU %.1f, W_o + FFN "
+                "%.1f\n",
+                (long long)gp->off_layers, gp->off_ms[4], gp->off_ms[0], gp->off_ms[1],
+                gp->off_ms[2], gp->off_ms[3]);
     lcu_host_unregister(gp->reg_w);
+    lcu_host_unregister(gp->reg_kv[0]);
+    lcu_host_unregister(gp->reg_kv[1]);
+    lcu_host_free(gp->ometa_h);
+    free(gp->o_pre);
+    free(gp->o_new);
     for (int i = 0; i < 5; i++)
         lcu_host_unregister(gp->reg_act[i]);
     free(gp->off);
@@ -424,7 +467,7 @@ static void free_gpu(fwd_gpu *gp, int32_t n_gpu)
  * page-locking of the host memory it copies from: the CPU layers' weights
  * (one span of the mapped file, when they lie together) and the
  * activation buffers. A failed page-lock only makes copies synchronous. */
-static int setup_offload(lms_ctx *c, fwd_gpu *gp, char *err, size_t errsz)
+static int setup_offload(lms_ctx *c, fwd_gpu *gp, int32_t n_blocks, char *err, size_t errsz)
 {
     const lms_model *m = c->m;
     const int32_t nl = m->hp.n_layer, n_cpu = nl - c->n_gpu;
@@ -435,6 +478,22 @@ static int setup_offload(lms_ctx *c, fwd_gpu *gp, char *err, size_t errsz)
     if (!(gp->off = calloc((size_t)n_cpu, sizeof *gp->off)) ||
         !(gp->off_mem = lcu_alloc(gp->g, gp->off_bytes ? gp->off_bytes : 1, err, errsz)))
         return LMS_ERR_NOMEM;
+    /* the K/V scratch and its batch table at the end of the block */
+    const size_t kvb = offload_kv_bytes(c, n_blocks);
+    if (kvb) {
+        const size_t row = (size_t)m->hp.n_head_kv * (size_t)m->hp.head_dim * sizeof(uint16_t);
+        gp->okv_blocks = offload_kv_blocks(c, n_blocks);
+        const size_t pool = align_up((size_t)gp->okv_blocks * LMS_KV_BLOCK * row);
+        gp->okv_k = (uint8_t *)gp->off_mem + gp->off_bytes - kvb;
+        gp->okv_v = gp->okv_k + pool;
+        gp->ometa = (int32_t *)(gp->okv_v + pool);
+        const size_t nm = 2 * (size_t)c->p.n_batch + (size_t)gp->okv_blocks;
+        gp->ometa_h = lcu_host_alloc(nm * 4);
+        gp->o_pre = malloc((size_t)gp->okv_blocks * 4 * sizeof(int32_t));
+        gp->o_new = malloc((size_t)gp->okv_blocks * 4 * sizeof(int32_t));
+        if (!gp->ometa_h || !gp->o_pre || !gp->o_new)
+            return lms_errf(err, errsz, LMS_ERR_NOMEM, "cuda: cannot allocate offload tables");
+    }
     char *cur = gp->off_mem;
     const uint8_t *lo = NULL, *hi = NULL;
     size_t sum = 0;
@@ -446,6 +505,8 @@ static int setup_offload(lms_ctx *c, fwd_gpu *gp, char *err, size_t errsz)
         v->bq = put(gp, &l->bq, &cur);
         v->bk = put(gp, &l->bk, &cur);
         v->bv = put(gp, &l->bv, &cur);
+        v->q_norm = put(gp, &l->q_norm, &cur);
+        v->k_norm = put(gp, &l->k_norm, &cur);
         const lms_weight *ws[14];
         layer_weights(l, ws);
         for (int i = 0; i < 7; i++) {
@@ -472,6 +533,9 @@ static int setup_offload(lms_ctx *c, fwd_gpu *gp, char *err, size_t errsz)
             gp->reg_act[i] = act[i];
     const char *mn = getenv("LMS_CUDA_OFFLOAD_MIN");
     gp->off_min = mn && atoi(mn) > LCU_MATVEC_MAX ? atoi(mn) : OFFLOAD_MIN;
+    const char *oa = getenv("LMS_CUDA_OFFLOAD_ATT"); /* 0: attention on the CPU, for A/B */
+    if (oa && atoi(oa) == 0)
+        gp->okv_k = NULL;
     const char *pf = getenv("LMS_CUDA_OFFLOAD_PROF");
     gp->off_prof = pf && atoi(pf) != 0;
     gp->offload = true;
@@ -546,7 +610,7 @@ static int create(lms_ctx *c, fwd_gpu *gp, int32_t n_blocks, char *err, size_t e
                                  hp->rope_freq_scale,
                                  hp->rms_eps,
                                  gp->freq_factors};
-    if (c->plan.offload_bytes && (rc = setup_offload(c, gp, err, errsz)) < 0)
+    if (c->plan.offload_bytes && (rc = setup_offload(c, gp, n_blocks, err, errsz)) < 0)
         return rc;
     c->plan.allocated_bytes = lcu_allocated(gp->g);
     return 0;
@@ -721,6 +785,7 @@ int fwd_gpu_layers(lms_ctx *c, const lms_batch *b)
 {
     fwd_gpu *gp = c->gpu;
     gp->pre_n = -1;
+    gp->ob_ready = false;
     if (c->n_gpu == 0)
         return 0;
     const size_t bytes = (size_t)b->n_tokens * (size_t)c->m->hp.n_embd * sizeof(float);
@@ -824,6 +889,124 @@ static int staged_matmul(lcu *g, const lms_weight *w, const float *x, int64_t n,
     return rc < 0 ? LMS_ERR_DEVICE : 0;
 }
 
+/* The step's batch for the offload's attention on the GPU: per sequence,
+ * its blocks up to its highest position renumbered 0, 1, ... into the K/V
+ * scratch, with the blocks holding a cached prefix to copy up and those
+ * receiving the batch's rows to copy back. false (attention on the CPU)
+ * when they do not fit or a sequence's positions are not one run. */
+static bool offload_batch(lms_ctx *c, const lms_batch *b)
+{
+    fwd_gpu *gp = c->gpu;
+    const int32_t n = b->n_tokens;
+    int32_t *pos = gp->ometa_h, *off = pos + n, *tbl = off + n;
+    int32_t used = 0;
+    gp->o_n_pre = gp->o_n_new = 0;
+    gp->o_max_npos = 0;
+    for (int32_t t = 0; t < n; t++) {
+        pos[t] = b->pos[t];
+        gp->o_max_npos = b->pos[t] + 1 > gp->o_max_npos ? b->pos[t] + 1 : gp->o_max_npos;
+        int32_t u = 0;
+        while (u < t && b->seq[u] != b->seq[t])
+            u++;
+        if (u < t) {
+            off[t] = off[u];
+            continue;
+        }
+        int32_t lo = b->pos[t], hi = b->pos[t], cnt = 0;
+        for (int32_t v = t; v < n; v++) {
+            if (b->seq[v] != b->seq[t])
+                continue;
+            lo = b->pos[v] < lo ? b->pos[v] : lo;
+            hi = b->pos[v] > hi ? b->pos[v] : hi;
+            cnt++;
+        }
+        const int32_t nb = hi / LMS_KV_BLOCK + 1;
+        if (cnt != hi - lo + 1 || used + nb > gp->okv_blocks)
+            return false;
+        off[t] = used;
+        for (int32_t j = 0; j < nb; j++) {
+            const int32_t host = b->seq[t]->blocks[j], dev = used + j, p0 = j * LMS_KV_BLOCK;
+            tbl[dev] = dev;
+            if (p0 < lo) { /* rows [p0, lo) are cached */
+                int32_t *r = gp->o_pre + 4 * gp->o_n_pre++;
+                r[0] = host, r[1] = dev, r[2] = 0;
+                r[3] = (lo < p0 + LMS_KV_BLOCK ? lo : p0 + LMS_KV_BLOCK) - p0;
+            }
+            if (p0 + LMS_KV_BLOCK > lo) { /* rows [max(p0, lo), min(end, hi + 1)) are new */
+                int32_t *r = gp->o_new + 4 * gp->o_n_new++;
+                const int32_t a = lo > p0 ? lo : p0;
+                const int32_t z = hi + 1 < p0 + LMS_KV_BLOCK ? hi + 1 : p0 + LMS_KV_BLOCK;
+                r[0] = host, r[1] = dev, r[2] = a - p0, r[3] = z - a;
+            }
+        }
+        used += nb;
+    }
+    if (lcu_upload(gp->g, gp->ometa, gp->ometa_h, (2 * (size_t)n + (size_t)used) * 4) < 0)
+        return false;
+    gp->odb = (lcu_batch){n, gp->ometa, gp->ometa + n, gp->ometa + 2 * n};
+    return true;
+}
+
+/* Copies K and V rows of host-cache layer lh between the host pool and
+ * the scratch: n entries (host block, scratch block, first row, rows), the
+ * rows of a block being contiguous in both. */
+static int copy_rows(lms_ctx *c, int lh, const int32_t *list, int32_t n, bool up)
+{
+    fwd_gpu *gp = c->gpu;
+    const lms_kv_cache *kv = &c->kv;
+    const size_t blk = LMS_KV_BLOCK * kv->row_bytes;
+    int rc = 0;
+    for (const int32_t *r = list; r < list + 4 * n; r += 4) {
+        const size_t ho = (size_t)lh * kv->layer_stride + (size_t)r[0] * blk + (size_t)r[2] * kv->row_bytes;
+        const size_t dof = (size_t)r[1] * blk + (size_t)r[2] * kv->row_bytes;
+        const size_t len = (size_t)r[3] * kv->row_bytes;
+        if (up)
+            rc |= lcu_upload(gp->g, gp->okv_k + dof, kv->k + ho, len) |
+                  lcu_upload(gp->g, gp->okv_v + dof, kv->v + ho, len);
+        else
+            rc |= lcu_download(gp->g, kv->k + ho, gp->okv_k + dof, len) |
+                  lcu_download(gp->g, kv->v + ho, gp->okv_v + dof, len);
+    }
+    return rc;
+}
+
+/* Once per step: whether its attention can run on the GPU (an f16 host
+ * cache, a scratch, a batch that fits); page-locks the host K/V pools on
+ * first use (pools of whole huge pages only: a smaller one may share a
+ * page with another allocation). */
+static void offload_step(lms_ctx *c, const lms_batch *b)
+{
+    fwd_gpu *gp = c->gpu;
+    gp->ob_ready = true;
+    gp->o_gpu_att = gp->okv_k && c->kv.type == LMS_TYPE_F16 && offload_batch(c, b);
+    if (!gp->reg_kv_tried) {
+        gp->reg_kv_tried = true;
+        const size_t bytes = (size_t)c->kv.n_layer * c->kv.layer_stride;
+        if (bytes >= ((size_t)2 << 20) && bytes % ((size_t)2 << 20) == 0) {
+            if (lcu_host_register(c->kv.k, bytes, false) == 0)
+                gp->reg_kv[0] = c->kv.k;
+            if (lcu_host_register(c->kv.v, bytes, false) == 0)
+                gp->reg_kv[1] = c->kv.v;
+        }
+    }
+}
+
+/* RoPE, the cache and attention of an offloaded layer on the GPU: the
+ * prefix blocks up into the scratch, the batch's rows written there, the
+ * attention, and the blocks with new rows back into the host cache. */
+static int offload_attention_gpu(lms_ctx *c, int il, const gpu_vecs *v)
+{
+    fwd_gpu *gp = c->gpu;
+    const int lh = il - c->n_gpu;
+    int rc = copy_rows(c, lh, gp->o_pre, gp->o_n_pre, true);
+    uint16_t *kc = (uint16_t *)gp->okv_k, *vc = (uint16_t *)gp->okv_v;
+    lcu_qkv_post(gp->g, &gp->odb, &gp->shape, gp->qb, gp->kb, gp->vb, v->q_norm, v->k_norm, kc, vc);
+    lcu_attention(gp->g, &gp->odb, &gp->shape, gp->qb, kc, vc, gp->att,
+                  choose_split(gp->odb.n_tok, gp->o_max_npos), NULL);
+    rc |= copy_rows(c, lh, gp->o_new, gp->o_n_new, false);
+    return rc;
+}
+
 static int offload_layer(lms_ctx *c, int il, const lms_batch *b)
 {
     fwd_gpu *gp = c->gpu;
@@ -836,7 +1019,9 @@ static int offload_layer(lms_ctx *c, int il, const lms_batch *b)
     const size_t fl = sizeof(float);
     char err[256];
     const double t0 = lms_now_ms();
-    /* Q, K, V of the normed residual, back to the host */
+    if (!gp->ob_ready)
+        offload_step(c, b);
+    /* Q, K, V of the normed residual */
     int rc = lcu_upload(g, gp->x, c->x, (size_t)(n * e) * fl);
     lcu_rms_norm(g, gp->x, v->attn_norm, gp->xn, n, e, hp->rms_eps);
     rc |= staged_matmul(g, &l->wq, gp->xn, n, gp->qb, false);
@@ -845,20 +1030,29 @@ static int offload_layer(lms_ctx *c, int il, const lms_batch *b)
     lcu_add_bias(g, gp->qb, v->bq, n, q);
     lcu_add_bias(g, gp->kb, v->bk, n, kv);
     lcu_add_bias(g, gp->vb, v->bv, n, kv);
-    rc |= lcu_download(g, c->qb, gp->qb, (size_t)(n * q) * fl);
-    rc |= lcu_download(g, c->kb, gp->kb, (size_t)(n * kv) * fl);
-    rc |= lcu_download(g, c->vb, gp->vb, (size_t)(n * kv) * fl);
-    /* W_o's copy overlaps the attention on the CPU */
-    const void *wo = lcu_stage(g, l->wo.data, l->wo.row_bytes * (size_t)l->wo.ne[1]);
-    if (rc || !wo || lcu_sync(g, err, sizeof err) < 0)
-        return LMS_ERR_DEVICE;
-    double t1 = lms_now_ms();
-    fwd_qkv_post(c, il, b);
-    double t2 = lms_now_ms();
-    fwd_attention(c, il, b);
-    double t3 = lms_now_ms();
+    const void *wo = NULL;
+    double t1 = t0, t2 = t0, t3 = t0;
+    if (gp->o_gpu_att) {
+        rc |= offload_attention_gpu(c, il, v);
+        if (!(wo = lcu_stage(g, l->wo.data, l->wo.row_bytes * (size_t)l->wo.ne[1])))
+            return LMS_ERR_DEVICE;
+    } else {
+        /* Q, K, V back to the host, attention on the CPU; W_o's copy
+         * overlaps it */
+        rc |= lcu_download(g, c->qb, gp->qb, (size_t)(n * q) * fl);
+        rc |= lcu_download(g, c->kb, gp->kb, (size_t)(n * kv) * fl);
+        rc |= lcu_download(g, c->vb, gp->vb, (size_t)(n * kv) * fl);
+        wo = lcu_stage(g, l->wo.data, l->wo.row_bytes * (size_t)l->wo.ne[1]);
+        if (rc || !wo || lcu_sync(g, err, sizeof err) < 0)
+            return LMS_ERR_DEVICE;
+        t1 = lms_now_ms();
+        fwd_qkv_post(c, il, b);
+        t2 = lms_now_ms();
+        fwd_attention(c, il, b);
+        t3 = lms_now_ms();
+        rc = lcu_upload(g, gp->att, c->att, (size_t)(n * q) * fl);
+    }
     /* x += W_o·att; the FFN block; x back to the host */
-    rc = lcu_upload(g, gp->att, c->att, (size_t)(n * q) * fl);
     lcu_mat mo = as_lmat(&l->wo, wo);
     rc |= lcu_matmul(g, &mo, gp->att, n, gp->x, true);
     lcu_stage_done(g, wo);
@@ -880,6 +1074,7 @@ static int offload_layer(lms_ctx *c, int il, const lms_batch *b)
     gp->off_ms[1] += t2 - t1;
     gp->off_ms[2] += t3 - t2;
     gp->off_ms[3] += t4 - t3;
+    gp->off_ms[4] += gp->o_gpu_att ? 1 : 0;
     gp->off_layers++;
     return rc ? LMS_ERR_DEVICE : 0;
 }

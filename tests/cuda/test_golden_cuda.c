@@ -6,7 +6,8 @@
  *   all    every layer and the output head on the GPU
  *   split  layer 0 on the GPU, the rest on the CPU (the head on the GPU)
  *   offld  the split with the CPU layers' products of prompts of 9+
- *          tokens on the GPU (prompt offload)
+ *          tokens on the GPU (prompt offload), also with a prompt in two
+ *          calls (the second over a cached prefix)
  * each checks the prompt's logits at every position (one forward call:
  * matrix-vector kernels for prompts of up to 8 tokens, the cuBLAS path for
  * longer ones), then teacher-forced single-token steps with the README's
@@ -118,9 +119,11 @@ static void read_margins(const char *dir, const char *cs, float *margin, int32_t
     free(txt);
 }
 
-/* Prompt logits and teacher-forced steps against the golden files. */
+/* Prompt logits and teacher-forced steps against the golden files. A
+ * prompt longer than 2 * split goes in two calls, the second after a
+ * cached prefix of `split` tokens (split 0: one call). */
 static void check_case(runner *r, const golden_model *gm, const char *cs, const char *mode,
-                       float *worst)
+                       int32_t split, float *worst)
 {
     char rel[256];
     int32_t n, n_gen;
@@ -132,7 +135,12 @@ static void check_case(runner *r, const golden_model *gm, const char *cs, const 
     assert_non_null(toks);
     assert_non_null(gen);
     float *lg = malloc((size_t)(n + 1) * (size_t)r->nv * sizeof *lg);
-    run(r, &r->seq, toks, n, 0, lg);
+    if (split > 0 && n > 2 * split) {
+        run(r, &r->seq, toks, split, 0, lg);
+        run(r, &r->seq, toks + split, n - split, split, lg + (size_t)split * r->nv);
+    } else {
+        run(r, &r->seq, toks, n, 0, lg);
+    }
     snprintf(rel, sizeof rel, "golden/%s/%s.all_logits.f32", gm->name, cs);
     float *ref = tu_read_f32(tu_data_path(rel), &n_ref);
     float d;
@@ -297,8 +305,10 @@ static void test_model(void **state)
         if (k == 2)
             assert_true(lms_ctx_gpu_plan(r.c)->offload_bytes > 0);
         float worst = 0;
-        check_case(&r, gm, "case0", names[k], &worst);
-        check_case(&r, gm, "case1", names[k], &worst);
+        check_case(&r, gm, "case0", names[k], 0, &worst);
+        check_case(&r, gm, "case1", names[k], 0, &worst);
+        if (k == 2) /* 23 tokens: 11 from position 0, then 12 after that prefix */
+            check_case(&r, gm, "case1", "offld+prefix", 11, &worst);
         printf("cuda golden %-20s %-5s (%d/%d layers%s on GPU) max |logit diff| %.3g (tol %g)\n",
                gm->name, names[k], lms_ctx_gpu_plan(r.c)->n_layer_gpu, r.m->hp.n_layer,
                lms_ctx_gpu_plan(r.c)->output_gpu ? " + head" : "", worst, gm->tol);
