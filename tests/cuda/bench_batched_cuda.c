@@ -10,7 +10,8 @@
  * LMS_BENCH_PROFILE=1: the CUDA profiler runs over the last two decode
  * steps of each B only (ncu --profile-from-start off).
  *
- * A development tool (not a test): built by hand, see .device/.
+ * A development tool (not a test): the target bench_batched_cuda of a
+ * CUDA build (cmake -DLMS_CUDA=ON), not run by CTest.
  */
 #include <stdio.h>
 #include <stdlib.h>
