@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # kernels.sh - microbenchmark of the matrix-product kernels (tools/kbench.c):
 # vec_dot vs the gemm tile kernel on one thread, lms_matmul with the thread
-# team for a prompt batch, and decode GB/s, on the Llama-3.2-1B shapes.
+# team for a prompt batch, and decode GB/s, on the Llama-3.2-1B shapes; then
+# decode alone from DRAM (kbench -d: matrices over the 32 MiB L3, the gemv
+# kernels and vec_dot row by row next to the read bandwidth of the buffer).
 #
 #   bench/kernels.sh [build-dir] [threads]     (LMS_ISA=avx2 etc. to force an ISA)
 set -euo pipefail
@@ -15,3 +17,8 @@ run() { echo "+ $*"; "$@"; }
 run "$kb" -t "$threads" -k 2048 -m 2048 -n 512 -r 5 q4_K q6_K q8_0 f16
 run "$kb" -t "$threads" -k 2048 -m 8192 -n 512 -r 3 q4_K q8_0
 run "$kb" -t "$threads" -k 8192 -m 2048 -n 512 -r 3 q6_K q4_K q8_0
+# decode from DRAM: attention/ffn shapes, ffn_down, the Llama and Qwen3 output heads
+run "$kb" -d -t "$threads" -k 2048 -m 32768 -r 3 q4_K q8_0
+run "$kb" -d -t "$threads" -k 8192 -m 8192 -r 3 q4_K q6_K
+run "$kb" -d -t "$threads" -k 2048 -m 128256 -r 3 q6_K
+run "$kb" -d -t "$threads" -k 1024 -m 151936 -r 3 q6_K

@@ -12,6 +12,17 @@
  * one token (decode) the whole matrix's GB/s. Best of `reps` runs; GMAC/s
  * is multiply-adds per second. With -t 1 times are the thread's CPU time
  * (robust on a busy machine); otherwise wall time. Kernels of LMS_ISA (or the best the CPU has).
+ *
+ *   kbench -d [-j rows] [-t threads] [-k n_cols] [-m n_rows] [-r reps] [type...]
+ *
+ * Decode only (-d): one token through the ISA's gemv kernel (calls of -j
+ * rows, default 16, split statically over the threads as lms_matmul's
+ * decode, without its activation conversion) and through vec_dot row by
+ * row, in GB/s of weights, next to the plain read bandwidth of the same
+ * buffer with the same threads. With n_rows x row bytes above the L3 size (32 MiB on the
+ * development machine) this is the DRAM streaming speed decode gets; the
+ * rows repeat a few distinct quantized rows, so a large matrix is quick to
+ * build. Always wall time.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,9 +72,87 @@ static void *make_weights(int type, int64_t n_cols, int64_t n_rows, size_t *row_
 }
 
 typedef struct opts {
-    int threads, reps;
+    int threads, reps, decode;
     int64_t k, m, n;
+    int64_t job_rows; /* -d: rows per gemv call */
 } opts;
+
+/* Read bandwidth of buf (n_bytes, a multiple of 64) with the team, GB/s:
+ * the ceiling the decode kernels are measured against. */
+static double read_gbs(const uint8_t *buf, size_t n_bytes)
+{
+    const uint64_t *p = (const uint64_t *)buf;
+    const size_t n = n_bytes / 8;
+    uint64_t sink = 0;
+    const double t0 = now_s();
+#pragma omp parallel for schedule(static) reduction(^ : sink)
+    for (size_t i = 0; i < n; i += 8) {
+        uint64_t a = p[i] + p[i + 1], b = p[i + 2] + p[i + 3];
+        uint64_t c = p[i + 4] + p[i + 5], d = p[i + 6] + p[i + 7];
+        sink ^= a ^ b ^ c ^ d;
+    }
+    const double dt = now_s() - t0;
+    return (double)n_bytes / dt * 1e-9 + (sink == 42 ? 1e-12 : 0.0);
+}
+
+#define DECODE_DISTINCT_ROWS 64
+
+static void bench_decode(const opts *o, int type)
+{
+    const lms_kernel_table *kt = lms_kernels_get();
+    const lms_type_traits *tt = lms_type_get(type);
+    const int vt = tt->vec_dot_type;
+    const int64_t nd = o->m < DECODE_DISTINCT_ROWS ? o->m : DECODE_DISTINCT_ROWS;
+    size_t rb;
+    uint8_t *w0 = make_weights(type, o->k, nd, &rb);
+    const size_t bytes = (rb * (size_t)o->m + 63) / 64 * 64;
+    uint8_t *w = aligned_alloc(64, bytes);
+    memset(w + bytes - 64, 0, 64);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < o->m; r++)
+        memcpy(w + (size_t)r * rb, w0 + (size_t)(r % nd) * rb, rb);
+    float *x = malloc((size_t)o->k * sizeof *x);
+    for (int64_t i = 0; i < o->k; i++)
+        x[i] = (float)((int64_t)(rnd() % 2001) - 1000) * 1e-3f;
+    const size_t ldx = vt == LMS_TYPE_F32 ? (size_t)o->k * 4 : lms_row_size(vt, o->k);
+    uint8_t *xq = aligned_alloc(64, (ldx + 63) / 64 * 64);
+    kt->from_float[vt](x, xq, o->k);
+    float *s = malloc((size_t)o->m * sizeof *s);
+    double best_rd = 0, best_mm = 1e30, best_vd = 1e30;
+    for (int rep = 0; rep < o->reps; rep++) {
+        const double rd = read_gbs(w, bytes);
+        best_rd = rd > best_rd ? rd : best_rd;
+        double t0 = now_s(), t1;
+        if (kt->gemv[type]) {
+            const int64_t jr = o->job_rows;
+#pragma omp parallel for schedule(static)
+            for (int64_t j = 0; j < (o->m + jr - 1) / jr; j++) {
+                const int64_t r0 = j * jr;
+                const int64_t nr = o->m - r0 < jr ? o->m - r0 : jr;
+                kt->gemv[type](o->k, nr, w + (size_t)r0 * rb, rb, xq, s + r0);
+            }
+            t1 = now_s();
+            best_mm = t1 - t0 < best_mm ? t1 - t0 : best_mm;
+        }
+        t0 = now_s();
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < o->m; r++)
+            kt->vec_dot[type](o->k, &s[r], w + (size_t)r * rb, xq);
+        t1 = now_s();
+        best_vd = t1 - t0 < best_vd ? t1 - t0 : best_vd;
+    }
+    const double mb = (double)rb * (double)o->m;
+    printf("%-5s %6lldx%-5lld decode %d threads (%.0f MB): read %6.1f GB/s | gemv %6.1f GB/s"
+           " (%3.0f%%) | vec_dot rows %6.1f GB/s (%3.0f%%)\n",
+           tt->name, (long long)o->m, (long long)o->k, o->threads, mb * 1e-6, best_rd,
+           mb / best_mm * 1e-9, 100 * mb / best_mm * 1e-9 / best_rd,
+           mb / best_vd * 1e-9, 100 * mb / best_vd * 1e-9 / best_rd);
+    free(w0);
+    free(w);
+    free(x);
+    free(xq);
+    free(s);
+}
 
 static void bench_type(const opts *o, int type)
 {
@@ -141,7 +230,7 @@ static void bench_type(const opts *o, int type)
 
 int main(int argc, char **argv)
 {
-    opts o = {2, 5, 2048, 2048, 512};
+    opts o = {2, 5, 0, 2048, 2048, 512, 16};
     int types[16], n_types = 0;
     for (int i = 1; i < argc; i++) {
         if (i + 1 < argc && strcmp(argv[i], "-t") == 0)
@@ -154,11 +243,15 @@ int main(int argc, char **argv)
             o.n = atoll(argv[++i]);
         else if (i + 1 < argc && strcmp(argv[i], "-r") == 0)
             o.reps = atoi(argv[++i]);
+        else if (strcmp(argv[i], "-d") == 0)
+            o.decode = 1;
+        else if (i + 1 < argc && strcmp(argv[i], "-j") == 0)
+            o.job_rows = atoll(argv[++i]);
         else if (n_types < 16 && lms_type_from_name(argv[i]) >= 0)
             types[n_types++] = lms_type_from_name(argv[i]);
         else {
-            fprintf(stderr, "usage: kbench [-t threads] [-k n_cols] [-m n_rows] [-n n_tok] "
-                            "[-r reps] [type...]\n");
+            fprintf(stderr, "usage: kbench [-d [-j rows_per_call]] [-t threads] [-k n_cols] "
+                            "[-m n_rows] [-n n_tok] [-r reps] [type...]\n");
             return 2;
         }
     }
@@ -167,16 +260,19 @@ int main(int argc, char **argv)
         memcpy(types, def, sizeof def);
         n_types = 4;
     }
-    if (o.n < 1 || o.m < 1 || o.k < 256 || o.k % 256 || o.reps < 1) {
+    if (o.n < 1 || o.m < 1 || o.k < 256 || o.k % 256 || o.reps < 1 || o.job_rows < 1) {
         fprintf(stderr, "kbench: need n_cols a multiple of 256, n_rows, n_tok, reps >= 1\n");
         return 2;
     }
 #ifdef _OPENMP
     omp_set_num_threads(o.threads);
 #endif
-    g_cpu_clock = o.threads == 1;
+    g_cpu_clock = o.threads == 1 && !o.decode;
     printf("kernels %s, %s time\n", lms_kernels_get()->isa, g_cpu_clock ? "thread CPU" : "wall");
     for (int i = 0; i < n_types; i++)
-        bench_type(&o, types[i]);
+        if (o.decode)
+            bench_decode(&o, types[i]);
+        else
+            bench_type(&o, types[i]);
     return 0;
 }

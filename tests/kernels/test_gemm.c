@@ -247,9 +247,11 @@ static void test_gemm_kernels(void **state)
                 continue;
             const int64_t bs = lms_type_get(type)->blck_size;
             /* odd block counts; F16 also lengths that are not a multiple of 16,
-             * one over two of the AVX-512 kernel's 1024-column chunks */
+             * one over two of the AVX-512 kernel's 1024-column chunks; 17
+             * super-blocks: one past the AVX2 K-quant kernels' 16-block chunks */
             const int64_t lens[] = {bs == 1 ? 200 : bs, bs == 1 ? 1000 : 3 * bs,
-                                    bs == 256 ? 2048 : bs == 1 ? 2100 : 32 * 37};
+                                    bs == 256 ? 2048 : bs == 1 ? 2100 : 32 * 37,
+                                    bs == 256 ? 17 * 256 : bs == 1 ? 3000 : 32 * 71};
             for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
                 for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++)
                     for (size_t ni = 0; ni < sizeof toks / sizeof toks[0]; ni++) {

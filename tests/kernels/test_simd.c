@@ -12,7 +12,7 @@
  *              summation orders may differ by);
  *   from_float the activation types' blocks must be identical byte for
  *              byte, over ties, saturation, subnormals, inf and NaN;
- *   gemv       each row of 1 to 16 rows (padded row strides) against the
+ *   gemv       each row of 1 to 17 rows (padded row strides) against the
  *              _ref vec_dot, with vec_dot's tolerance;
  *   to_float   identical floats.
  * Runs under qemu for the NEON table (tools/check-neon).
@@ -310,8 +310,10 @@ static int check_gemv(const lms_kernel_table *k, int type, int64_t n, int64_t n_
 static void test_gemv(void **state)
 {
     (void)state;
-    static const int64_t nblk[] = {1, 2, 3, 8, 17};
-    static const int64_t nrows[] = {1, 3, 4, 5, 8, 11, 16};
+    /* 17 and 33 blocks: rows past the Q6_K multi-row kernel's limit; 67:
+     * past the Q4_K kernel's 64-block activation chunk */
+    static const int64_t nblk[] = {1, 2, 3, 8, 17, 33, 67};
+    static const int64_t nrows[] = {1, 2, 3, 4, 5, 7, 8, 11, 16, 17};
     uint64_t seed = 0x6e3f5;
     int bad = 0, runs = 0;
     for (size_t i = 0; i < sizeof k_isa_names / sizeof k_isa_names[0]; i++) {

@@ -4,9 +4,11 @@
  *
  * The kernels themselves live in quant_x86.h, shared with the AVX-512 file;
  * compiled here they use vpmaddubsw/vpmaddwd for the int8 products. This
- * file only lists them. Chosen by kernels.c when lms_cpu_has_avx2() and no
- * better table is usable, or with LMS_ISA=avx2.
+ * file only lists them, with the Q4_K/Q6_K tile kernels of gemm_avx2.c.
+ * Chosen by kernels.c when lms_cpu_has_avx2() and no better table is
+ * usable, or with LMS_ISA=avx2.
  */
+#include "kernels/cpu/x86/gemm_x86.h"
 #include "kernels/cpu/x86/quant_x86.h"
 #include "kernels/kernels_impl.h"
 
@@ -38,6 +40,10 @@ static const lms_kernel_table k_avx2 = {
     .to_float = {
         [LMS_TYPE_F16] = to_float_f16_x86,
         [LMS_TYPE_BF16] = to_float_bf16_x86,
+    },
+    .gemm = {
+        [LMS_TYPE_Q4_K] = gemm_q4_K_q8_K_avx2,
+        [LMS_TYPE_Q6_K] = gemm_q6_K_q8_K_avx2,
     },
 };
 /* clang-format on */

@@ -8,8 +8,8 @@
  * and 512-bit float-row kernels written here: F32 and F16 rows with FMA,
  * BF16 rows with vdpbf16ps, and 512-bit Q4_K and Q6_K rows against Q8_K.
  * Row tails use masked loads, so any n works.
- * Decode also has a multi-row Q4_K kernel (gemv: four rows share the
- * activation loads, the scale unpacking and the final reductions).
+ * Decode also has multi-row Q4_K and Q6_K kernels (gemv: four rows share
+ * the activation loads, the scale unpacking and the final reductions).
  *
  * vdpbf16ps treats subnormal bfloat inputs as zero and rounds its pairs
  * differently from separate multiplies and adds: results agree with the
@@ -151,7 +151,7 @@ static void vec_dot_q4_K_q8_K_512(int64_t n, float *s, const void *vw, const voi
  * folds the two groups into int16 and one vpdpwssd applies the sub-block
  * scales. The -32 offset comes back as 32 * sum_s sc[s] * bsums[s]. */
 static inline __m512i q6k_half_sum(__m512i sumi, const uint8_t *ql, const uint8_t *qh,
-                                   const int8_t *a, __m512i sc)
+                                   __m512i alo, __m512i ahi, __m512i sc)
 {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(0x30);
     /* codes 0-31 take qh bits 0-1, 32-63 bits 2-3, 64-95 bits 4-5, 96-127 bits 6-7 */
@@ -169,9 +169,19 @@ static inline __m512i q6k_half_sum(__m512i sumi, const uint8_t *ql, const uint8_
     const __m512i ulo = _mm512_ternarylogic_epi32(q, m4, hl, 0xEA);
     const __m512i uhi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(q, 4), m4, hh, 0xEA);
     const __m512i z = _mm512_setzero_si512();
-    const __m512i plo = _mm512_dpbusd_epi32(z, ulo, _mm512_loadu_si512(a));
-    const __m512i phi = _mm512_dpbusd_epi32(z, uhi, _mm512_loadu_si512(a + 64));
+    const __m512i plo = _mm512_dpbusd_epi32(z, ulo, alo);
+    const __m512i phi = _mm512_dpbusd_epi32(z, uhi, ahi);
     return _mm512_dpwssd_epi32(sumi, _mm512_packs_epi32(plo, phi), sc);
+}
+
+/* vpermw index of the scales for q6k_half_sum's packed sums: vpackssdw
+ * lane k of a half holds words 0-3 from sub-block k, 4-7 from sub-block
+ * k + 4 (of that half's eight); add 8 for the second half. */
+static inline __m512i q6k_scale_index(void)
+{
+    return _mm512_setr_epi64(0x0000000000000000ll, 0x0004000400040004ll, 0x0001000100010001ll,
+                             0x0005000500050005ll, 0x0002000200020002ll, 0x0006000600060006ll,
+                             0x0003000300030003ll, 0x0007000700070007ll);
 }
 
 static void vec_dot_q6_K_q8_K_512(int64_t n, float *s, const void *vw, const void *vx)
@@ -179,13 +189,7 @@ static void vec_dot_q6_K_q8_K_512(int64_t n, float *s, const void *vw, const voi
     const lms_block_q6_K *w = vw;
     const lms_block_q8_K *x = vx;
     const int64_t nb = n / LMS_QK_K;
-    /* vpackssdw lane k of a half: words 0-3 from sub-block k, 4-7 from
-     * sub-block k + 4 (of that half's eight) */
-    const __m512i i0 = _mm512_setr_epi64(0x0000000000000000ll, 0x0004000400040004ll,
-                                         0x0001000100010001ll, 0x0005000500050005ll,
-                                         0x0002000200020002ll, 0x0006000600060006ll,
-                                         0x0003000300030003ll, 0x0007000700070007ll);
-    const __m512i i1 = _mm512_add_epi16(i0, _mm512_set1_epi16(8));
+    const __m512i i0 = q6k_scale_index(), i1 = _mm512_add_epi16(i0, _mm512_set1_epi16(8));
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         const int8_t *a = x[i].qs;
@@ -194,9 +198,10 @@ static void vec_dot_q6_K_q8_K_512(int64_t n, float *s, const void *vw, const voi
         const __m256i corr = _mm256_madd_epi16(x86_load(x[i].bsums), sc16);
         const __m256i neg = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr, 5));
         __m512i sumi = _mm512_zextsi256_si512(neg);
-        sumi = q6k_half_sum(sumi, w[i].ql, w[i].qh, a, _mm512_permutexvar_epi16(i0, sc));
-        sumi = q6k_half_sum(sumi, w[i].ql + 64, w[i].qh + 32, a + 128,
-                            _mm512_permutexvar_epi16(i1, sc));
+        sumi = q6k_half_sum(sumi, w[i].ql, w[i].qh, _mm512_loadu_si512(a),
+                            _mm512_loadu_si512(a + 64), _mm512_permutexvar_epi16(i0, sc));
+        sumi = q6k_half_sum(sumi, w[i].ql + 64, w[i].qh + 32, _mm512_loadu_si512(a + 128),
+                            _mm512_loadu_si512(a + 192), _mm512_permutexvar_epi16(i1, sc));
         const __m512 d = _mm512_set1_ps(x86_h2f(w[i].d) * x[i].d);
         acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc);
     }
@@ -292,54 +297,99 @@ static inline __m512i q4k_row_sum(const uint8_t *q, __m512i sc, __m512i a0, __m5
     return _mm512_dpwssd_epi32(sum, _mm512_packs_epi32(l1, h1), _mm512_shuffle_epi8(sc, i45));
 }
 
-/* Prefetch distance of the multi-row kernels, bytes ahead of the rows'
- * progress in address order; and the longest rows they take (longer rows
- * are each a long stream the hardware prefetcher follows, and vec_dot row
- * by row streams them faster than four rows side by side). */
-#define GEMV_PF_BYTES 4608
+/* Software prefetch of the multi-row kernels. Four rows side by side are
+ * four interleaved streams within a page, which the hardware prefetcher
+ * does not follow (kbench -d from DRAM: Q6_K four rows at a time without
+ * prefetch, 6 GB/s a core; row by row, 20). So the kernels fetch ahead in
+ * address order, GEMV_PF_BYTES ahead of the group's progress (about four
+ * DRAM latencies at one core's share of the bandwidth), into L2: prefetcht0
+ * that far ahead holds too many L1 fill buffers and ran at half the speed.
+ * Past a gemv call's rows it fetches the rows of the thread's next call
+ * (decode splits the rows of a matrix in contiguous shares).
+ *
+ * The Q6_K kernel takes rows of up to GEMV_MAX_ROW_BYTES: longer rows are
+ * each a long stream the hardware prefetcher follows, and vec_dot row by
+ * row, with less work per byte than Q4_K's, streams them as fast. */
+#define GEMV_PF_BYTES 16384
 #define GEMV_MAX_ROW_BYTES 2304
+
+/* prefetcht1 of the line holding p. An asm statement rather than
+ * _mm_prefetch: GCC takes the builtin for free of effects and deletes a
+ * loop of nothing else unless it unrolls the loop completely. */
+static inline void prefetch_l2(const void *p)
+{
+    __asm__ volatile("prefetcht1 %0" : : "m"(*(const char *)p));
+}
+
+/* Prefetch for a group of four rows at w0 whose first `off` bytes (of
+ * each row) have been read; blk bytes of each are read next. A line every
+ * 64 bytes from each step's start covers every line of the contiguous
+ * range. */
+static inline void gemv_prefetch4(const uint8_t *w0, size_t off, size_t blk)
+{
+    const uint8_t *pf = w0 + GEMV_PF_BYTES + 4 * off;
+    for (size_t l = 0; l < 4 * blk; l += 64)
+        prefetch_l2(pf + l);
+}
+
+/* The activation side of a super-block, in the order q4k_row_sum takes it:
+ * built once per call (per chunk of GEMV_XBLOCKS blocks) and read by every
+ * group of four rows. */
+typedef struct q4k_xblock {
+    __m512i a[4]; /* codes in nibble order (see above) */
+    __m512i bp16; /* bsums[2s] + bsums[2s+1], int16, s = 0..7, in every lane */
+} q4k_xblock;
+
+#define GEMV_XBLOCKS 64 /* 20 KiB of stack: rows up to 16384 columns in one chunk */
+
+static inline void q4k_prep_x(const lms_block_q8_K *x, int64_t nb, q4k_xblock *o)
+{
+    for (int64_t i = 0; i < nb; i++) {
+        const int8_t *a = x[i].qs;
+        o[i].a[0] = join256(x86_load(a), x86_load(a + 64));
+        o[i].a[1] = join256(x86_load(a + 32), x86_load(a + 96));
+        o[i].a[2] = join256(x86_load(a + 128), x86_load(a + 192));
+        o[i].a[3] = join256(x86_load(a + 160), x86_load(a + 224));
+        const __m256i bp = _mm256_madd_epi16(x86_load(x[i].bsums), _mm256_set1_epi16(1));
+        o[i].bp16 = _mm512_broadcast_i32x4(_mm256_cvtepi32_epi16(bp));
+    }
+}
 
 static void gemv_q4_K_q8_K_512(int64_t n, int64_t n_rows, const void *vw, size_t ldw,
                                const void *vx, float *s)
 {
     const lms_block_q8_K *x = vx;
     const int64_t nb = n / LMS_QK_K;
+    q4k_xblock xb[GEMV_XBLOCKS];
     int64_t r = 0;
-    for (; ldw <= GEMV_MAX_ROW_BYTES && r + 4 <= n_rows; r += 4) {
+    for (; r + 4 <= n_rows; r += 4) {
         const uint8_t *w0 = (const uint8_t *)vw + (size_t)r * ldw;
         __m512 acc = _mm512_setzero_ps(), accm = _mm512_setzero_ps();
         for (int64_t i = 0; i < nb; i++) {
-            const int8_t *a = x[i].qs;
+            const int64_t c = i % GEMV_XBLOCKS;
+            /* once per call, or per chunk and group for very long rows */
+            if (c == 0 && (r == 0 || nb > GEMV_XBLOCKS))
+                q4k_prep_x(x + i, nb - i < GEMV_XBLOCKS ? nb - i : GEMV_XBLOCKS, xb);
+            const q4k_xblock *xc = &xb[c];
             const size_t off = (size_t)i * sizeof(lms_block_q4_K);
-            const __m512i a0 = join256(x86_load(a), x86_load(a + 64));
-            const __m512i a1 = join256(x86_load(a + 32), x86_load(a + 96));
-            const __m512i a2 = join256(x86_load(a + 128), x86_load(a + 192));
-            const __m512i a3 = join256(x86_load(a + 160), x86_load(a + 224));
-            /* four interleaved streams within a page do not train the
-             * hardware prefetcher: fetch ahead in address order instead */
-            const char *pf =
-                (const char *)w0 + GEMV_PF_BYTES + (size_t)i * 4 * sizeof(lms_block_q4_K);
-            for (int l = 0; l < 4 * (int)sizeof(lms_block_q4_K); l += 64)
-                _mm_prefetch(pf + l, _MM_HINT_T0);
+            gemv_prefetch4(w0, off, sizeof(lms_block_q4_K));
             const __m512i h = q4k_heads(w0 + off, ldw);
             const __m512i scmn = q4k_scmn(h);
             const uint8_t *q = w0 + off + offsetof(lms_block_q4_K, qs);
-            const __m512i s0 =
-                q4k_row_sum(q, _mm512_shuffle_i32x4(scmn, scmn, 0x00), a0, a1, a2, a3);
-            const __m512i s1 =
-                q4k_row_sum(q + ldw, _mm512_shuffle_i32x4(scmn, scmn, 0x55), a0, a1, a2, a3);
-            const __m512i s2 =
-                q4k_row_sum(q + 2 * ldw, _mm512_shuffle_i32x4(scmn, scmn, 0xAA), a0, a1, a2, a3);
-            const __m512i s3 =
-                q4k_row_sum(q + 3 * ldw, _mm512_shuffle_i32x4(scmn, scmn, 0xFF), a0, a1, a2, a3);
+            const __m512i s0 = q4k_row_sum(q, _mm512_shuffle_i32x4(scmn, scmn, 0x00), xc->a[0],
+                                           xc->a[1], xc->a[2], xc->a[3]);
+            const __m512i s1 = q4k_row_sum(q + ldw, _mm512_shuffle_i32x4(scmn, scmn, 0x55),
+                                           xc->a[0], xc->a[1], xc->a[2], xc->a[3]);
+            const __m512i s2 = q4k_row_sum(q + 2 * ldw, _mm512_shuffle_i32x4(scmn, scmn, 0xAA),
+                                           xc->a[0], xc->a[1], xc->a[2], xc->a[3]);
+            const __m512i s3 = q4k_row_sum(q + 3 * ldw, _mm512_shuffle_i32x4(scmn, scmn, 0xFF),
+                                           xc->a[0], xc->a[1], xc->a[2], xc->a[3]);
             const __m512i sumi = rows4_lanes(s0, s1, s2, s3);
             /* mins: sum_s mn[s] * (bsums[2s] + bsums[2s+1]), row r in lane r */
-            const __m256i bp = _mm256_madd_epi16(x86_load(x[i].bsums), _mm256_set1_epi16(1));
-            const __m512i bp16 = _mm512_broadcast_i32x4(_mm256_cvtepi32_epi16(bp));
             const __m512i mn16 = _mm512_shuffle_epi8(
                 scmn, _mm512_broadcast_i32x4(_mm_setr_epi8(8, -1, 9, -1, 10, -1, 11, -1, 12, -1,
                                                            13, -1, 14, -1, 15, -1)));
-            const __m512i summ = _mm512_madd_epi16(mn16, bp16);
+            const __m512i summ = _mm512_madd_epi16(mn16, xc->bp16);
             /* d and dmin of row r in lane r, times the activation scale */
             const __m512i dd = _mm512_shuffle_epi32(h, _MM_PERM_AAAA);
             const __m512 dxv = _mm512_set1_ps(x[i].d);
@@ -353,6 +403,66 @@ static void gemv_q4_K_q8_K_512(int64_t n, int64_t n_rows, const void *vw, size_t
     }
     for (; r < n_rows; r++)
         vec_dot_q4_K_q8_K_512(n, s + r, (const uint8_t *)vw + (size_t)r * ldw, vx);
+}
+
+/* ---- decode: several Q6_K rows against one Q8_K row ------------------------
+ *
+ * Four rows share every activation load (in address order, as the row
+ * kernel above reads them) and the negated activation sub-block sums; per
+ * row and super-block the integer work is vec_dot_q6_K_q8_K_512's, with
+ * the -32 offset folded in by one vpmaddwd of (32 * scales) and -bsums
+ * (|32 * sc| <= 4096, |bsums| <= 2032: exact). The four rows' int32 sums
+ * are transposed into "row r in lane r" and scaled by d in one float step.
+ * Only the scales and d of the rows are read outside address order. */
+
+/* One row's int32 sums over a super-block (16 lanes to be added). */
+static inline __m512i q6k_row_sum(const lms_block_q6_K *b, __m512i a0, __m512i a1, __m512i a2,
+                                  __m512i a3, __m256i nbsums, __m512i i0, __m512i i1)
+{
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+    const __m512i sc = _mm512_castsi256_si512(sc16);
+    __m512i sumi = _mm512_zextsi256_si512(_mm256_madd_epi16(_mm256_slli_epi16(sc16, 5), nbsums));
+    sumi = q6k_half_sum(sumi, b->ql, b->qh, a0, a1, _mm512_permutexvar_epi16(i0, sc));
+    return q6k_half_sum(sumi, b->ql + 64, b->qh + 32, a2, a3, _mm512_permutexvar_epi16(i1, sc));
+}
+
+static void gemv_q6_K_q8_K_512(int64_t n, int64_t n_rows, const void *vw, size_t ldw,
+                               const void *vx, float *s)
+{
+    const lms_block_q8_K *x = vx;
+    const int64_t nb = n / LMS_QK_K;
+    const __m512i i0 = q6k_scale_index(), i1 = _mm512_add_epi16(i0, _mm512_set1_epi16(8));
+    /* d of row r (a half in the low word of dword r) into lanes 4r..4r+3 */
+    const __m512i dsel = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    int64_t r = 0;
+    for (; ldw <= GEMV_MAX_ROW_BYTES && r + 4 <= n_rows; r += 4) {
+        const uint8_t *w0 = (const uint8_t *)vw + (size_t)r * ldw;
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t i = 0; i < nb; i++) {
+            const int8_t *a = x[i].qs;
+            const size_t off = (size_t)i * sizeof(lms_block_q6_K);
+            const __m512i a0 = _mm512_loadu_si512(a), a1 = _mm512_loadu_si512(a + 64);
+            const __m512i a2 = _mm512_loadu_si512(a + 128), a3 = _mm512_loadu_si512(a + 192);
+            const __m256i nbs = _mm256_sub_epi16(_mm256_setzero_si256(), x86_load(x[i].bsums));
+            gemv_prefetch4(w0, off, sizeof(lms_block_q6_K));
+            const lms_block_q6_K *b0 = (const lms_block_q6_K *)(w0 + off);
+            const lms_block_q6_K *b1 = (const lms_block_q6_K *)(w0 + off + ldw);
+            const lms_block_q6_K *b2 = (const lms_block_q6_K *)(w0 + off + 2 * ldw);
+            const lms_block_q6_K *b3 = (const lms_block_q6_K *)(w0 + off + 3 * ldw);
+            const __m512i sumi = rows4_lanes(q6k_row_sum(b0, a0, a1, a2, a3, nbs, i0, i1),
+                                             q6k_row_sum(b1, a0, a1, a2, a3, nbs, i0, i1),
+                                             q6k_row_sum(b2, a0, a1, a2, a3, nbs, i0, i1),
+                                             q6k_row_sum(b3, a0, a1, a2, a3, nbs, i0, i1));
+            const __m128i dh = _mm_setr_epi32(b0->d, b1->d, b2->d, b3->d);
+            const __m512 d = _mm512_permutexvar_ps(
+                dsel, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_packus_epi32(dh, dh))));
+            acc = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x[i].d)),
+                                  _mm512_cvtepi32_ps(sumi), acc);
+        }
+        store_lane_sums(s + r, acc);
+    }
+    for (; r < n_rows; r++)
+        vec_dot_q6_K_q8_K_512(n, s + r, (const uint8_t *)vw + (size_t)r * ldw, vx);
 }
 
 static const lms_kernel_table k_avx512 = {
@@ -393,6 +503,7 @@ static const lms_kernel_table k_avx512 = {
     },
     .gemv = {
         [LMS_TYPE_Q4_K] = gemv_q4_K_q8_K_512,
+        [LMS_TYPE_Q6_K] = gemv_q6_K_q8_K_512,
     },
 };
 /* clang-format on */
