@@ -1,7 +1,8 @@
 /*
  * attention.c - the attention of the CPU layers over the paged KV cache:
  * the reference path (tiled gemm scores) and the per-row path (portable C
- * and AVX-512), with the by-head and by-chunk schedules described below.
+ * and AVX-512), with the by-head, by-group and by-chunk schedules
+ * described below.
  * forward.c calls fwd_attention once per layer.
  */
 #include <math.h>
@@ -159,8 +160,11 @@ static void tile_scores(lms_ctx *c, int il_host, const att_tile *a, int kvh, con
 
 /* Softmax over the n visible positions, weights rounded to f16 as llama.cpp
  * does; the exponentials vectorize (lms_exp_neg, like llama.cpp's own
- * vector exp, within 2e-7). */
-LMS_CLONES static void softmax_f16(float *wg, int32_t n)
+ * vector exp, within 2e-7). softmax_exp leaves the exponentials and
+ * returns 1 / their sum; the rounding of w * inv to f16 follows (the
+ * compiler keeps that round trip scalar; the AVX-512 path does it with
+ * F16C, round_f16_avx512, to the same values). */
+LMS_CLONES static float softmax_exp(float *wg, int32_t n)
 {
     float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
@@ -172,7 +176,12 @@ LMS_CLONES static void softmax_f16(float *wg, int32_t n)
         wg[j] = lms_exp_neg(wg[j] - mx);
         sum += wg[j];
     }
-    const float inv = 1.0f / sum;
+    return 1.0f / sum;
+}
+
+static void softmax_f16(float *wg, int32_t n)
+{
+    const float inv = softmax_exp(wg, n);
     for (int32_t j = 0; j < n; j++)
         wg[j] = ROUND_F16(wg[j] * inv);
 }
@@ -273,17 +282,23 @@ static void attend_tile_ref(lms_ctx *c, int il, const att_tile *a, int kvh, int 
  *
  * The value sum of a row is defined by chunks: positions are cut at
  * multiples of ATT_CHUNK, each chunk's weighted sum is accumulated from zero
- * in position order, and the chunk sums are added left to right. Two
+ * in position order, and the chunk sums are added left to right. Three
  * schedules compute exactly that:
  *
  *   by head    one work item per (tile, KV head) walks all positions
  *              (attend_tile_rows); any tile, used for prefill;
- *   by chunk   for a step of single-token tiles (decode): work items are
- *              (tile, chunk) and take every KV head of each row, so each
- *              thread streams whole cached rows (a head's slice alone is a
- *              short run every row_bytes, which the hardware prefetchers
- *              follow poorly: about half the bandwidth), in phases: scores,
- *              softmax, chunk sums, merge (attention_by_chunk).
+ *   by group   for a step of single-token tiles (decode): work items are
+ *              (tile, group of adjacent KV heads), each done start to end by
+ *              one thread with no waiting on the others; its scores walk
+ *              the rows once, taking the group's part of each (a run of
+ *              several head slices, read in address order: a head's slice
+ *              alone is a short run every row_bytes, which the hardware
+ *              prefetchers follow poorly), and its chunk sums go block by
+ *              block (attention_by_group);
+ *   by chunk   decode steps with fewer (tile, KV head) pairs than threads:
+ *              work items are (tile, chunk) and take every KV head of each
+ *              row, in phases: scores, softmax, chunk sums, merge
+ *              (attention_by_chunk).
  *
  * Every query row's arithmetic (the order of every sum) is the same in
  * whatever schedule, tile, pass or batch it is computed, so batching never
@@ -301,9 +316,21 @@ typedef struct att_src {
     size_t off;            /* the head's byte offset within a row */
 } att_src;
 
+/* The heads a scores call takes in each row: head h's K slice lies
+ * h * k_bytes after the first's, its queries h * q_floats and its scores
+ * h * w_floats after the first head's. The decode schedules pass every
+ * KV head, so that each cached row is read whole, in address order. */
+typedef struct att_heads {
+    int n;
+    size_t k_bytes;
+    size_t q_floats;
+    size_t w_floats;
+} att_heads;
+
 static inline const uint8_t *att_row(const att_src *s, int32_t j)
 {
-    size_t cell = (size_t)s->blocks[j / LMS_KV_BLOCK] * LMS_KV_BLOCK + (size_t)(j % LMS_KV_BLOCK);
+    const uint32_t u = (uint32_t)j; /* j >= 0: shifts, not signed division */
+    size_t cell = (size_t)s->blocks[u / LMS_KV_BLOCK] * LMS_KV_BLOCK + (size_t)(u % LMS_KV_BLOCK);
     return s->base + cell * s->row_bytes + s->off;
 }
 
@@ -364,51 +391,56 @@ static void load_query(int type, int hd, const float *q, float *qf)
  * will read (the prefetch limit). */
 
 LMS_CLONES static void scores_f16_c(const att_src *s, int hd, int nq, const float *qf, size_t qrow,
-                                    int32_t j0, int32_t j1, int32_t n, float *w, size_t ws)
+                                    int32_t j0, int32_t j1, int32_t n, float *w, size_t ws,
+                                    const att_heads *hs)
 {
     (void)n;
-    for (int32_t j = j0; j < j1; j++) {
-        const half_t *k = (const half_t *)att_row(s, j);
-        for (int q = 0; q < nq; q++) {
-            const float *x = qf + q * qrow;
-            float acc[16] = {0}, sum = 0.0f;
-            int d = 0;
-            for (; d + 16 <= hd; d += 16)
+    for (int32_t j = j0; j < j1; j++)
+        for (int h = 0; h < hs->n; h++) {
+            const half_t *k = (const half_t *)(att_row(s, j) + h * hs->k_bytes);
+            for (int q = 0; q < nq; q++) {
+                const float *x = qf + h * hs->q_floats + q * qrow;
+                float acc[16] = {0}, sum = 0.0f;
+                int d = 0;
+                for (; d + 16 <= hd; d += 16)
+                    for (int l = 0; l < 16; l++)
+                        acc[l] += x[d + l] * HALF_TO_F32(k[d + l]);
+                for (; d < hd; d++)
+                    sum += x[d] * HALF_TO_F32(k[d]);
                 for (int l = 0; l < 16; l++)
-                    acc[l] += x[d + l] * HALF_TO_F32(k[d + l]);
-            for (; d < hd; d++)
-                sum += x[d] * HALF_TO_F32(k[d]);
-            for (int l = 0; l < 16; l++)
-                sum += acc[l];
-            w[q * ws + (size_t)j] = sum;
+                    sum += acc[l];
+                w[h * hs->w_floats + q * ws + (size_t)j] = sum;
+            }
         }
-    }
 }
 
 /* Per 16 lanes as the AVX-512 kernel: lane (b % 2) * 8 + g adds block b's
  * group g of 4 products (an exact integer) times the two scales. */
 LMS_CLONES static void scores_q8_0_c(const att_src *s, int hd, int nq, const float *qf, size_t qrow,
-                                     int32_t j0, int32_t j1, int32_t n, float *w, size_t ws)
+                                     int32_t j0, int32_t j1, int32_t n, float *w, size_t ws,
+                                     const att_heads *hs)
 {
     (void)n;
-    for (int32_t j = j0; j < j1; j++) {
-        const lms_block_q8_0 *k = (const lms_block_q8_0 *)att_row(s, j);
-        for (int q = 0; q < nq; q++) {
-            const att_q8q x = att_q8_query(qf + q * qrow, hd);
-            float acc[16] = {0}, sum = 0.0f;
-            for (int b = 0; b < hd / LMS_QK8_0; b++) {
-                const float kd = lms_f16_to_f32(k[b].d);
-                for (int g = 0; g < 8; g++) {
-                    const int8_t *xq = x.qs + b * LMS_QK8_0 + 4 * g, *kq = k[b].qs + 4 * g;
-                    const int32_t p = xq[0] * kq[0] + xq[1] * kq[1] + xq[2] * kq[2] + xq[3] * kq[3];
-                    acc[(b % 2) * 8 + g] += (float)p * (kd * x.d[b * 8 + g]);
+    for (int32_t j = j0; j < j1; j++)
+        for (int h = 0; h < hs->n; h++) {
+            const lms_block_q8_0 *k = (const lms_block_q8_0 *)(att_row(s, j) + h * hs->k_bytes);
+            for (int q = 0; q < nq; q++) {
+                const att_q8q x = att_q8_query(qf + h * hs->q_floats + q * qrow, hd);
+                float acc[16] = {0}, sum = 0.0f;
+                for (int b = 0; b < hd / LMS_QK8_0; b++) {
+                    const float kd = lms_f16_to_f32(k[b].d);
+                    for (int g = 0; g < 8; g++) {
+                        const int8_t *xq = x.qs + b * LMS_QK8_0 + 4 * g, *kq = k[b].qs + 4 * g;
+                        const int32_t p =
+                            xq[0] * kq[0] + xq[1] * kq[1] + xq[2] * kq[2] + xq[3] * kq[3];
+                        acc[(b % 2) * 8 + g] += (float)p * (kd * x.d[b * 8 + g]);
+                    }
                 }
+                for (int l = 0; l < 16; l++)
+                    sum += acc[l];
+                w[h * hs->w_floats + q * ws + (size_t)j] = sum;
             }
-            for (int l = 0; l < 16; l++)
-                sum += acc[l];
-            w[q * ws + (size_t)j] = sum;
         }
-    }
 }
 
 /* 64 columns of one row at a time, in a local accumulator */
@@ -479,25 +511,6 @@ ATT_INLINE __m512 q8_lanes(const int8_t *qs)
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)qs)));
 }
 
-ATT_INLINE void scores_f16_x(const att_src *s, int hd, const float *qf, size_t qrow, int32_t j0,
-                             int32_t j1, int32_t n, float *w, size_t ws, const int NQ)
-{
-    for (int32_t j = j0; j < j1; j++) {
-        const uint16_t *k = (const uint16_t *)att_row(s, j);
-        prefetch_ahead(s, j, n, 0, (int64_t)hd * 2);
-        __m512 acc[ATT_ROWS];
-        for (int q = 0; q < NQ; q++)
-            acc[q] = _mm512_setzero_ps();
-        for (int d = 0; d < hd; d += 16) {
-            const __m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + d)));
-            for (int q = 0; q < NQ; q++)
-                acc[q] = _mm512_fmadd_ps(_mm512_loadu_ps(qf + q * qrow + d), kv, acc[q]);
-        }
-        for (int q = 0; q < NQ; q++)
-            w[q * ws + (size_t)j] = _mm512_reduce_add_ps(acc[q]);
-    }
-}
-
 /*
  * q8_0 scores as integers: per pair of blocks, the 64 K bytes in one
  * register, each int32 lane the exact sum of 4 products with the query's
@@ -534,52 +547,135 @@ ATT_INLINE __m128 att_hsum4(__m512 a, __m512 b, __m512 c, __m512 d)
         _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), u));
 }
 
-/* 4 / NQ positions at a time, so one att_hsum4 ends 4 (position, row) sums */
+/*
+ * Units: one att_hsum4 ends the sums of U = 4 / NQ (position, head) units
+ * times NQ rows. A call for one head takes U positions per step; one for
+ * several heads (the decode schedules) takes U heads of one row. A step
+ * short of U units repeats its last unit and drops the copy, so the unit
+ * loops keep constant trip counts (their accumulators stay in registers).
+ */
+typedef struct att_units {
+    int32_t j[4];
+    int h[4];
+    int n;      /* the valid ones */
+} att_units;
+
+static inline att_units att_step(const att_heads *hs, int32_t j, int32_t j1, int h, int U)
+{
+    att_units u;
+    const bool by_row = hs->n > 1;
+    u.n = by_row ? (hs->n - h < U ? hs->n - h : U) : (j1 - j < U ? j1 - j : U);
+    for (int i = 0; i < 4; i++) {
+        const int c = i < u.n ? i : u.n - 1;
+        u.j[i] = by_row ? j : j + c;
+        u.h[i] = by_row ? h + c : h;
+    }
+    return u;
+}
+
+/* the loop over a call's units: positions, and heads within a row */
+#define ATT_FOR_STEPS(hs, j0, j1, U)                                                 \
+    for (int32_t j = j0; j < j1; j += (hs)->n > 1 ? 1 : (U))                         \
+        for (int h = 0; h < (hs)->n; h += (hs)->n > 1 ? (U) : (hs)->n)
+
 #define ATT_SCORES_Q8(name, TARGET, VNNI)                                                         \
     static inline __attribute__((always_inline)) TARGET void name(                                \
         const att_src *s, int hd, const float *qf, size_t qrow, int32_t j0, int32_t j1,           \
-        int32_t n, float *w, size_t ws, const int NQ)                                             \
+        int32_t n, float *w, size_t ws, const att_heads *hs, const int NQ)                        \
     {                                                                                             \
-        const int PP = 4 / NQ;                                                                    \
-        att_q8q x[ATT_ROWS];                                                                      \
-        for (int q = 0; q < NQ; q++)                                                              \
-            x[q] = att_q8_query(qf + q * qrow, hd);                                               \
-        for (int32_t j = j0; j < j1; j += PP) {                                                   \
+        const int U = 4 / NQ;                                                                     \
+        ATT_FOR_STEPS(hs, j0, j1, U)                                                              \
+        {                                                                                         \
+            const att_units un = att_step(hs, j, j1, h, U);                                       \
+            if (h == 0)                                                                           \
+                for (int u = 0; u < (hs->n > 1 ? 1 : un.n); u++)                                  \
+                    prefetch_ahead(s, j + u, n, 0, (int64_t)hs->n * (int64_t)hs->k_bytes);       \
+            const lms_block_q8_0 *k[4];                                                           \
+            att_q8q x[4][ATT_ROWS];                                                               \
+            _Pragma("GCC unroll 4") for (int u = 0; u < U; u++)                                   \
+            {                                                                                     \
+                k[u] = (const lms_block_q8_0 *)(att_row(s, un.j[u]) + un.h[u] * hs->k_bytes);     \
+                _Pragma("GCC unroll 4") for (int q = 0; q < NQ; q++) x[u][q] =                    \
+                    att_q8_query(qf + un.h[u] * hs->q_floats + q * qrow, hd);                     \
+            }                                                                                     \
             __m512 acc[4];                                                                        \
             for (int i = 0; i < 4; i++)                                                           \
                 acc[i] = _mm512_setzero_ps();                                                     \
-            for (int pp = 0; pp < PP && j + pp < j1; pp++) {                                      \
-                const lms_block_q8_0 *k = (const lms_block_q8_0 *)att_row(s, j + pp);             \
-                prefetch_ahead(s, j + pp, n, 0, (int64_t)hd / LMS_QK8_0 * (int64_t)sizeof *k);   \
-                for (int b = 0; b < hd / LMS_QK8_0; b += 2) {                                     \
-                    const __m512i kq = q8_pair_qs(k + b);                                         \
-                    const __m512 kd = q8_pair_scales(k + b);                                      \
+            for (int b = 0; b < hd / LMS_QK8_0; b += 2) {                                         \
+                _Pragma("GCC unroll 4") for (int u = 0; u < U; u++)                               \
+                {                                                                                 \
+                    const __m512i kq = q8_pair_qs(k[u] + b);                                      \
+                    const __m512 kd = q8_pair_scales(k[u] + b);                                   \
                     const __m512i ku = _mm512_xor_si512(kq, _mm512_set1_epi8((char)0x80));        \
                     const __m512i ka = _mm512_abs_epi8(kq);                                       \
                     const __mmask64 kneg = _mm512_movepi8_mask(kq);                               \
-                    for (int q = 0; q < NQ; q++) {                                                \
-                        const __m512i xq = _mm512_loadu_si512(x[q].qs + b * LMS_QK8_0);           \
+                    _Pragma("GCC unroll 4") for (int q = 0; q < NQ; q++)                          \
+                    {                                                                             \
+                        const __m512i xq = _mm512_loadu_si512(x[u][q].qs + b * LMS_QK8_0);        \
                         __m512i p;                                                                \
                         if (VNNI)                                                                 \
-                            p = ATT_DPBUSD(_mm512_loadu_si512(x[q].corr + b * 8), ku, xq);        \
+                            p = ATT_DPBUSD(_mm512_loadu_si512(x[u][q].corr + b * 8), ku, xq);     \
                         else                                                                      \
                             p = _mm512_madd_epi16(                                                \
                                 _mm512_maddubs_epi16(ka, _mm512_mask_sub_epi8(                    \
                                                              xq, kneg, _mm512_setzero_si512(), xq)), \
                                 _mm512_set1_epi16(1));                                            \
-                        acc[pp * NQ + q] = _mm512_fmadd_ps(                                       \
+                        acc[u * NQ + q] = _mm512_fmadd_ps(                                        \
                             _mm512_cvtepi32_ps(p),                                                \
-                            _mm512_mul_ps(kd, _mm512_loadu_ps(x[q].d + b * 8)), acc[pp * NQ + q]); \
+                            _mm512_mul_ps(kd, _mm512_loadu_ps(x[u][q].d + b * 8)),                \
+                            acc[u * NQ + q]);                                                     \
                     }                                                                             \
                 }                                                                                 \
             }                                                                                     \
             float o[4];                                                                           \
             _mm_storeu_ps(o, att_hsum4(acc[0], acc[1], acc[2], acc[3]));                          \
-            for (int pp = 0; pp < PP && j + pp < j1; pp++)                                        \
+            for (int u = 0; u < un.n; u++)                                                        \
                 for (int q = 0; q < NQ; q++)                                                      \
-                    w[q * ws + (size_t)(j + pp)] = o[pp * NQ + q];                                \
+                    w[un.h[u] * hs->w_floats + q * ws + (size_t)un.j[u]] = o[u * NQ + q];         \
         }                                                                                         \
     }
+
+/* f16 scores: K converted by vcvtph2ps and fused into the FMA; units and
+ * sums as the q8_0 kernels */
+ATT_INLINE void scores_f16_x(const att_src *s, int hd, const float *qf, size_t qrow, int32_t j0,
+                             int32_t j1, int32_t n, float *w, size_t ws, const att_heads *hs,
+                             const int NQ)
+{
+    const int U = 4 / NQ;
+    ATT_FOR_STEPS(hs, j0, j1, U)
+    {
+        const att_units un = att_step(hs, j, j1, h, U);
+        if (h == 0)
+            for (int u = 0; u < (hs->n > 1 ? 1 : un.n); u++)
+                prefetch_ahead(s, j + u, n, 0, (int64_t)hs->n * (int64_t)hs->k_bytes);
+        const uint16_t *k[4];
+        const float *x[4];
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++) {
+            k[u] = (const uint16_t *)(att_row(s, un.j[u]) + un.h[u] * hs->k_bytes);
+            x[u] = qf + un.h[u] * hs->q_floats;
+        }
+        __m512 acc[4];
+        for (int i = 0; i < 4; i++)
+            acc[i] = _mm512_setzero_ps();
+        for (int d = 0; d < hd; d += 16) {
+#pragma GCC unroll 4
+            for (int u = 0; u < U; u++) {
+                const __m512 kv =
+                    _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k[u] + d)));
+#pragma GCC unroll 4
+                for (int q = 0; q < NQ; q++)
+                    acc[u * NQ + q] =
+                        _mm512_fmadd_ps(_mm512_loadu_ps(x[u] + q * qrow + d), kv, acc[u * NQ + q]);
+            }
+        }
+        float o[4];
+        _mm_storeu_ps(o, att_hsum4(acc[0], acc[1], acc[2], acc[3]));
+        for (int u = 0; u < un.n; u++)
+            for (int q = 0; q < NQ; q++)
+                w[un.h[u] * hs->w_floats + q * ws + (size_t)un.j[u]] = o[u * NQ + q];
+    }
+}
 
 #define ATT_TARGET_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
 #define ATT_DPBUSD(acc, u, s) _mm512_dpbusd_epi32(acc, u, s)
@@ -648,23 +744,23 @@ ATT_VALUES_X(values_q8_0_x, v64_q8_0, 2 * (int64_t)sizeof(lms_block_q8_0))
 
 ATT_TARGET static void scores_f16_avx512(const att_src *s, int hd, int nq, const float *qf,
                                          size_t qrow, int32_t j0, int32_t j1, int32_t n, float *w,
-                                         size_t ws)
+                                         size_t ws, const att_heads *hs)
 {
-    ATT_BY_ROWS(scores_f16_x, nq, s, hd, qf, qrow, j0, j1, n, w, ws)
+    ATT_BY_ROWS(scores_f16_x, nq, s, hd, qf, qrow, j0, j1, n, w, ws, hs)
 }
 
 ATT_TARGET static void scores_q8_0_avx512(const att_src *s, int hd, int nq, const float *qf,
                                           size_t qrow, int32_t j0, int32_t j1, int32_t n, float *w,
-                                          size_t ws)
+                                          size_t ws, const att_heads *hs)
 {
-    ATT_BY_ROWS(scores_q8_0_x, nq, s, hd, qf, qrow, j0, j1, n, w, ws)
+    ATT_BY_ROWS(scores_q8_0_x, nq, s, hd, qf, qrow, j0, j1, n, w, ws, hs)
 }
 
 ATT_TARGET_VNNI static void scores_q8_0_vnni(const att_src *s, int hd, int nq, const float *qf,
                                              size_t qrow, int32_t j0, int32_t j1, int32_t n,
-                                             float *w, size_t ws)
+                                             float *w, size_t ws, const att_heads *hs)
 {
-    ATT_BY_ROWS(scores_q8_0_vnni_x, nq, s, hd, qf, qrow, j0, j1, n, w, ws)
+    ATT_BY_ROWS(scores_q8_0_vnni_x, nq, s, hd, qf, qrow, j0, j1, n, w, ws, hs)
 }
 
 ATT_TARGET static void values_f16_avx512(const att_src *s, int hd, int nq, const float *w,
@@ -680,10 +776,28 @@ ATT_TARGET static void values_q8_0_avx512(const att_src *s, int hd, int nq, cons
 {
     ATT_BY_ROWS(values_q8_0_x, nq, s, hd, w, ws, j0, j1, n, out, mode)
 }
+
+/* w[j] = w[j] * inv rounded to f16 (to nearest even, as ROUND_F16), as floats */
+ATT_TARGET static void round_f16_avx512(float *w, int32_t n, float inv)
+{
+    const __m512 s = _mm512_set1_ps(inv);
+    int32_t j = 0;
+    for (; j + 16 <= n; j += 16)
+        _mm512_storeu_ps(w + j, _mm512_cvtph_ps(_mm512_cvtps_ph(
+                                    _mm512_mul_ps(_mm512_loadu_ps(w + j), s),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+    if (j < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - j)) - 1);
+        _mm512_mask_storeu_ps(w + j, m, _mm512_cvtph_ps(_mm512_cvtps_ph(
+                                             _mm512_mul_ps(_mm512_maskz_loadu_ps(m, w + j), s),
+                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+    }
+}
 #endif /* ATT_AVX512 */
 
 typedef void (*att_scores_fn)(const att_src *s, int hd, int nq, const float *qf, size_t qrow,
-                              int32_t j0, int32_t j1, int32_t n, float *w, size_t ws);
+                              int32_t j0, int32_t j1, int32_t n, float *w, size_t ws,
+                              const att_heads *hs);
 typedef void (*att_values_fn)(const att_src *s, int hd, int nq, const float *w, size_t ws,
                               int32_t j0, int32_t j1, int32_t n, float *out, int mode);
 
@@ -722,11 +836,12 @@ static void att_srcs(const lms_ctx *c, int il, const lms_kv_seq *seq, int kvh, a
 
 /* Scores rows [r0, r0 + nr) of qf against positions [j0, j1), in passes. */
 static void scores_rows(const att_kernels *k, const att_src *ks, int hd, int nr, const float *qf,
-                        size_t qrow, int32_t j0, int32_t j1, int32_t n, float *w, size_t ws)
+                        size_t qrow, int32_t j0, int32_t j1, int32_t n, float *w, size_t ws,
+                        const att_heads *hs)
 {
     for (int q0 = 0; q0 < nr; q0 += ATT_ROWS)
         k->scores(ks, hd, nr - q0 < ATT_ROWS ? nr - q0 : ATT_ROWS, qf + (size_t)q0 * qrow, qrow,
-                  j0, j1, n, w + (size_t)q0 * ws, ws);
+                  j0, j1, n, w + (size_t)q0 * ws, ws, hs);
 }
 
 static void values_rows(const att_kernels *k, const att_src *vs, int hd, int nr, const float *w,
@@ -738,10 +853,16 @@ static void values_rows(const att_kernels *k, const att_src *vs, int hd, int nr,
 }
 
 /* Scale then softmax of one row of n scores. */
-static void att_softmax(float *wq, int32_t n, float scale)
+static void att_softmax(const lms_ctx *c, float *wq, int32_t n, float scale)
 {
     for (int32_t j = 0; j < n; j++)
         wq[j] *= scale;
+#ifdef ATT_AVX512
+    if (c->att_impl == FWD_ATT_AVX512) {
+        round_f16_avx512(wq, n, softmax_exp(wq, n));
+        return;
+    }
+#endif
     softmax_f16(wq, n);
 }
 
@@ -764,9 +885,10 @@ static void attend_tile_rows(lms_ctx *c, int il, const att_tile *a, int kvh, int
             load_query(c->kv.type, hd,
                        c->qb + (a->t0 + t) * q_stride + ((int64_t)kvh * group + g) * hd,
                        qf + (size_t)(t * group + g) * qrow);
-    scores_rows(&k, &ks, hd, n_q, qf, qrow, 0, n_max, n_max, w, (size_t)stride);
+    const att_heads one = {1, 0, 0, 0};
+    scores_rows(&k, &ks, hd, n_q, qf, qrow, 0, n_max, n_max, w, (size_t)stride, &one);
     for (int qi = 0; qi < n_q; qi++)
-        att_softmax(w + (size_t)qi * stride, a->pos0 + qi / group + 1, 1.0f / sqrtf((float)hd));
+        att_softmax(c, w + (size_t)qi * stride, a->pos0 + qi / group + 1, 1.0f / sqrtf((float)hd));
     /* a pass takes rows of one token (they see the same positions) */
     for (int32_t t = 0; t < a->n_tok; t++) {
         float *out = c->att + (a->t0 + t) * q_stride + (int64_t)kvh * group * hd;
@@ -778,96 +900,173 @@ static void attend_tile_rows(lms_ctx *c, int il, const att_tile *a, int kvh, int
     }
 }
 
-/* The by-chunk schedule for single-token tiles, in c->dec: per tile, the
- * scores [n_head][ws] then the chunk sums [n_chunk][n_head][hd]; ws is the
- * longest tile's position count rounded up to ATT_CHUNK. Returns false
- * (nothing done) when the step does not fit there. */
-static bool attention_by_chunk(lms_ctx *c, int il, const att_tile *tiles, int32_t n_tiles)
+/* Where a decode step's scores and chunk sums live, in c->dec: per tile,
+ * the scores [n_head][ws] then the chunk sums [n_chunk][n_head][hd]; ws is
+ * the longest tile's position count rounded up to ATT_CHUNK. */
+typedef struct att_step_layout {
+    int32_t n_chunk;
+    size_t ws;
+    size_t per_tile; /* floats */
+} att_step_layout;
+
+/* The layout of a step of single-token tiles; false when a tile has more
+ * tokens or the step does not fit c->dec and c->qf. */
+static bool att_layout(const lms_ctx *c, const att_tile *tiles, int32_t n_tiles,
+                       att_step_layout *l)
 {
     const lms_hparams *hp = &c->m->hp;
-    const int hd = hp->head_dim, nh = hp->n_head, nkv = hp->n_head_kv, group = nh / nkv;
-    const int64_t q_stride = (int64_t)nh * hd;
     int32_t n_longest = 0;
     for (int32_t i = 0; i < n_tiles; i++) {
         if (tiles[i].n_tok != 1)
             return false;
         n_longest = tiles[i].pos0 + 1 > n_longest ? tiles[i].pos0 + 1 : n_longest;
     }
-    const int32_t n_chunk = (n_longest + ATT_CHUNK - 1) / ATT_CHUNK;
-    const size_t ws = (size_t)n_chunk * ATT_CHUNK;
-    const size_t per_tile = (size_t)nh * ws + (size_t)n_chunk * nh * hd;
-    if ((size_t)n_tiles * per_tile > c->dec_floats || n_tiles > c->qf_tiles)
+    l->n_chunk = (n_longest + ATT_CHUNK - 1) / ATT_CHUNK;
+    l->ws = (size_t)l->n_chunk * ATT_CHUNK;
+    l->per_tile = (size_t)hp->n_head * l->ws + (size_t)l->n_chunk * hp->n_head * hp->head_dim;
+    return (size_t)n_tiles * l->per_tile <= c->dec_floats && n_tiles <= c->qf_tiles;
+}
+
+/* Chunk ci's sums of tile ti for KV heads [h0, h1): block by block, each
+ * block's heads in turn (the block's rows are then in L1/L2 for the next
+ * head). */
+static void att_chunk_sums(lms_ctx *c, int il, const att_kernels *k, const att_tile *a,
+                           const att_step_layout *l, int32_t ti, int32_t ci, int h0, int h1)
+{
+    const lms_hparams *hp = &c->m->hp;
+    const int hd = hp->head_dim, nh = hp->n_head, group = nh / hp->n_head_kv;
+    const int32_t n = a->pos0 + 1, j0 = ci * ATT_CHUNK;
+    const float *w = c->dec + (size_t)ti * l->per_tile;
+    float *sum = c->dec + (size_t)ti * l->per_tile + (size_t)nh * l->ws + (size_t)ci * nh * hd;
+    for (int32_t b0 = j0; b0 < n && b0 < j0 + ATT_CHUNK; b0 += LMS_KV_BLOCK)
+        for (int h = h0; h < h1; h++) {
+            att_src ks, vs;
+            att_srcs(c, il, a->seq, h, &ks, &vs);
+            values_rows(k, &vs, hd, group, w + (size_t)h * group * l->ws, l->ws, b0,
+                        b0 + LMS_KV_BLOCK < n ? b0 + LMS_KV_BLOCK : n, n,
+                        sum + (size_t)h * group * hd, b0 > j0 ? ATT_V_CONT : ATT_V_SET);
+        }
+}
+
+/* out = chunk 0 + chunk 1 + ..., left to right, for row r of tile ti */
+static void att_merge(lms_ctx *c, const att_tile *a, const att_step_layout *l, int32_t ti, int r)
+{
+    const int hd = c->m->hp.head_dim, nh = c->m->hp.n_head;
+    const float *sum = c->dec + (size_t)ti * l->per_tile + (size_t)nh * l->ws + (size_t)r * hd;
+    float *out = c->att + a->t0 * (int64_t)nh * hd + (int64_t)r * hd;
+    memcpy(out, sum, (size_t)hd * sizeof(float));
+    for (int32_t ci = 1; ci <= a->pos0 / ATT_CHUNK; ci++)
+        for (int d = 0; d < hd; d++)
+            out[d] += sum[(size_t)ci * nh * hd + d];
+}
+
+/* The by-chunk schedule: each thread takes a contiguous range of every
+ * tile's cached rows, whole (every KV head), which streams at about twice
+ * the bandwidth of threads taking parts of each row. Phases: queries;
+ * scores of the thread's blocks; softmax; chunk sums (whole chunks in
+ * contiguous ranges, a remainder of fewer chunks than threads split by KV
+ * heads); merge. */
+static bool attention_by_chunk(lms_ctx *c, int il, const att_tile *tiles, int32_t n_tiles)
+{
+    const lms_hparams *hp = &c->m->hp;
+    const int hd = hp->head_dim, nh = hp->n_head, nkv = hp->n_head_kv, group = nh / nkv;
+    att_step_layout l;
+    if (!att_layout(c, tiles, n_tiles, &l))
         return false;
     const size_t qrow = (size_t)hd + (size_t)hd / LMS_QK8_0;
     const att_kernels k = att_pick(c);
-    const int64_t n_items = (int64_t)n_tiles * n_chunk;
-    const bool par = (int64_t)n_tiles * n_longest * nh * hd >= 65536;
+    const att_heads heads = {nkv, lms_row_size(c->kv.type, hd), (size_t)group * qrow,
+                             (size_t)group * l.ws};
+    const bool par = (int64_t)n_tiles * l.n_chunk * ATT_CHUNK * nh * hd >= 65536;
+    (void)par; /* without OpenMP */
 #pragma omp parallel if (par)
     {
-        /* queries, all heads of every tile: rows [tile][head] */
+#ifdef _OPENMP
+        const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+#else
+        const int nt = 1, t = 0;
+#endif
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < (int64_t)n_tiles * nh; r++)
-            load_query(c->kv.type, hd, c->qb + tiles[r / nh].t0 * q_stride + (r % nh) * hd,
+            load_query(c->kv.type, hd, c->qb + tiles[r / nh].t0 * (int64_t)nh * hd + (r % nh) * hd,
                        c->qf + (size_t)r * qrow);
-        /* scores: (tile, chunk) items, every head of each block of rows */
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < n_items; it++) {
-            const att_tile *a = &tiles[it / n_chunk];
-            const int32_t n = a->pos0 + 1, j0 = (int32_t)(it % n_chunk) * ATT_CHUNK;
-            float *w = c->dec + (size_t)(it / n_chunk) * per_tile;
-            for (int32_t b0 = j0; b0 < n && b0 < j0 + ATT_CHUNK; b0 += LMS_KV_BLOCK)
-                for (int h = 0; h < nkv; h++) {
-                    att_src ks, vs;
-                    att_srcs(c, il, a->seq, h, &ks, &vs);
-                    scores_rows(&k, &ks, hd, group,
-                                c->qf + ((size_t)(it / n_chunk) * nh + (size_t)h * group) * qrow,
-                                qrow, b0, b0 + LMS_KV_BLOCK < n ? b0 + LMS_KV_BLOCK : n, n,
-                                w + (size_t)h * group * ws, ws);
-                }
+        for (int32_t ti = 0; ti < n_tiles; ti++) {
+            const int32_t n = tiles[ti].pos0 + 1, nb = (n + LMS_KV_BLOCK - 1) / LMS_KV_BLOCK;
+            const int32_t j0 = nb * t / nt * LMS_KV_BLOCK, j1 = nb * (t + 1) / nt * LMS_KV_BLOCK;
+            att_src ks, vs;
+            att_srcs(c, il, tiles[ti].seq, 0, &ks, &vs);
+            if (j0 < j1)
+                scores_rows(&k, &ks, hd, group, c->qf + (size_t)ti * nh * qrow, qrow, j0,
+                            j1 < n ? j1 : n, n, c->dec + (size_t)ti * l.per_tile, l.ws, &heads);
         }
+#pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < (int64_t)n_tiles * nh; r++)
-            att_softmax(c->dec + (size_t)(r / nh) * per_tile + (size_t)(r % nh) * ws,
+            att_softmax(c, c->dec + (size_t)(r / nh) * l.per_tile + (size_t)(r % nh) * l.ws,
                         tiles[r / nh].pos0 + 1, 1.0f / sqrtf((float)hd));
-        /* chunk sums, every head of each block of rows */
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < n_items; it++) {
-            const att_tile *a = &tiles[it / n_chunk];
-            const int32_t n = a->pos0 + 1, j0 = (int32_t)(it % n_chunk) * ATT_CHUNK;
-            const float *w = c->dec + (size_t)(it / n_chunk) * per_tile;
-            float *sum = c->dec + (size_t)(it / n_chunk) * per_tile + (size_t)nh * ws +
-                         (size_t)(it % n_chunk) * nh * hd;
-            for (int32_t b0 = j0; b0 < n && b0 < j0 + ATT_CHUNK; b0 += LMS_KV_BLOCK)
-                for (int h = 0; h < nkv; h++) {
-                    att_src ks, vs;
-                    att_srcs(c, il, a->seq, h, &ks, &vs);
-                    values_rows(&k, &vs, hd, group, w + (size_t)h * group * ws, ws, b0,
-                                b0 + LMS_KV_BLOCK < n ? b0 + LMS_KV_BLOCK : n, n,
-                                sum + (size_t)h * group * hd, b0 > j0 ? ATT_V_CONT : ATT_V_SET);
-                }
+        for (int32_t ti = 0; ti < n_tiles; ti++) {
+            const int32_t nc = tiles[ti].pos0 / ATT_CHUNK + 1, q = nc / nt;
+            for (int32_t ci = t * q; ci < (t + 1) * q; ci++)
+                att_chunk_sums(c, il, &k, &tiles[ti], &l, ti, ci, 0, nkv);
+            for (int32_t ci = q * nt; ci < nc; ci++) {
+                if (nkv % nt == 0)
+                    att_chunk_sums(c, il, &k, &tiles[ti], &l, ti, ci, nkv / nt * t,
+                                   nkv / nt * (t + 1));
+                else if ((ci - q * nt) % nt == t)
+                    att_chunk_sums(c, il, &k, &tiles[ti], &l, ti, ci, 0, nkv);
+            }
         }
-        /* merge: out = chunk 0 + chunk 1 + ..., left to right */
+#pragma omp barrier
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < (int64_t)n_tiles * nh; r++) {
-            const att_tile *a = &tiles[r / nh];
-            const float *sum = c->dec + (size_t)(r / nh) * per_tile + (size_t)nh * ws +
-                               (size_t)(r % nh) * hd;
-            float *out = c->att + a->t0 * q_stride + (r % nh) * hd;
-            const int32_t nc = a->pos0 / ATT_CHUNK + 1;
-            memcpy(out, sum, (size_t)hd * sizeof(float));
-            for (int32_t ci = 1; ci < nc; ci++)
-                for (int d = 0; d < hd; d++)
-                    out[d] += sum[(size_t)ci * nh * hd + d];
-        }
+        for (int64_t r = 0; r < (int64_t)n_tiles * nh; r++)
+            att_merge(c, &tiles[r / nh], &l, (int32_t)(r / nh), (int)(r % nh));
+    }
+    return true;
+}
+
+/*
+ * The by-group schedule for steps of many single-token tiles: one work item
+ * per tile, done start to end by one thread with no waiting on the others:
+ * scores walking the tile's rows once (whole rows, in address order),
+ * softmax, chunk sums, merge. Same layout in c->dec as by chunk.
+ */
+static bool attention_by_group(lms_ctx *c, int il, const att_tile *tiles, int32_t n_tiles)
+{
+    const lms_hparams *hp = &c->m->hp;
+    const int hd = hp->head_dim, nh = hp->n_head, nkv = hp->n_head_kv, group = nh / nkv;
+    att_step_layout l;
+    if (n_tiles < 2 * c->n_threads || !att_layout(c, tiles, n_tiles, &l))
+        return false;
+    const size_t qrow = (size_t)hd + (size_t)hd / LMS_QK8_0;
+    const att_kernels k = att_pick(c);
+    const att_heads heads = {nkv, lms_row_size(c->kv.type, hd), (size_t)group * qrow,
+                             (size_t)group * l.ws};
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int32_t ti = 0; ti < n_tiles; ti++) {
+        const att_tile *a = &tiles[ti];
+        const int32_t n = a->pos0 + 1;
+        float *w = c->dec + (size_t)ti * l.per_tile, *qf = c->qf + (size_t)ti * nh * qrow;
+        for (int r = 0; r < nh; r++)
+            load_query(c->kv.type, hd, c->qb + a->t0 * (int64_t)nh * hd + (int64_t)r * hd,
+                       qf + (size_t)r * qrow);
+        att_src ks, vs;
+        att_srcs(c, il, a->seq, 0, &ks, &vs);
+        scores_rows(&k, &ks, hd, group, qf, qrow, 0, n, n, w, l.ws, &heads);
+        for (int r = 0; r < nh; r++)
+            att_softmax(c, w + (size_t)r * l.ws, n, 1.0f / sqrtf((float)hd));
+        for (int32_t ci = 0; ci <= a->pos0 / ATT_CHUNK; ci++)
+            att_chunk_sums(c, il, &k, a, &l, ti, ci, 0, nkv);
+        for (int r = 0; r < nh; r++)
+            att_merge(c, a, &l, ti, r);
     }
     return true;
 }
 
 int fwd_set_attention(lms_ctx *c, int impl)
 {
-    const int hd = c->m->hp.head_dim;
     bool simd = false;
 #ifdef ATT_AVX512
+    const int hd = c->m->hp.head_dim;
     /* (every AVX-512 CPU has F16C, which clang's builtin cannot name) */
     simd = hd % 64 == 0 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
@@ -913,9 +1112,11 @@ void fwd_attention(lms_ctx *c, int il, const lms_batch *b)
     int64_t n_pos = 0;
     for (int32_t t = 0; t < b->n_tokens; t++)
         n_pos += b->pos[t] + 1;
-    if (c->att_impl != FWD_ATT_REF && attention_by_chunk(c, il, tiles, n_tiles))
+    if (c->att_impl != FWD_ATT_REF &&
+        (attention_by_group(c, il, tiles, n_tiles) || attention_by_chunk(c, il, tiles, n_tiles)))
         return;
     const bool par = n_pos * hp->n_head * hp->head_dim >= 65536;
+    (void)par;
 #pragma omp parallel for schedule(dynamic, 1) if (par)
     for (int64_t wi = 0; wi < n_work; wi++) {
 #ifdef _OPENMP

@@ -2,10 +2,11 @@
  * test_attention.c - the forward pass's attention paths against each other
  * (attention.c): the per-row path in portable C and in AVX-512 (where the CPU
  * and head size allow) against the reference tiled path, for f16 and q8_0
- * caches; and, within each path, a decode step scheduled by chunk (a step
- * of single-token tiles) bit-identical to the same row scheduled by head
- * (a step that also holds a multi-token tile), which is what keeps
- * batched generation equal to solo generation.
+ * caches; and, within each path, a decode step of single-token tiles
+ * scheduled by chunk (threads sharing each tile) or by group (a tile per
+ * thread, with at least two tiles a thread) bit-identical to the same rows
+ * scheduled by head (a step that also holds a multi-token tile), which is
+ * what keeps batched generation equal to solo generation.
  *
  * Contexts are long enough that the prompts cross several ATT_CHUNKs.
  * Token ids are random (fixed seed); the models are the synthetic ones of
@@ -75,14 +76,15 @@ static void prefill(lms_ctx *c, lms_kv_seq *s, const int32_t *toks, int32_t from
     free(lg);
 }
 
-/* Rows: seq 0's prompt end; a decode step of seqs 0 and 1 (by chunk); then
- * a step with seq 0's next token and seq 1's next, plus (split: false) seq
- * 1's one after, a two-token tile that sends the whole step by head, or
- * (split: true) seq 2's first, so the step goes by chunk. */
-static void run(const lms_model *m, int kv_type, int impl, bool split, float *rows)
+/* Rows: seq 0's prompt end; a decode step of seqs 0 and 1 (single-token
+ * tiles: by chunk, or by group with one thread); then a step with seq 0's
+ * next token and seq 1's next, plus (split: false) seq 1's one after, a
+ * two-token tile that sends the whole step by head, or (split: true) seq
+ * 2's first, so the step goes by chunk (by group). */
+static void run(const lms_model *m, int kv_type, int impl, bool split, int n_threads, float *rows)
 {
     const int32_t nv = m->hp.n_vocab;
-    lms_ctx_params p = {.n_ctx = N_CTX, .n_batch = 64, .n_seq = 3, .n_threads = 2,
+    lms_ctx_params p = {.n_ctx = N_CTX, .n_batch = 64, .n_seq = 3, .n_threads = n_threads,
                         .kv_type = kv_type};
     char err[256];
     lms_ctx *c;
@@ -128,7 +130,7 @@ static void test_case(void **state)
         fail_msg("%s: %s", ac->model, err);
     const size_t n = (size_t)N_ROWS * m->hp.n_vocab;
     float *ref = malloc(n * sizeof *ref), *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
-    run(m, ac->kv_type, FWD_ATT_REF, false, ref);
+    run(m, ac->kv_type, FWD_ATT_REF, false, 2, ref);
     float scale = 0;
     for (size_t i = 0; i < n; i++)
         scale = fmaxf(scale, fabsf(ref[i]));
@@ -144,12 +146,17 @@ static void test_case(void **state)
                    ac->kv_type ? "q8_0" : "f16", m->hp.head_dim, k ? "avx512" : "c");
             continue;
         }
-        run(m, ac->kv_type, impls[k], false, a);
-        run(m, ac->kv_type, impls[k], true, b);
-        /* by chunk and by head: the same arithmetic */
-        if (memcmp(a, b, n * sizeof *a))
-            fail_msg("%s: decode by chunk differs from by head (max %g)", ac->model,
-                     tu_max_diff(a, b, n));
+        run(m, ac->kv_type, impls[k], false, 2, a);
+        /* by chunk (2 threads: a remainder chunk split by KV heads; 3: given
+         * whole), by group (1 thread) and by head: the same arithmetic */
+        const int threads[] = {2, 3, 1};
+        for (int i = 0; i < 3; i++) {
+            run(m, ac->kv_type, impls[k], true, threads[i], b);
+            if (memcmp(a, b, n * sizeof *a))
+                fail_msg("%s: decode by %s (%d threads) differs from by head (max %g)",
+                         ac->model, threads[i] > 1 ? "chunk" : "group", threads[i],
+                         tu_max_diff(a, b, n));
+        }
         float d = tu_max_diff(a, ref, n);
         printf("attention %-16s kv %-4s hd %3d %-6s vs reference: max |logit diff| %.3g of %.3g\n",
                ac->model, ac->kv_type ? "q8_0" : "f16", m->hp.head_dim, k ? "avx512" : "c", d,
