@@ -27,7 +27,6 @@
 
 #include "base/err.h"
 #include "base/fastmath.h"
-#include "base/fp16.h"
 #include "engine/forward_int.h"
 #include "kernels/kernels.h"
 #include "kernels/matmul.h"
@@ -194,15 +193,32 @@ const lms_gpu_plan *lms_ctx_gpu_plan(const lms_ctx *c) { return c->gpu ? &c->pla
 
 /* ---- element-wise pieces ----------------------------------------------- */
 
-/* out = x / rms(x) * w over n values (sum of squares in double, as ggml). */
-static void rms_norm(const float *x, const float *w, float *out, int64_t n, float eps)
+/* Built for several x86 levels, the loader picking one (as attention.c):
+ * the default SSE2 build of swiglu's vector exp is slower than libm's
+ * scalar expf, its AVX2/AVX-512 builds ~10x faster. Levels with FMA may
+ * round products differently (float rounding). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#define FWD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define FWD_CLONES
+#endif
+
+/* out = x / rms(x) * w over n values (sum of squares in double, as ggml;
+ * summed in vector lanes, which only reorders the double sum). */
+FWD_CLONES static void rms_norm(const float *x, const float *w, float *out, int64_t n, float eps)
 {
     double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
     for (int64_t i = 0; i < n; i++)
         sum += (double)(x[i] * x[i]);
     const float scale = 1.0f / sqrtf((float)(sum / (double)n) + eps);
-    for (int64_t i = 0; i < n; i++)
-        out[i] = (x[i] * scale) * (w ? w[i] : 1.0f);
+    if (w) {
+        for (int64_t i = 0; i < n; i++)
+            out[i] = (x[i] * scale) * w[i];
+    } else {
+        for (int64_t i = 0; i < n; i++)
+            out[i] = x[i] * scale;
+    }
 }
 
 static void add_bias(float *y, const lms_weight *b, int64_t n_tok, int64_t n)
@@ -215,35 +231,61 @@ static void add_bias(float *y, const lms_weight *b, int64_t n_tok, int64_t n)
             y[t * n + i] += bias[i];
 }
 
-/* Rotates the first n_rot dims of each of n_heads heads of one token. */
-static void rope(const lms_hparams *hp, const float *freq_factors, float *x, int n_heads, int32_t pos)
+/* Most rotated dimension pairs (n_rot / 2) RoPE takes. */
+#define ROPE_MAX_PAIRS 512
+
+/* cos and sin of the n_rot / 2 angles of position pos (shared by the
+ * query and key heads of one token). */
+static void rope_angles(const lms_hparams *hp, const float *freq_factors, int32_t pos, float *cosv,
+                        float *sinv)
 {
-    const int nd = hp->n_rot, hd = hp->head_dim;
-    const float theta_scale = powf(hp->rope_base, -2.0f / (float)nd);
-    float cs[2 * 512];
+    const int n_pairs = hp->n_rot / 2 < ROPE_MAX_PAIRS ? hp->n_rot / 2 : ROPE_MAX_PAIRS;
+    const float theta_scale = powf(hp->rope_base, -2.0f / (float)hp->n_rot);
     float theta = (float)pos;
-    for (int i0 = 0; i0 < nd && i0 < 1024; i0 += 2) {
-        float ff = freq_factors ? freq_factors[i0 / 2] : 1.0f;
+    for (int i = 0; i < n_pairs; i++) {
+        float ff = freq_factors ? freq_factors[i] : 1.0f;
         float t = hp->rope_freq_scale * (theta / ff);
-        cs[i0] = cosf(t);
-        cs[i0 + 1] = sinf(t);
+        cosv[i] = cosf(t);
+        sinv[i] = sinf(t);
         theta *= theta_scale;
     }
+}
+
+/* Rotates the first n_rot dims of each of n_heads heads of one token:
+ * pairs (i, i + n_rot/2) for NEOX, else (2i, 2i + 1). */
+FWD_CLONES static void rope(const lms_hparams *hp, const float *cosv, const float *sinv, float *x,
+                             int n_heads)
+{
+    const int half = hp->n_rot / 2 < ROPE_MAX_PAIRS ? hp->n_rot / 2 : ROPE_MAX_PAIRS;
+    const int hd = hp->head_dim;
     for (int h = 0; h < n_heads; h++) {
         float *v = x + (size_t)h * hd;
-        for (int i0 = 0; i0 < nd; i0 += 2) {
-            int a = hp->rope_type == LMS_ROPE_NEOX ? i0 / 2 : i0;
-            int b = hp->rope_type == LMS_ROPE_NEOX ? i0 / 2 + nd / 2 : i0 + 1;
-            float x0 = v[a], x1 = v[b], c = cs[i0], s = cs[i0 + 1];
-            v[a] = x0 * c - x1 * s;
-            v[b] = x0 * s + x1 * c;
+        if (hp->rope_type == LMS_ROPE_NEOX) {
+            for (int i = 0; i < half; i++) {
+                const float x0 = v[i], x1 = v[i + half];
+                v[i] = x0 * cosv[i] - x1 * sinv[i];
+                v[i + half] = x0 * sinv[i] + x1 * cosv[i];
+            }
+        } else {
+            for (int i = 0; i < half; i++) {
+                const float x0 = v[2 * i], x1 = v[2 * i + 1];
+                v[2 * i] = x0 * cosv[i] - x1 * sinv[i];
+                v[2 * i + 1] = x0 * sinv[i] + x1 * cosv[i];
+            }
         }
     }
 }
 
-static inline float silu(float x)
+/* ga = silu(ga) * up over n values, silu(x) = x / (1 + e^-x): e^-|x| from
+ * the vectorizable lms_exp_neg (relative error ~2e-7, float rounding). */
+FWD_CLONES static void swiglu(float *ga, const float *up, int64_t n)
 {
-    return x / (1.0f + expf(-x));
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        const float x = ga[i];
+        const float e = lms_exp_neg(x < 0.0f ? x : -x);
+        ga[i] = (x < 0.0f ? x * e : x) / (1.0f + e) * up[i];
+    }
 }
 
 static lms_mat as_mat(const lms_weight *w)
@@ -256,6 +298,25 @@ static void matmul(lms_ctx *c, const lms_weight *w, const float *x, int64_t n, f
 {
     lms_mat m = as_mat(w);
     lms_matmul(&m, x, n, y, c->qbuf);
+}
+
+/* Element-wise work over the rows of a batch is split over the threads
+ * from this many values (below it the team's wake-up costs more). */
+#define ROWS_PAR_MIN 65536
+
+/* For each of n rows of e values: x += d (when d is not NULL), then
+ * out = rms_norm(x) * w. out may be d. */
+static void add_norm_rows(float *x, const float *d, const float *w, float *out, int64_t n,
+                          int64_t e, float eps)
+{
+#pragma omp parallel for schedule(static) if (n * e >= ROWS_PAR_MIN)
+    for (int64_t t = 0; t < n; t++) {
+        float *xt = x + t * e;
+        if (d)
+            for (int64_t i = 0; i < e; i++)
+                xt[i] += d[t * e + i];
+        rms_norm(xt, w, out + t * e, e, eps);
+    }
 }
 
 /* ---- one layer ------------------------------------------------------------ */
@@ -284,30 +345,24 @@ void fwd_qkv_post(lms_ctx *c, int il, const lms_batch *b)
     const int64_t n = b->n_tokens, hd = hp->head_dim;
     const int64_t q = hp->n_head * hd, kv = hp->n_head_kv * hd;
     const float *ff = c->m->rope_freqs.data;
+    /* the cache's type: f16 (the same rounding as lms_f32_to_f16) or q8_0 */
+    const lms_from_float_fn to_cache = lms_kernels_get()->from_float[c->kv.type];
     /* tokens are independent here; a prompt's are split over the threads */
 #pragma omp parallel for schedule(static) if (n >= 8)
     for (int64_t t = 0; t < n; t++) {
         float *qt = c->qb + t * q, *kt = c->kb + t * kv;
+        float cosv[ROPE_MAX_PAIRS], sinv[ROPE_MAX_PAIRS];
         if (l->q_norm.data)
             for (int h = 0; h < hp->n_head; h++)
                 rms_norm(qt + h * hd, l->q_norm.data, qt + h * hd, hd, hp->rms_eps);
         if (l->k_norm.data)
             for (int h = 0; h < hp->n_head_kv; h++)
                 rms_norm(kt + h * hd, l->k_norm.data, kt + h * hd, hd, hp->rms_eps);
-        rope(hp, ff, qt, hp->n_head, b->pos[t]);
-        rope(hp, ff, kt, hp->n_head_kv, b->pos[t]);
-        uint8_t *kc = lms_kv_k(&c->kv, b->seq[t], il - c->n_gpu, b->pos[t]);
-        uint8_t *vc = lms_kv_v(&c->kv, b->seq[t], il - c->n_gpu, b->pos[t]);
-        if (c->kv.type == LMS_TYPE_F16) {
-            for (int64_t i = 0; i < kv; i++) {
-                ((uint16_t *)kc)[i] = lms_f32_to_f16(kt[i]);
-                ((uint16_t *)vc)[i] = lms_f32_to_f16(c->vb[t * kv + i]);
-            }
-        } else {
-            const lms_from_float_fn q8 = lms_kernels_get()->from_float[c->kv.type];
-            q8(kt, kc, kv);
-            q8(c->vb + t * kv, vc, kv);
-        }
+        rope_angles(hp, ff, b->pos[t], cosv, sinv);
+        rope(hp, cosv, sinv, qt, hp->n_head);
+        rope(hp, cosv, sinv, kt, hp->n_head_kv);
+        to_cache(kt, lms_kv_k(&c->kv, b->seq[t], il - c->n_gpu, b->pos[t]), kv);
+        to_cache(c->vb + t * kv, lms_kv_v(&c->kv, b->seq[t], il - c->n_gpu, b->pos[t]), kv);
     }
 }
 
@@ -321,21 +376,18 @@ static void layer(lms_ctx *c, int il, const lms_batch *b)
     if (c->gpu && fwd_gpu_offload_layer(c, il, b))
         return;
 #endif
-    for (int64_t t = 0; t < n; t++)
-        rms_norm(c->x + t * e, l->attn_norm.data, c->xn + t * e, e, hp->rms_eps);
+    add_norm_rows(c->x, NULL, l->attn_norm.data, c->xn, n, e, hp->rms_eps);
     qkv(c, l, il, b);
     fwd_attention(c, il, b);
     matmul(c, &l->wo, c->att, n, c->xn);
-    for (int64_t i = 0; i < n * e; i++)
-        c->x[i] += c->xn[i];
-    for (int64_t t = 0; t < n; t++)
-        rms_norm(c->x + t * e, l->ffn_norm.data, c->xn + t * e, e, hp->rms_eps);
+    add_norm_rows(c->x, c->xn, l->ffn_norm.data, c->xn, n, e, hp->rms_eps);
     lms_mat mg = as_mat(&l->w_gate), mu = as_mat(&l->w_up);
     const lms_mat *ws[2] = {&mg, &mu};
     float *ys[2] = {c->ga, c->up};
     lms_matmul_n(ws, ys, 2, c->xn, n, c->qbuf);
-    for (int64_t i = 0; i < n * f; i++)
-        c->ga[i] = silu(c->ga[i]) * c->up[i];
+#pragma omp parallel for schedule(static) if (n * f >= ROWS_PAR_MIN)
+    for (int64_t t = 0; t < n; t++)
+        swiglu(c->ga + t * f, c->up + t * f, f);
     matmul(c, &l->w_down, c->ga, n, c->xn);
     for (int64_t i = 0; i < n * e; i++)
         c->x[i] += c->xn[i];

@@ -2,9 +2,13 @@
  * sampler.c - the sampling chain (see sampler.h).
  *
  * Candidates are (id, logit) pairs. Top-k keeps a min-heap of k entries
- * (O(n log k) over the vocabulary); without top-k the whole vocabulary is
- * sorted once. The random source is splitmix64 seeded per sequence, so a
- * seed reproduces a generation exactly.
+ * (O(n log k) over the vocabulary). Without top-k the filters and the draw
+ * walk the vocabulary best first but rarely far: only the tokens within
+ * SPAN of the best logit are sorted (a few, for a trained model), with the
+ * rest's probability mass summed; should a cut or the draw fall past them,
+ * the whole vocabulary is sorted (see sample_sorted). Greedy needs no
+ * candidates at all. The random source is splitmix64 seeded per sequence,
+ * so a seed reproduces a generation exactly.
  */
 #include "engine/sampler.h"
 
@@ -166,12 +170,24 @@ SAMPLER_CLONES static float sum_exp(const float *x, int32_t n, float mx)
     return sum;
 }
 
+/* sum of exp((x[i] - mx) / temp) in double (each term a float exp) */
+SAMPLER_CLONES static double sum_exp_scaled(const float *x, int32_t n, float mx, float inv_temp)
+{
+    double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+    for (int32_t i = 0; i < n; i++)
+        sum += (double)lms_exp_neg((x[i] - mx) * inv_temp);
+    return sum;
+}
+
 /* log-sum-exp of the logits: runs for every token of every sequence, over
- * the whole vocabulary (150k for Qwen), so it is kept vectorizable. */
-static void compute_lse(lms_sampler *s)
+ * the whole vocabulary (150k for Qwen), so it is kept vectorizable.
+ * Returns the largest logit. */
+static float compute_lse(lms_sampler *s)
 {
     float mx = max_of(s->logits, s->n_vocab);
     s->lse = mx + logf(sum_exp(s->logits, s->n_vocab, mx));
+    return mx;
 }
 
 static int cand_desc(const void *a, const void *b)
@@ -205,16 +221,73 @@ static void heap_down(cand *h, int32_t n, int32_t i)
     }
 }
 
-/* Fills s->cands with the top k (all when k <= 0) sorted descending. */
+/* Radix key of a candidate: ascending keys are descending logits
+ * (-0 taken as +0, as the comparison does). */
+static inline uint32_t desc_key(const cand *c)
+{
+    uint32_t b;
+    const float f = c->logit == 0.0f ? 0.0f : c->logit;
+    memcpy(&b, &f, sizeof b);
+    return ~(b & 0x80000000u ? ~b : b | 0x80000000u);
+}
+
+/* Sorts m candidates as cand_desc does (logit descending, ties by id),
+ * given in ascending id order: a stable LSD radix sort of 4 byte digits
+ * (a tenth of qsort's time over a 150k vocabulary); qsort when small or
+ * out of memory. */
+static void sort_desc(cand *c, int32_t m)
+{
+    cand *tmp = m >= 256 ? malloc((size_t)m * sizeof *tmp) : NULL;
+    if (!tmp) {
+        qsort(c, (size_t)m, sizeof(cand), cand_desc);
+        return;
+    }
+    int32_t count[4][256] = {{0}};
+    for (int32_t i = 0; i < m; i++) {
+        const uint32_t k = desc_key(&c[i]);
+        for (int d = 0; d < 4; d++)
+            count[d][(k >> (8 * d)) & 255]++;
+    }
+    cand *src = c, *dst = tmp;
+    for (int d = 0; d < 4; d++) {
+        int32_t at = 0;
+        for (int v = 0; v < 256; v++) {
+            const int32_t n = count[d][v];
+            count[d][v] = at;
+            at += n;
+        }
+        for (int32_t i = 0; i < m; i++)
+            dst[count[d][(desc_key(&src[i]) >> (8 * d)) & 255]++] = src[i];
+        cand *t = src;
+        src = dst;
+        dst = t;
+    }
+    free(tmp); /* four passes: the result is back in c */
+}
+
+/* Fills s->cands with the tokens whose logit is at least lo, sorted
+ * descending; returns their count. *below: the largest logit left out
+ * (-inf if none). */
+static int32_t gather_sorted(lms_sampler *s, float lo, float *below)
+{
+    int32_t m = 0;
+    float bl = -INFINITY;
+    for (int32_t i = 0; i < s->n_vocab; i++) {
+        const float l = s->logits[i];
+        if (!(l < lo)) /* NaNs too, as a full sort would keep them */
+            s->cands[m++] = (cand){i, l};
+        else if (l > bl)
+            bl = l;
+    }
+    sort_desc(s->cands, m);
+    *below = bl;
+    return m;
+}
+
+/* Fills s->cands with the top k (0 < k < n_vocab) sorted descending. */
 static int32_t select_top(lms_sampler *s, int32_t k)
 {
     int32_t n = s->n_vocab;
-    if (k <= 0 || k >= n) {
-        for (int32_t i = 0; i < n; i++)
-            s->cands[i] = (cand){i, s->logits[i]};
-        qsort(s->cands, (size_t)n, sizeof(cand), cand_desc);
-        return n;
-    }
     for (int32_t i = 0; i < k; i++)
         s->cands[i] = (cand){i, s->logits[i]};
     for (int32_t i = k / 2 - 1; i >= 0; i--)
@@ -230,41 +303,110 @@ static int32_t select_top(lms_sampler *s, int32_t k)
     return k;
 }
 
-/* Lowest index of the largest value: a vectorized max, then a scan that
- * stops at the first match. */
-static int32_t argmax(const float *l, int32_t n)
+/* Lowest index of the largest value mx (from max_of): a scan that stops
+ * at the first match. */
+static int32_t argmax_of(const float *l, int32_t n, float mx)
 {
-    float mx = max_of(l, n);
     for (int32_t i = 0; i < n; i++)
         if (l[i] == mx)
             return i;
     return 0; /* all NaN */
 }
 
-/* Top-p then min-p on the (sorted) candidates; returns the kept count. */
-static int32_t nucleus(const lms_sampler *s, int32_t n, double *probs)
+/* Without top-k: the tokens within SPAN of the best logit (or within
+ * min-p's cut, if nearer) are sorted first (their probability relative to
+ * the best is at least e^-SPAN). */
+#define SPAN 16.0f
+
+/* Top-p, min-p, temperature and the draw (u in [0, 1)) over the best m of
+ * n_cand candidates, sorted in s->cands; `rest` is the sum of exp(logit -
+ * best) over the other n_cand - m, whose logits are all below those of the
+ * sorted ones, the largest being `below`. Returns the token, or -1 when a
+ * decision falls past the sorted ones (the caller sorts them all). */
+static int32_t sample_sorted(lms_sampler *s, int32_t m, int32_t n_cand, double rest, float below,
+                             double u)
 {
-    double sum = 0;
-    for (int32_t i = 0; i < n; i++)
-        sum += probs[i] = exp((double)(s->cands[i].logit - s->cands[0].logit));
-    int32_t keep = n;
+    double *probs = malloc((size_t)m * sizeof *probs);
+    if (!probs) /* out of memory: the best */
+        return s->cands[0].id;
+    const double best = s->cands[0].logit;
+    double sum = rest;
+    for (int32_t i = 0; i < m; i++)
+        sum += probs[i] = exp((double)s->cands[i].logit - best);
+    int32_t keep = n_cand;
     if (s->p.top_p < 1.0f) {
         double acc = 0;
-        for (int32_t i = 0; i < n; i++) {
+        for (int32_t i = 0; i < m && keep == n_cand; i++) {
             acc += probs[i] / sum;
-            if (acc >= s->p.top_p) {
+            if (acc >= s->p.top_p)
                 keep = i + 1;
-                break;
-            }
         }
     }
-    if (s->p.min_p > 0.0f)
-        for (int32_t i = 1; i < keep; i++)
+    if (s->p.min_p > 0.0f) {
+        for (int32_t i = 1; i < keep && i < m; i++)
             if (probs[i] < s->p.min_p) { /* probs[0] == 1: relative to the max */
                 keep = i;
                 break;
             }
-    return keep;
+        /* the best unsorted one is the next in order: the same test */
+        if (keep > m && exp((double)below - best) < s->p.min_p)
+            keep = m;
+    }
+    if (keep > m && (s->p.top_p < 1.0f || s->p.min_p > 0.0f)) {
+        free(probs); /* a cut falls past the sorted ones */
+        return -1;
+    }
+    const double inv_t = 1.0 / s->p.temperature;
+    double sum_t = 0;
+    for (int32_t i = 0; i < keep && i < m; i++)
+        sum_t += probs[i] = exp(((double)s->cands[i].logit - best) * inv_t);
+    if (keep > m) { /* every candidate stays: add the unsorted ones' tempered mass */
+        double rest_t = sum_exp_scaled(s->logits, s->n_vocab, (float)best, (float)inv_t);
+        for (int32_t i = 0; i < m; i++)
+            rest_t -= (double)lms_exp_neg((float)((s->cands[i].logit - best) * inv_t));
+        sum_t += rest_t > 0 ? rest_t : 0;
+    }
+    u *= sum_t;
+    int32_t tok = keep > m ? -1 : s->cands[keep - 1].id; /* -1: the draw falls past them */
+    for (int32_t i = 0; i < keep && i < m; i++) {
+        if (u < probs[i]) {
+            tok = s->cands[i].id;
+            break;
+        }
+        u -= probs[i];
+    }
+    free(probs);
+    return tok;
+}
+
+/* Top-k (or the best part of the vocabulary), then sample_sorted; falls
+ * back to sorting every candidate when the best part does not decide. */
+static int32_t sample_dist(lms_sampler *s, float mx)
+{
+    const int32_t n = s->n_vocab, k = s->p.top_k;
+    const double u = (double)(next_u64(&s->rng) >> 11) * (1.0 / 9007199254740992.0);
+    if (k > 0 && k < n)
+        return sample_sorted(s, select_top(s, k), k, 0, -INFINITY, u);
+    /* min-p cuts every token below e^-span = min_p of the best's
+     * probability: nothing past that span can be kept */
+    float span = SPAN;
+    if (s->p.min_p > 0.0f && -logf(s->p.min_p) < span)
+        span = -logf(s->p.min_p);
+    float below;
+    const int32_t m = gather_sorted(s, mx - span, &below);
+    double rest = 0;
+    if (m < n) {
+        rest = sum_exp_scaled(s->logits, n, mx, 1.0f);
+        for (int32_t i = 0; i < m; i++)
+            rest -= (double)lms_exp_neg(s->cands[i].logit - mx);
+        rest = rest > 0 ? rest : 0;
+    }
+    const int32_t tok = sample_sorted(s, m, n, rest, below, u);
+    if (tok >= 0)
+        return tok;
+    /* decided past the best part: sort everything */
+    const int32_t all = gather_sorted(s, -INFINITY, &below);
+    return sample_sorted(s, all, n, 0, below, u);
 }
 
 int32_t lms_sampler_sample(lms_sampler *s, const float *logits, float *prob)
@@ -276,33 +418,9 @@ int32_t lms_sampler_sample(lms_sampler *s, const float *logits, float *prob)
             s->logits[b->id] = b->bias <= -100.0f ? -INFINITY : s->logits[b->id] + b->bias;
     }
     apply_penalties(s);
-    compute_lse(s);
-    int32_t tok;
-    if (s->p.temperature <= 0.0f) {
-        tok = argmax(s->logits, s->n_vocab);
-    } else {
-        int32_t n = select_top(s, s->p.top_k);
-        double *probs = malloc((size_t)n * sizeof *probs);
-        if (!probs) {
-            tok = s->cands[0].id; /* out of memory: fall back to the best */
-        } else {
-            int32_t keep = nucleus(s, n, probs);
-            double sum = 0;
-            for (int32_t i = 0; i < keep; i++)
-                sum += probs[i] =
-                    exp((double)(s->cands[i].logit - s->cands[0].logit) / s->p.temperature);
-            double u = (double)(next_u64(&s->rng) >> 11) * (1.0 / 9007199254740992.0) * sum;
-            tok = s->cands[keep - 1].id;
-            for (int32_t i = 0; i < keep; i++) {
-                if (u < probs[i]) {
-                    tok = s->cands[i].id;
-                    break;
-                }
-                u -= probs[i];
-            }
-            free(probs);
-        }
-    }
+    const float mx = compute_lse(s);
+    const int32_t tok =
+        s->p.temperature <= 0.0f ? argmax_of(s->logits, s->n_vocab, mx) : sample_dist(s, mx);
     if (prob)
         *prob = expf(s->logits[tok] - s->lse);
     return tok;

@@ -90,6 +90,9 @@ struct lms_sched {
     bool *b_lg, *b_embd;
     sreq **b_owner;
     float *logits;           /* [n_parallel][n_vocab] */
+    sreq **lg_owner;         /* [n_parallel] the request of each logits row */
+    int32_t *lg_tok;         /* [n_parallel] its sampled token */
+    float *lg_prob;          /* [n_parallel] and that token's probability */
 };
 
 /* ---- events -------------------------------------------------------------- */
@@ -441,12 +444,11 @@ static void register_blocks(lms_sched *s, sreq *q)
     }
 }
 
-/* Streams a generated token; returns a finish reason or NULL to go on. */
-static const char *handle_token(lms_sched *s, sreq *q, const float *logits)
+/* Streams a generated token (sampled with probability prob); returns a
+ * finish reason or NULL to go on. */
+static const char *handle_token(lms_sched *s, sreq *q, int32_t tok, float prob)
 {
     lms_event *ev = new_event(q, LMS_EV_TOKEN);
-    float prob;
-    int32_t tok = lms_sampler_sample(q->smp, logits, &prob);
     lms_sampler_accept(q->smp, tok);
     if (q->n_gen++ == 0)
         q->t_first = lms_now_ms();
@@ -523,6 +525,17 @@ static void after_forward(lms_sched *s, int32_t n_rows)
 {
     const int32_t nv = s->m->hp.n_vocab, e = s->m->hp.n_embd;
     const float *hidden = lms_ctx_hidden(s->ctx);
+    /* Sampling reads and writes only its own request's sampler: the logits
+     * rows are sampled over the OpenMP team (a pass or more over the whole
+     * vocabulary each), then the events go out in row order. */
+    int32_t n_lg = 0;
+    for (int32_t r = 0; r < n_rows; r++)
+        if (s->b_lg[r])
+            s->lg_owner[n_lg++] = s->b_owner[r];
+#pragma omp parallel for schedule(dynamic, 1) if (n_lg >= 2)
+    for (int32_t i = 0; i < n_lg; i++)
+        s->lg_tok[i] = lms_sampler_sample(s->lg_owner[i]->smp, s->logits + (size_t)i * nv,
+                                          &s->lg_prob[i]);
     int32_t lg_row = 0, out_row = 0;
     for (int32_t r = 0; r < n_rows; r++) {
         sreq *q = s->b_owner[r];
@@ -536,7 +549,8 @@ static void after_forward(lms_sched *s, int32_t n_rows)
         if (s->b_lg[r] || s->b_embd[r])
             out_row++;
         if (s->b_lg[r]) {
-            q->done = handle_token(s, q, s->logits + (size_t)lg_row++ * nv);
+            q->done = handle_token(s, q, s->lg_tok[lg_row], s->lg_prob[lg_row]);
+            lg_row++;
             q->state = ST_DECODE;
         }
     }
@@ -715,8 +729,11 @@ static int alloc_buffers(lms_sched *s)
     s->b_embd = malloc(nb * sizeof *s->b_embd);
     s->b_owner = malloc(nb * sizeof *s->b_owner);
     s->logits = malloc((size_t)s->p.n_parallel * (size_t)s->m->hp.n_vocab * sizeof *s->logits);
+    s->lg_owner = malloc((size_t)s->p.n_parallel * sizeof *s->lg_owner);
+    s->lg_tok = malloc((size_t)s->p.n_parallel * sizeof *s->lg_tok);
+    s->lg_prob = malloc((size_t)s->p.n_parallel * sizeof *s->lg_prob);
     return s->run && s->b_tok && s->b_pos && s->b_seq && s->b_lg && s->b_embd && s->b_owner &&
-                   s->logits
+                   s->logits && s->lg_owner && s->lg_tok && s->lg_prob
                ? 0
                : LMS_ERR_NOMEM;
 }
@@ -724,7 +741,7 @@ static int alloc_buffers(lms_sched *s)
 static void free_buffers(lms_sched *s)
 {
     void *bufs[] = {s->run, s->b_tok, s->b_pos, s->b_seq, s->b_lg, s->b_embd, s->b_owner,
-                    s->logits, s->aborts};
+                    s->logits, s->lg_owner, s->lg_tok, s->lg_prob, s->aborts};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
 }

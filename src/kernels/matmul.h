@@ -5,8 +5,10 @@
  * ne[0] = n_cols, ne[1] = n_rows). x is [n_tok][n_cols] f32, y is
  * [n_tok][n_rows] f32. Each x row is converted once to W's vec_dot type.
  * One token (decode): rows of W streamed once through the ISA's gemv
- * kernel (several rows a call) or vec_dot, split in equal static shares
- * over the OpenMP team. Two or more: jobs of rows
+ * kernel (several rows a call) or vec_dot, in jobs of about equal bytes:
+ * each thread of the OpenMP team streams its own share of the bytes, then
+ * helps with the others' (results do not depend on the thread count).
+ * Two or more: jobs of rows
  * sized for L2, taken dynamically, each through the ISA's tile kernel
  * (kernels.h, gemm) against every token (details in cpu/matmul.c).
  */

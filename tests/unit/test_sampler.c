@@ -242,13 +242,134 @@ static void test_stop_strings(void **state)
     assert_int_equal(lms_stopstr_init(&m, many, LMS_MAX_STOP + 1), LMS_ERR_LIMIT);
 }
 
+/* ---- the whole-vocabulary path against a reference ---------------------- */
+
+/* The chain without top-k as it reads in sampler.h, over the whole
+ * vocabulary sorted (best first, ties by id): top-p, min-p, temperature,
+ * one splitmix64 draw per sample (the sampler's random source). */
+typedef struct ref_cand {
+    int32_t id;
+    float logit;
+} ref_cand;
+
+static int ref_desc(const void *a, const void *b)
+{
+    const ref_cand *x = a, *y = b;
+    if (x->logit != y->logit)
+        return x->logit < y->logit ? 1 : -1;
+    return x->id - y->id;
+}
+
+/* Sorts the vocabulary into c (once per logits). */
+static void ref_sort(const float *l, int32_t n, ref_cand *c)
+{
+    for (int32_t i = 0; i < n; i++)
+        c[i] = (ref_cand){i, l[i]};
+    qsort(c, (size_t)n, sizeof *c, ref_desc);
+}
+
+static int32_t ref_sample(const lms_sampler_params *p, const ref_cand *c, int32_t n, uint64_t *rng,
+                          double *probs)
+{
+    uint64_t z = (*rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    double u = (double)((z ^ (z >> 31)) >> 11) * (1.0 / 9007199254740992.0);
+    double sum = 0;
+    for (int32_t i = 0; i < n; i++)
+        sum += probs[i] = exp((double)c[i].logit - c[0].logit);
+    int32_t keep = n;
+    double acc = 0;
+    for (int32_t i = 0; i < n && p->top_p < 1.0f; i++)
+        if ((acc += probs[i] / sum) >= p->top_p) {
+            keep = i + 1;
+            break;
+        }
+    for (int32_t i = 1; i < keep && p->min_p > 0.0f; i++)
+        if (probs[i] < p->min_p) {
+            keep = i;
+            break;
+        }
+    double sum_t = 0;
+    for (int32_t i = 0; i < keep; i++)
+        sum_t += probs[i] = exp(((double)c[i].logit - c[0].logit) / p->temperature);
+    u *= sum_t;
+    for (int32_t i = 0; i < keep; i++) {
+        if (u < probs[i])
+            return c[i].id;
+        u -= probs[i];
+    }
+    return c[keep - 1].id;
+}
+
+/* Without top-k the sampler sorts only the best part of the vocabulary
+ * and falls back to a full sort when a cut or the draw goes past it; its
+ * tokens must be the reference's (sums are added in another order, so a
+ * draw within rounding of a boundary may differ: allow a few in 1000s).
+ * The shapes: flat logits around 0 (most within the sorted span), peaked
+ * ones (few), a best token far above a crowd (the draw and the top-p cut
+ * fall past the sorted part: the fallback), and banned (-inf) tokens. */
+static void test_whole_vocab_matches_reference(void **state)
+{
+    enum { N = 8000, DRAWS = 40 };
+    float *l = malloc(N * sizeof *l);
+    ref_cand *c = malloc(N * sizeof *c);
+    double *probs = malloc(N * sizeof *probs);
+    assert_non_null(l);
+    assert_non_null(c);
+    assert_non_null(probs);
+    static const float temps[] = {0.3f, 1.0f, 3.0f};
+    static const float top_ps[] = {1.0f, 0.9f, 0.5f, 0.9999f};
+    static const float min_ps[] = {0.0f, 0.05f, 1e-9f};
+    int n_draws = 0, n_diff = 0;
+    uint64_t seed = 1234;
+    for (int shape = 0; shape < 4; shape++)
+        for (size_t ti = 0; ti < sizeof temps / sizeof temps[0]; ti++)
+            for (size_t pi = 0; pi < sizeof top_ps / sizeof top_ps[0]; pi++)
+                for (size_t mi = 0; mi < sizeof min_ps / sizeof min_ps[0]; mi++) {
+                    for (int i = 0; i < N; i++) {
+                        const float r = tu_rand_f32(&seed, 0.0f, 1.0f);
+                        l[i] = shape == 0   ? r * 8.0f - 4.0f
+                               : shape == 1 ? r * r * r * 40.0f
+                               : shape == 2 ? r
+                                            : (i % 3 ? r * 30.0f : -INFINITY);
+                    }
+                    if (shape == 2)
+                        l[N / 2] = 17.5f; /* alone within the span of 16 */
+                    ref_sort(l, N, c);
+                    lms_sampler_params p = lms_sampler_defaults();
+                    p.top_k = 0;
+                    p.temperature = temps[ti];
+                    p.top_p = top_ps[pi];
+                    p.min_p = min_ps[mi];
+                    p.seed = seed;
+                    lms_sampler *s = lms_sampler_create(&p, N);
+                    assert_non_null(s);
+                    uint64_t rng = p.seed;
+                    for (int d = 0; d < DRAWS; d++) {
+                        const int32_t a = lms_sampler_sample(s, l, NULL);
+                        const int32_t b = ref_sample(&p, c, N, &rng, probs);
+                        assert_true(a >= 0 && a < N && l[a] > -INFINITY);
+                        n_diff += a != b;
+                        n_draws++;
+                    }
+                    lms_sampler_destroy(s);
+                }
+    fprintf(stderr, "whole vocabulary: %d of %d draws differ from the reference\n", n_diff,
+            n_draws);
+    assert_true(n_diff * 1000 <= n_draws);
+    free(l);
+    free(c);
+    free(probs);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_and_prob), cmocka_unit_test(test_seed_reproducible),
         cmocka_unit_test(test_top_k_top_p_min_p), cmocka_unit_test(test_penalties),
         cmocka_unit_test(test_param_checks), cmocka_unit_test(test_stop_strings),
-        cmocka_unit_test(test_logit_bias),
+        cmocka_unit_test(test_logit_bias), cmocka_unit_test(test_whole_vocab_matches_reference),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,11 +3,17 @@
  *
  * Activations are converted once (one row per token) to the weights'
  * vec_dot type. Then:
- *   - decode (one token): a matrix-vector product; the OpenMP team splits
- *     the rows of all matrices of the call into equal static shares and
- *     streams them once, through the ISA's multi-row gemv kernel where it
- *     has one for the type, else vec_dot row by row (memory bound: nothing
- *     to reuse);
+ *   - decode (one token): a matrix-vector product, memory bound (nothing
+ *     to reuse), streamed once through the ISA's multi-row gemv kernel where
+ *     it has one for the type, else vec_dot row by row. The rows of all
+ *     matrices of the call are cut into jobs of about DECODE_JOB_BYTES and
+ *     the job list into one contiguous segment per thread holding an equal
+ *     share of the bytes (a Q6_K row costs more than a Q4_K row). Each thread
+ *     streams its own segment front to back and then takes the jobs left in
+ *     the others' (see decode_par): two threads of a VM rarely stream at
+ *     the same speed, and with equal static shares the faster one waited
+ *     ~15% of each product at the join. Job bounds depend on the shapes
+ *     only, so which thread runs a job never changes a result;
  *   - prompt (n_tok >= GEMM_MIN_TOK): jobs of a block of rows of one
  *     matrix (sized to stay in L2) times every token, taken dynamically;
  *     each job calls the ISA's tile kernel (kernels.h, lms_gemm_fn), which
@@ -17,18 +23,24 @@
  */
 #include "kernels/matmul.h"
 
+#include <stdalign.h>
 #include <stdbool.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #else
 static int omp_get_max_threads(void) { return 1; }
+static int omp_get_thread_num(void) { return 0; }
 #endif
 
 #include "kernels/kernels.h"
 
-/* Decode: rows per unit of the static split. */
-#define TILE_ROWS 16
+/* Decode: weight bytes of a job (rows rounded to a multiple of
+ * DECODE_ROW_ALIGN, which keeps the gemv kernels' row groups whole), and
+ * the most threads that get a segment of their own. */
+#define DECODE_JOB_BYTES (24 * 1024)
+#define DECODE_ROW_ALIGN 16
+#define DECODE_MAX_SEGS 64
 /* Below this many multiply-adds a product runs on the calling thread: the
  * team's wake-up would cost more than the work. */
 #define PARALLEL_MIN_MACS 65536
@@ -85,22 +97,36 @@ static void prepare(const lms_mat *const *ws, int n, const float *x, int64_t n_t
     }
 }
 
-/* Weight rows of one job: a block of rows of one matrix, for every token. */
-typedef struct job_plan {
-    int64_t first[LMS_MATMUL_MAX + 1]; /* first job of each matrix; first[n] = total */
+/* One lms_matmul_n call: its matrices, their converted activations and
+ * kernels, and its jobs (a block of rows of one matrix, for every token). */
+typedef struct mm_call {
+    int n;                                /* matrices */
+    const lms_mat *const *ws;
+    float *const *ys;
+    int64_t n_tok;
+    const uint8_t *prep[LMS_MATMUL_MAX];  /* x in matrix i's vec_dot type */
+    size_t stride[LMS_MATMUL_MAX];        /* bytes between its token rows */
+    lms_vec_dot_fn dot[LMS_MATMUL_MAX];
+    lms_gemm_fn gemm[LMS_MATMUL_MAX];     /* NULL for decode */
+    lms_gemv_fn gemv[LMS_MATMUL_MAX];     /* NULL for prompts */
+    int64_t first[LMS_MATMUL_MAX + 1];    /* first job of each matrix; first[n] = total */
     int64_t rows_per_job[LMS_MATMUL_MAX];
-} job_plan;
+} mm_call;
 
-/* Rows per job: a multiple of 16 (the gemm kernels' micro tiles divide
- * it) small enough that the job's rows stay in L2 (GEMM_L2_BYTES) while
- * every token passes, and that there are at least JOBS_PER_THREAD jobs a
- * thread, so that dynamic scheduling leaves the threads at most one small
- * job apart. Decode (one token) streams rows once: fixed TILE_ROWS. */
+/* Rows per job. Prompts: a multiple of 16 (the gemm kernels' micro tiles
+ * divide it) small enough that the job's rows stay in L2 (GEMM_L2_BYTES)
+ * while every token passes, and that there are at least JOBS_PER_THREAD
+ * jobs a thread, so that dynamic scheduling leaves the threads at most one
+ * small job apart. Decode (one token) streams rows once: jobs of about
+ * DECODE_JOB_BYTES, whatever the thread count. */
 static int64_t job_rows(const lms_mat *w, int64_t total_rows, int64_t n_tok, int n_threads)
 {
-    if (n_tok < GEMM_MIN_TOK)
-        return TILE_ROWS;
-    int64_t r = GEMM_L2_BYTES / (int64_t)(w->row_bytes ? w->row_bytes : 1);
+    const int64_t rb = (int64_t)(w->row_bytes ? w->row_bytes : 1);
+    if (n_tok < GEMM_MIN_TOK) {
+        const int64_t r = DECODE_JOB_BYTES / rb;
+        return r < DECODE_ROW_ALIGN ? DECODE_ROW_ALIGN : r / DECODE_ROW_ALIGN * DECODE_ROW_ALIGN;
+    }
+    int64_t r = GEMM_L2_BYTES / rb;
     const int64_t balance = total_rows / ((int64_t)n_threads * JOBS_PER_THREAD);
     if (balance < r)
         r = balance;
@@ -108,26 +134,90 @@ static int64_t job_rows(const lms_mat *w, int64_t total_rows, int64_t n_tok, int
     return r < 16 ? 16 : r > GEMM_MAX_ROWS ? GEMM_MAX_ROWS : r;
 }
 
-/* Rows [r0, r1) of w times every token: the tile kernel where the ISA has
- * one for this type (n_tok >= GEMM_MIN_TOK), the gemv kernel for one token
- * (decode callers pass it), else vec_dot row by row. */
-static void run_job(const lms_mat *w, lms_vec_dot_fn dot, lms_gemm_fn gemm, lms_gemv_fn gemv,
-                    const uint8_t *xq, size_t ldx, int64_t n_tok, float *y, int64_t r0, int64_t r1)
+/* Job j: rows [r0, r1) of one matrix times every token, through the tile
+ * kernel where the ISA has one for the type (prompts), the gemv kernel
+ * (decode), else vec_dot row by row. */
+static void run_job(const mm_call *mc, int64_t j)
 {
+    int m = 0;
+    while (j >= mc->first[m + 1])
+        m++;
+    const lms_mat *w = mc->ws[m];
+    const int64_t r0 = (j - mc->first[m]) * mc->rows_per_job[m];
+    const int64_t r1 = r0 + mc->rows_per_job[m] < w->n_rows ? r0 + mc->rows_per_job[m] : w->n_rows;
     const uint8_t *wr = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
-    if (gemv && n_tok == 1) {
-        gemv(w->n_cols, r1 - r0, wr, w->row_bytes, xq, y + r0);
+    const uint8_t *xq = mc->prep[m];
+    float *y = mc->ys[m];
+    if (mc->gemv[m] && mc->n_tok == 1) {
+        mc->gemv[m](w->n_cols, r1 - r0, wr, w->row_bytes, xq, y + r0);
         return;
     }
-    if (gemm && n_tok >= GEMM_MIN_TOK) {
-        gemm(w->n_cols, r1 - r0, n_tok, wr, w->row_bytes, xq, ldx, y + r0, (size_t)w->n_rows);
+    if (mc->gemm[m] && mc->n_tok >= GEMM_MIN_TOK) {
+        mc->gemm[m](w->n_cols, r1 - r0, mc->n_tok, wr, w->row_bytes, xq, mc->stride[m], y + r0,
+                    (size_t)w->n_rows);
         return;
     }
-    for (int64_t t = 0; t < n_tok; t++) {
-        const void *xr = xq + (size_t)t * ldx;
+    for (int64_t t = 0; t < mc->n_tok; t++) {
+        const void *xr = xq + (size_t)t * mc->stride[m];
         float *yr = y + t * w->n_rows;
         for (int64_t r = r0; r < r1; r++)
-            dot(w->n_cols, &yr[r], (const uint8_t *)w->data + (size_t)r * w->row_bytes, xr);
+            mc->dot[m](w->n_cols, &yr[r], (const uint8_t *)w->data + (size_t)r * w->row_bytes, xr);
+    }
+}
+
+/* A thread's share of the decode jobs: [next, end), claimed one job at a
+ * time; a cache line each so that owners do not contend. */
+typedef struct decode_seg {
+    alignas(64) int64_t next;
+    int64_t end;
+} decode_seg;
+
+/* Index of the job in which byte `at` of the call's weights (matrices in
+ * order, each cut into jobs of rows_per_job rows) falls, rounded to the
+ * nearest job boundary. */
+static int64_t job_at_byte(const mm_call *mc, double at)
+{
+    for (int i = 0; i < mc->n; i++) {
+        const double bytes = (double)mc->ws[i]->n_rows * (double)mc->ws[i]->row_bytes;
+        if (at < bytes) {
+            const double job = (double)mc->rows_per_job[i] * (double)mc->ws[i]->row_bytes;
+            const int64_t j = mc->first[i] + (int64_t)(at / job + 0.5);
+            return j < mc->first[i + 1] ? j : mc->first[i + 1];
+        }
+        at -= bytes;
+    }
+    return mc->first[mc->n];
+}
+
+/* Decode over the team: segment s (of n_seg, equal bytes each) starts
+ * thread s's work; a thread that finishes its own segment helps with the
+ * others', in order. The claim is a relaxed fetch-add: the jobs' inputs
+ * were published before the region and their outputs are read after its
+ * closing barrier. */
+static void decode_par(const mm_call *mc)
+{
+    const int n_threads = omp_get_max_threads();
+    const int n_seg = n_threads < DECODE_MAX_SEGS ? n_threads : DECODE_MAX_SEGS;
+    decode_seg seg[DECODE_MAX_SEGS];
+    double total = 0;
+    for (int i = 0; i < mc->n; i++)
+        total += (double)mc->ws[i]->n_rows * (double)mc->ws[i]->row_bytes;
+    for (int s = 0; s < n_seg; s++) {
+        seg[s].next = s == 0 ? 0 : seg[s - 1].end;
+        seg[s].end = s == n_seg - 1 ? mc->first[mc->n] : job_at_byte(mc, total * (s + 1) / n_seg);
+    }
+#pragma omp parallel
+    {
+        const int tid = omp_get_thread_num();
+        for (int k = 0; k < n_seg; k++) {
+            decode_seg *sg = &seg[(tid + k) % n_seg];
+            for (;;) {
+                const int64_t j = __atomic_fetch_add(&sg->next, 1, __ATOMIC_RELAXED);
+                if (j >= sg->end)
+                    break;
+                run_job(mc, j);
+            }
+        }
     }
 }
 
@@ -135,54 +225,36 @@ void lms_matmul_n(const lms_mat *const *ws, float *const *ys, int n, const float
                   void *scratch)
 {
     const lms_kernel_table *k = lms_kernels_get();
-    const uint8_t *prep[LMS_MATMUL_MAX];
-    size_t stride[LMS_MATMUL_MAX];
-    lms_vec_dot_fn dot[LMS_MATMUL_MAX];
-    lms_gemm_fn gemm[LMS_MATMUL_MAX];
-    lms_gemv_fn gemv[LMS_MATMUL_MAX];
-    job_plan plan;
+    mm_call mc = {.n = n, .ws = ws, .ys = ys, .n_tok = n_tok};
     double macs = 0;
     int64_t total_rows = 0;
-    prepare(ws, n, x, n_tok, scratch, prep, stride);
+    prepare(ws, n, x, n_tok, scratch, mc.prep, mc.stride);
     for (int i = 0; i < n; i++) {
         total_rows += ws[i]->n_rows;
         macs += (double)ws[i]->n_rows * (double)ws[i]->n_cols * (double)n_tok;
     }
-    const bool par = macs >= PARALLEL_MIN_MACS;
+    const bool par = macs >= PARALLEL_MIN_MACS && omp_get_max_threads() > 1;
     const int n_threads = par ? omp_get_max_threads() : 1;
-    plan.first[0] = 0;
+    const bool decode = n_tok < GEMM_MIN_TOK;
+    mc.first[0] = 0;
     for (int i = 0; i < n; i++) {
-        dot[i] = k->vec_dot[ws[i]->type];
-        gemm[i] = k->gemm[ws[i]->type];
-        gemv[i] = k->gemv[ws[i]->type];
-        plan.rows_per_job[i] = job_rows(ws[i], total_rows, n_tok, n_threads);
-        plan.first[i + 1] =
-            plan.first[i] + (ws[i]->n_rows + plan.rows_per_job[i] - 1) / plan.rows_per_job[i];
+        mc.dot[i] = k->vec_dot[ws[i]->type];
+        mc.gemm[i] = decode ? NULL : k->gemm[ws[i]->type];
+        mc.gemv[i] = decode ? k->gemv[ws[i]->type] : NULL;
+        mc.rows_per_job[i] = job_rows(ws[i], total_rows, n_tok, n_threads);
+        mc.first[i + 1] =
+            mc.first[i] + (ws[i]->n_rows + mc.rows_per_job[i] - 1) / mc.rows_per_job[i];
     }
-    const int64_t n_jobs = plan.first[n];
-    if (n_tok < GEMM_MIN_TOK) {
-        /* decode: equal shares of rows in order, each thread streams its part */
-#pragma omp parallel for schedule(static) if (par)
-        for (int64_t j = 0; j < n_jobs; j++) {
-            int m = 0;
-            while (j >= plan.first[m + 1])
-                m++;
-            const int64_t r0 = (j - plan.first[m]) * plan.rows_per_job[m];
-            const int64_t r1 = r0 + plan.rows_per_job[m] < ws[m]->n_rows
-                                   ? r0 + plan.rows_per_job[m] : ws[m]->n_rows;
-            run_job(ws[m], dot[m], NULL, gemv[m], prep[m], stride[m], n_tok, ys[m], r0, r1);
-        }
-        return;
-    }
-#pragma omp parallel for schedule(dynamic, 1) if (par)
-    for (int64_t j = 0; j < n_jobs; j++) {
-        int m = 0;
-        while (j >= plan.first[m + 1])
-            m++;
-        const int64_t r0 = (j - plan.first[m]) * plan.rows_per_job[m];
-        const int64_t r1 =
-            r0 + plan.rows_per_job[m] < ws[m]->n_rows ? r0 + plan.rows_per_job[m] : ws[m]->n_rows;
-        run_job(ws[m], dot[m], gemm[m], NULL, prep[m], stride[m], n_tok, ys[m], r0, r1);
+    const int64_t n_jobs = mc.first[n];
+    if (!par) {
+        for (int64_t j = 0; j < n_jobs; j++)
+            run_job(&mc, j);
+    } else if (decode) {
+        decode_par(&mc);
+    } else {
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int64_t j = 0; j < n_jobs; j++)
+            run_job(&mc, j);
     }
 }
 
