@@ -16,7 +16,18 @@ streams() { # starts N streams into $T/s.I, pids in CURLS
         CURLS="$CURLS $!"
     done
     for _ in $(seq 400); do # until the first stream is under way
-        grep -q '^data: ' "$T/s.1" 2>/dev/null && return 0
+        grep -q '^data: ' "$T/s.1" 2>/dev/null && break
+        sleep 0.01
+    done
+    # and the server holds every stream (running, queued or done): on a
+    # loaded machine the later curls may not have connected yet
+    for _ in $(seq 400); do
+        held=$(curl -s "$BASE/metrics" |
+            awk '/^lmserv_num_requests_(running|waiting) /{s+=$2} END{print s+0}')
+        for i in $(seq "$1"); do
+            grep -q '^data: \[DONE\]' "$T/s.$i" 2>/dev/null && held=$((held + 1))
+        done
+        [ "$held" -ge "$1" ] && return 0
         sleep 0.01
     done
 }
