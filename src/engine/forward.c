@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -35,7 +36,8 @@
  * the CUDA prompt offload can page-lock it (forward_cuda.c). */
 static float *alloc_f32(size_t n)
 {
-    return aligned_alloc(4096, (n * sizeof(float) + 4095) / 4096 * 4096);
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    return aligned_alloc(page, (n * sizeof(float) + page - 1) / page * page);
 }
 
 static size_t max_scratch(const lms_model *m, int64_t n)

@@ -114,8 +114,8 @@ struct fwd_gpu {
     bool o_gpu_att;      /* and the step's attention runs on the GPU */
     const void *reg_kv[2]; /* page-locked host K/V pools, or NULL */
     bool reg_kv_tried;
-    double off_ms[5];    /* LMS_CUDA_OFFLOAD_PROF=1: ms in the phases of offloaded layers */
-    int64_t off_layers;
+    double off_ms[4];    /* LMS_CUDA_OFFLOAD_PROF=1: ms in the phases of offloaded layers */
+    int64_t off_layers, off_gpu_att; /* offloaded layer runs, of which attention on the GPU */
     bool off_prof;
 };
 
@@ -431,10 +431,10 @@ static void free_gpu(fwd_gpu *gp, int32_t n_gpu)
         return;
     if (gp->off_prof && gp->off_layers)
         fprintf(stderr,
-                "lmserv: prompt offload, %lld layer runs (%.0f with attention on the GPU), ms: "
+                "lmserv: prompt offload, %lld layer runs (%lld with attention on the GPU), ms: "
                 "QKV %.1f, RoPE + cache on the CPU %.1f, attention on the CPU %.1f, W_o + FFN "
                 "%.1f\n",
-                (long long)gp->off_layers, gp->off_ms[4], gp->off_ms[0], gp->off_ms[1],
+                (long long)gp->off_layers, (long long)gp->off_gpu_att, gp->off_ms[0], gp->off_ms[1],
                 gp->off_ms[2], gp->off_ms[3]);
     lcu_host_unregister(gp->reg_w);
     lcu_host_unregister(gp->reg_kv[0]);
@@ -651,6 +651,27 @@ void fwd_gpu_destroy(lms_ctx *c)
 
 /* ---- a step ------------------------------------------------------------------------ */
 
+/* The tokens of the batch that belong to token t's sequence: the first of
+ * them, and (when that is t) their lowest and highest position and count. */
+typedef struct seq_span {
+    int32_t first, lo, hi, n;
+} seq_span;
+
+static seq_span span_of(const lms_batch *b, int32_t t)
+{
+    seq_span sp = {0, b->pos[t], b->pos[t], 0};
+    while (b->seq[sp.first] != b->seq[t])
+        sp.first++;
+    for (int32_t v = t; sp.first == t && v < b->n_tokens; v++) {
+        if (b->seq[v] != b->seq[t])
+            continue;
+        sp.lo = b->pos[v] < sp.lo ? b->pos[v] : sp.lo;
+        sp.hi = b->pos[v] > sp.hi ? b->pos[v] : sp.hi;
+        sp.n++;
+    }
+    return sp;
+}
+
 /* Positions, per-token table offsets and the block tables of the batch's
  * sequences, into the pinned buffer; then one upload. */
 static int upload_batch(lms_ctx *c, const lms_batch *b, lcu_batch *db, int32_t *max_npos)
@@ -663,19 +684,13 @@ static int upload_batch(lms_ctx *c, const lms_batch *b, lcu_batch *db, int32_t *
     for (int32_t t = 0; t < n; t++) {
         pos[t] = b->pos[t];
         *max_npos = b->pos[t] + 1 > *max_npos ? b->pos[t] + 1 : *max_npos;
-        int32_t u = 0;
-        while (u < t && b->seq[u] != b->seq[t])
-            u++;
-        if (u < t) {
-            off[t] = off[u];
+        const seq_span sp = span_of(b, t);
+        if (sp.first < t) {
+            off[t] = off[sp.first];
             continue;
         }
         /* a sequence's table up to the highest position it has in the batch */
-        int32_t hi = b->pos[t];
-        for (int32_t v = t + 1; v < n; v++)
-            if (b->seq[v] == b->seq[t] && b->pos[v] > hi)
-                hi = b->pos[v];
-        size_t nb = (size_t)hi / LMS_KV_BLOCK + 1;
+        size_t nb = (size_t)sp.hi / LMS_KV_BLOCK + 1;
         if (used + nb > gp->meta_n)
             return LMS_ERR_LIMIT;
         off[t] = (int32_t)(used - 2 * (size_t)n);
@@ -905,23 +920,13 @@ static bool offload_batch(lms_ctx *c, const lms_batch *b)
     for (int32_t t = 0; t < n; t++) {
         pos[t] = b->pos[t];
         gp->o_max_npos = b->pos[t] + 1 > gp->o_max_npos ? b->pos[t] + 1 : gp->o_max_npos;
-        int32_t u = 0;
-        while (u < t && b->seq[u] != b->seq[t])
-            u++;
-        if (u < t) {
-            off[t] = off[u];
+        const seq_span sp = span_of(b, t);
+        if (sp.first < t) {
+            off[t] = off[sp.first];
             continue;
         }
-        int32_t lo = b->pos[t], hi = b->pos[t], cnt = 0;
-        for (int32_t v = t; v < n; v++) {
-            if (b->seq[v] != b->seq[t])
-                continue;
-            lo = b->pos[v] < lo ? b->pos[v] : lo;
-            hi = b->pos[v] > hi ? b->pos[v] : hi;
-            cnt++;
-        }
-        const int32_t nb = hi / LMS_KV_BLOCK + 1;
-        if (cnt != hi - lo + 1 || used + nb > gp->okv_blocks)
+        const int32_t lo = sp.lo, hi = sp.hi, nb = hi / LMS_KV_BLOCK + 1;
+        if (sp.n != hi - lo + 1 || used + nb > gp->okv_blocks)
             return false;
         off[t] = used;
         for (int32_t j = 0; j < nb; j++) {
@@ -1074,7 +1079,7 @@ static int offload_layer(lms_ctx *c, int il, const lms_batch *b)
     gp->off_ms[1] += t2 - t1;
     gp->off_ms[2] += t3 - t2;
     gp->off_ms[3] += t4 - t3;
-    gp->off_ms[4] += gp->o_gpu_att ? 1 : 0;
+    gp->off_gpu_att += gp->o_gpu_att;
     gp->off_layers++;
     return rc ? LMS_ERR_DEVICE : 0;
 }

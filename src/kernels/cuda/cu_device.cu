@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kernels/cuda/cu_int.cuh"
 
@@ -217,7 +218,7 @@ extern "C" int lcu_host_register(const void *p, size_t bytes, bool read_only)
 {
     if (!p || !bytes)
         return -2;
-    const uintptr_t page = 4096, a = (uintptr_t)p / page * page;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p / page * page;
     const size_t n = ((uintptr_t)p + bytes - a + page - 1) / page * page;
     unsigned flags = read_only ? cudaHostRegisterReadOnly : cudaHostRegisterDefault;
     if (cudaHostRegister((void *)a, n, flags) != cudaSuccess) {
@@ -231,7 +232,8 @@ extern "C" void lcu_host_unregister(const void *p)
 {
     if (!p)
         return;
-    if (cudaHostUnregister((void *)((uintptr_t)p / 4096 * 4096)) != cudaSuccess)
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    if (cudaHostUnregister((void *)((uintptr_t)p / page * page)) != cudaSuccess)
         cudaGetLastError();
 }
 
