@@ -133,6 +133,14 @@ req POST /tokenize -d '{"content":"Once","add_special":true,"with_pieces":true}'
 check "tokenize with BOS and pieces" eq "$(py "$T/out" 'd["tokens"][0]["piece"]')" "<s>"
 req POST /detokenize -d '{"tokens":[1,99999]}'
 check "detokenize refuses an id outside the vocabulary" eq "$(py "$T/out" 'd["error"]["param"]')" tokens
+req POST /tokenize -d '{"content":42}'
+check "tokenize: content not a string 400" eq "$(code)" 400
+req POST /tokenize -d '{"content":"x"'
+check "tokenize: broken JSON 400" eq "$(code)" 400
+req POST /detokenize -d '{"tokens":"1 2"}'
+check "detokenize: tokens not an array 400" eq "$(code)" 400
+req POST /detokenize -d '{"tokens":[1,"x",2.5]}'
+check "detokenize: non-integer ids 400" eq "$(code)" 400
 # a request's own deadline ("timeout", seconds): the stream ends early, as "length"
 req POST /v1/completions -d '{"prompt":"Once","max_tokens":480,"ignore_eos":true,"timeout":0.001}'
 check "timeout ends the request early" eq "$(py "$T/out" 'd["usage"]["completion_tokens"] < 480')" True

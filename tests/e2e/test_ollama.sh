@@ -55,6 +55,13 @@ print(ls[-1]["done"] and all("message" in l for l in ls))' "$T/cnd")" True
 req POST /api/chat -d '{"model":"nope","messages":[{"role":"user","content":"x"}]}'
 check "unknown model 404" eq "$(code)" 404
 check "error shape {error: message}" eq "$(py "$T/out" 'isinstance(d["error"], str)')" True
+req POST /api/generate -d '{"prompt":"x",'
+check "broken JSON 400" eq "$(code)" 400
+check "broken JSON error names the place" grep -q "line" "$T/out"
+req POST /api/chat -d '{"messages":"hello"}'
+check "messages not a list 400" eq "$(code)" 400
+req POST /api/show -d '{"model":42}'
+check "show: model not a string is refused" eq "$(code)" 400
 req POST /api/generate -d '{"prompt":""}'
 check "empty prompt 400" eq "$(code)" 400
 req POST /api/chat -d '{"messages":[{"role":"user","content":"x"}],"options":{"temperature":"hot"}}'
