@@ -11,4 +11,5 @@ run() { echo "+ $*"; "$@"; }
 run "$LMSERV" bench -m "$M" -t "$T" -p 0 -n 0 --parallel 1,4,8,16
 run "$LMSERV" bench -m "$M" -t "$T" -p 0 -n 64 -r 3
 run "$LMSERV" bench -m "$M" -t "$T" -p 0 -n 64 -r 3 --depth 1024
+run "$LMSERV" bench -m "$M" -t "$T" -p 0 -n 64 -r 3 --depth 1024 --kv-type q8_0
 run "$LMSERV" bench -m "$M" -t "$T" -p 0 -n 0 --prefix 1000
