@@ -238,14 +238,18 @@ static void check_greedy_vs_cpu(const golden_model *gm)
 }
 
 /* Three sequences prefilled separately, then one decode step for all three
- * in one batch: GPU logits against the CPU's. */
+ * in one batch, then a mixed step (continuous batching): a decode token of
+ * the first, 12 prompt tokens of the second, a decode token of the third,
+ * 14 tokens in all, so the prompt path's attention sees rows of three
+ * sequences in one tile. GPU logits against the CPU's. */
+#define MIX_N 14
 static void check_multi_seq(const golden_model *gm)
 {
     runner rc, rg;
     open_runner(&rc, gm->name, 0, 4);
     open_runner(&rg, gm->name, LMS_GPU_LAYERS_ALL, 4);
     runner *rs[2] = {&rc, &rg};
-    float *out[2];
+    float *out[2], *mix[2];
     int32_t nv = rc.nv;
     float worst = 0;
     for (int k = 0; k < 2; k++) {
@@ -267,16 +271,39 @@ static void check_multi_seq(const golden_model *gm)
         lms_batch b = {.n_tokens = 3, .tokens = tk, .pos = pos, .seq = sp, .logits = want};
         out[k] = malloc(3 * (size_t)nv * sizeof(float));
         assert_int_equal(lms_forward(r->c, &b, out[k]), 0);
+        int32_t mt[MIX_N], mp[MIX_N];
+        lms_kv_seq *ms[MIX_N];
+        bool mw[MIX_N];
+        for (int32_t i = 0; i < MIX_N; i++) {
+            const int s = i == 0 ? 0 : (i == MIX_N - 1 ? 2 : 1);
+            mt[i] = (int32_t)((i * 13 + 2) % nv);
+            mp[i] = s == 0 ? 6 : (s == 2 ? 40 : 23 + i - 1);
+            ms[i] = &seqs[s];
+            mw[i] = true;
+        }
+        assert_int_equal(lms_kv_seq_reserve(lms_ctx_kv(r->c), &seqs[0], 7), 0);
+        assert_int_equal(lms_kv_seq_reserve(lms_ctx_kv(r->c), &seqs[1], 23 + MIX_N - 2), 0);
+        assert_int_equal(lms_kv_seq_reserve(lms_ctx_kv(r->c), &seqs[2], 41), 0);
+        lms_batch bm = {.n_tokens = MIX_N, .tokens = mt, .pos = mp, .seq = ms, .logits = mw};
+        mix[k] = malloc(MIX_N * (size_t)nv * sizeof(float));
+        assert_int_equal(lms_forward(r->c, &bm, mix[k]), 0);
         for (int s = 0; s < 3; s++)
             lms_kv_seq_release(lms_ctx_kv(r->c), &seqs[s]);
         free(lg);
     }
     worst = tu_max_diff(out[0], out[1], 3 * (size_t)nv);
-    printf("cuda batch  %-20s 3 sequences in one step: max |GPU - CPU| %.3g\n", gm->name, worst);
+    const float wmix = tu_max_diff(mix[0], mix[1], MIX_N * (size_t)nv);
+    printf("cuda batch  %-20s 3 sequences in one step: max |GPU - CPU| %.3g; mixed prompt + "
+           "decode step (%d tokens): %.3g\n",
+           gm->name, worst, MIX_N, wmix);
     if (!(worst <= gm->tol))
         fail_msg("%s: batched decode differs from the CPU by %g", gm->name, worst);
+    if (!(wmix <= gm->tol))
+        fail_msg("%s: mixed prompt/decode step differs from the CPU by %g", gm->name, wmix);
     free(out[0]);
     free(out[1]);
+    free(mix[0]);
+    free(mix[1]);
     close_runner(&rc);
     close_runner(&rg);
 }

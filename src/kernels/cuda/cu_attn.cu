@@ -15,6 +15,7 @@
  * Token t sees positions [0, pos[t]] of its own sequence, found through the
  * block table: position j is cell (tbl[off + j/16] * 16 + j % 16).
  */
+#include <limits.h>
 #include <math.h>
 
 #include "kernels/cuda/cu_int.cuh"
@@ -63,6 +64,8 @@ __global__ void __launch_bounds__(32 * ATT_WARPS)
            const uint16_t *__restrict__ kc, const uint16_t *__restrict__ vc,
            float *__restrict__ part, int n_split)
 {
+    pdl_trigger();
+    pdl_wait();
     __shared__ float sm_m[ATT_WARPS][ATT_G], sm_l[ATT_WARPS][ATT_G];
     __shared__ float sm_acc[ATT_WARPS][ATT_G][32 * DPL];
     const int t = blockIdx.x, split = blockIdx.z;
@@ -160,6 +163,8 @@ __global__ void __launch_bounds__(32 * ATT_WARPS)
 __global__ void attn_merge_k(lcu_attn_shape s, const float *__restrict__ part, float *__restrict__ out,
                              int n_split, int8_t *__restrict__ oq, float2 *__restrict__ od)
 {
+    pdl_trigger();
+    pdl_wait();
     const int t = blockIdx.x, h = blockIdx.y, hd = s.head_dim;
     const float *p = part + ((size_t)t * s.n_head + h) * n_split * (hd + 2);
     float M = -INFINITY;
@@ -202,6 +207,261 @@ __global__ void attn_merge_k(lcu_attn_shape s, const float *__restrict__ part, f
     }
 }
 
+/* ---- prompt batches: flash attention on the tensor cores --------------------------
+ * The per-token kernel above walks every position of every token one warp
+ * at a time, which made a 512-token prompt's attention half of the prompt
+ * time (3B, H200: 516 us a layer). Here a warp owns 16 consecutive tokens
+ * of the batch and one query head and walks K/V in tiles of FA_KT
+ * positions, all products on mma.sync m16n8k16 (f16 inputs, f32 sums):
+ *
+ *   S = Q K^T (16 x FA_KT), online softmax per row (running max m, sum l,
+ *   base 2: Q is pre-scaled by log2(e)/sqrt(hd)), O = O * e^(m_old - m) + P V
+ *
+ * K and V are f16 in the cache; Q and P enter as two f16 terms each (the
+ * value rounded, plus its rounding error), two products instead of one, so
+ * the result keeps the per-token kernel's precision (a single f16 Q and P
+ * moved a Q5_K golden case from 0.219 to 0.251 of the llama.cpp logits).
+ *
+ * A tile's K and V rows are copied into the warp's shared memory
+ * (cp.async) and read as mma fragments with ldmatrix (V transposed);
+ * the S fragments become P's A fragments in registers. Rows of padding
+ * get 8 extra halves so that ldmatrix's eight rows hit distinct banks.
+ * The 16 tokens may belong to different sequences (continuous batching):
+ * the warp loops over their distinct block tables, each pass masking the
+ * rows of other tables, so every row sees exactly positions [0, pos] of
+ * its own sequence. Needs sm_80 (cp.async, f16 mma); g->fa says so. */
+#define FA_WARPS 4
+#define FA_KT 32
+
+__device__ __forceinline__ void fa_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                       uint32_t b1)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+/* Four 8x8 b16 matrices from shared memory, lane l giving row l % 8 of
+ * matrix l / 8; trans: each read transposed. */
+template <bool TRANS> __device__ __forceinline__ void fa_ldsm4(uint32_t (&r)[4], const uint16_t *p)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+#endif
+}
+
+__device__ __forceinline__ void fa_cp16(uint16_t *dst, const uint16_t *src)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned a = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(a), "l"(src));
+#endif
+}
+
+__device__ __forceinline__ void fa_cp_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ uint32_t fa_h2(float lo, float hi)
+{
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *(uint32_t *)&h;
+}
+
+/* (lo, hi) as f16 pairs h + l with l the rounding error of h: h + l
+ * carries about 22 bits of each value */
+__device__ __forceinline__ void fa_split(float lo, float hi, uint32_t &h, uint32_t &l)
+{
+    h = fa_h2(lo, hi);
+    const float2 r = __half22float2(*(const __half2 *)&h);
+    l = fa_h2(lo - r.x, hi - r.y);
+}
+
+template <int HD>
+__global__ void __launch_bounds__(32 * FA_WARPS)
+    fa_prompt_k(lcu_batch b, lcu_attn_shape s, const float *__restrict__ q,
+                const uint16_t *__restrict__ kc, const uint16_t *__restrict__ vc,
+                float *__restrict__ out)
+{
+    pdl_trigger();
+    pdl_wait();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    constexpr int LD = HD + 8, NK = HD / 16, ND = HD / 8, NT = FA_KT / 8;
+    extern __shared__ __align__(16) uint16_t fa_sm[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+    uint16_t *ks = fa_sm + (size_t)warp * 2 * FA_KT * LD, *vs = ks + FA_KT * LD;
+    const int h = blockIdx.y, kvh = h / (s.n_head / s.n_head_kv), kvd = s.n_head_kv * HD;
+    const int r0 = (blockIdx.x * FA_WARPS + warp) * 16;
+    if (r0 >= b.n_tok)
+        return;
+    /* this thread's two rows (a: g, b: g + 8) */
+    const int ta = r0 + g, tb = r0 + g + 8;
+    const bool va = ta < b.n_tok, vb = tb < b.n_tok;
+    const int pa = va ? b.pos[ta] : -1, pb = vb ? b.pos[tb] : -1;
+    const int oa = va ? b.tbl_off[ta] : INT_MAX, ob = vb ? b.tbl_off[tb] : INT_MAX;
+
+    const float qs = rsqrtf((float)HD) * 1.4426950408889634f;
+    const float *qa = q + ((size_t)(va ? ta : r0) * s.n_head + h) * HD;
+    const float *qb = q + ((size_t)(vb ? tb : r0) * s.n_head + h) * HD;
+    /* Q as f16 pairs hi + lo (lo = the rounding error of hi), so that the
+     * products see Q at nearly f32 precision; P likewise below */
+    uint32_t qh[NK][4], ql[NK][4];
+#pragma unroll
+    for (int k = 0; k < NK; k++) {
+        const int c = k * 16 + 2 * tq;
+        const float2 x[4] = {*(const float2 *)(qa + c), *(const float2 *)(qb + c),
+                             *(const float2 *)(qa + c + 8), *(const float2 *)(qb + c + 8)};
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            fa_split(x[i].x * qs, x[i].y * qs, qh[k][i], ql[k][i]);
+    }
+    float o[ND][4];
+#pragma unroll
+    for (int d = 0; d < ND; d++)
+        o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+    float ma = -1e30f, mb = -1e30f, la = 0.0f, lb = 0.0f;
+    bool pend_a = va, pend_b = vb;
+    for (;;) {
+        /* next block table among the rows not done yet */
+        const int tab = __reduce_min_sync(0xffffffffu, pend_a ? oa : (pend_b ? ob : INT_MAX));
+        if (tab == INT_MAX)
+            break;
+        const bool ia = pend_a && oa == tab, ib = pend_b && ob == tab;
+        const int end = __reduce_max_sync(0xffffffffu, max(ia ? pa + 1 : 0, ib ? pb + 1 : 0));
+        const int32_t *tbl = b.tbl + tab;
+        for (int j0 = 0; j0 < end; j0 += FA_KT) {
+            __syncwarp(); /* the previous tile's fragments are read */
+            for (int c = lane; c < FA_KT * (HD / 8); c += 32) {
+                const int r = c / (HD / 8), part = c % (HD / 8), j = j0 + r;
+                uint16_t *dk = ks + r * LD + part * 8, *dv = vs + r * LD + part * 8;
+                if (j < end) {
+                    const size_t cell = ((size_t)tbl[j >> 4] * 16 + (size_t)(j & 15)) * kvd +
+                                        (size_t)kvh * HD + (size_t)part * 8;
+                    fa_cp16(dk, kc + cell);
+                    fa_cp16(dv, vc + cell);
+                } else { /* past the table's end: zeros, so that 0 * V stays 0 */
+                    *(uint4 *)dk = make_uint4(0, 0, 0, 0);
+                    *(uint4 *)dv = make_uint4(0, 0, 0, 0);
+                }
+            }
+            fa_cp_wait();
+            __syncwarp();
+            float sc[NT][4];
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+                for (int k = 0; k < NK; k += 2) {
+                    uint32_t kb[4];
+                    fa_ldsm4<false>(kb, ks + (n * 8 + (lane & 7)) * LD + k * 16 + (lane >> 3) * 8);
+                    fa_mma(sc[n], qh[k], kb[0], kb[1]);
+                    fa_mma(sc[n], ql[k], kb[0], kb[1]);
+                    fa_mma(sc[n], qh[k + 1], kb[2], kb[3]);
+                    fa_mma(sc[n], ql[k + 1], kb[2], kb[3]);
+                }
+            }
+            /* mask (other tables, future positions), then the running max */
+            float xa = -INFINITY, xb = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int j = j0 + n * 8 + 2 * tq + (i & 1);
+                    const bool ok = i < 2 ? (ia && j <= pa) : (ib && j <= pb);
+                    sc[n][i] = ok ? sc[n][i] : -INFINITY;
+                    if (i < 2)
+                        xa = fmaxf(xa, sc[n][i]);
+                    else
+                        xb = fmaxf(xb, sc[n][i]);
+                }
+            xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 1));
+            xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 2));
+            xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 1));
+            xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 2));
+            const float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
+            const float ca = exp2f(ma - na), cb = exp2f(mb - nb);
+            ma = na, mb = nb;
+            la *= ca, lb *= cb;
+#pragma unroll
+            for (int d = 0; d < ND; d++) {
+                o[d][0] *= ca, o[d][1] *= ca;
+                o[d][2] *= cb, o[d][3] *= cb;
+            }
+            /* P as the A fragments of P V: S tiles 2k and 2k+1 make k-step k */
+            uint32_t ph[NT / 2][4], pl[NT / 2][4];
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                const float p0 = exp2f(sc[n][0] - ma), p1 = exp2f(sc[n][1] - ma);
+                const float p2 = exp2f(sc[n][2] - mb), p3 = exp2f(sc[n][3] - mb);
+                la += p0 + p1;
+                lb += p2 + p3;
+                const int k = n / 2, i = (n & 1) * 2;
+                fa_split(p0, p1, ph[k][i], pl[k][i]);
+                fa_split(p2, p3, ph[k][i + 1], pl[k][i + 1]);
+            }
+#pragma unroll
+            for (int k = 0; k < NT / 2; k++)
+#pragma unroll
+                for (int d = 0; d < ND; d += 2) {
+                    uint32_t vb4[4];
+                    fa_ldsm4<true>(vb4, vs + (k * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD +
+                                            d * 8 + (lane >> 4) * 8);
+                    fa_mma(o[d], ph[k], vb4[0], vb4[1]);
+                    fa_mma(o[d], pl[k], vb4[0], vb4[1]);
+                    fa_mma(o[d + 1], ph[k], vb4[2], vb4[3]);
+                    fa_mma(o[d + 1], pl[k], vb4[2], vb4[3]);
+                }
+        }
+        pend_a = pend_a && !ia;
+        pend_b = pend_b && !ib;
+    }
+    la += __shfl_xor_sync(0xffffffffu, la, 1);
+    la += __shfl_xor_sync(0xffffffffu, la, 2);
+    lb += __shfl_xor_sync(0xffffffffu, lb, 1);
+    lb += __shfl_xor_sync(0xffffffffu, lb, 2);
+    const float ia_ = la > 0.0f ? 1.0f / la : 0.0f, ib_ = lb > 0.0f ? 1.0f / lb : 0.0f;
+#pragma unroll
+    for (int d = 0; d < ND; d++) {
+        const int c = d * 8 + 2 * tq;
+        if (va)
+            *(float2 *)(out + ((size_t)ta * s.n_head + h) * HD + c) =
+                make_float2(o[d][0] * ia_, o[d][1] * ia_);
+        if (vb)
+            *(float2 *)(out + ((size_t)tb * s.n_head + h) * HD + c) =
+                make_float2(o[d][2] * ib_, o[d][3] * ib_);
+    }
+#endif
+}
+
+template <int HD>
+static void fa_launch(lcu *g, const lcu_batch *b, const lcu_attn_shape *s, const float *q,
+                      const uint16_t *kc, const uint16_t *vc, float *out)
+{
+    const size_t smem = (size_t)FA_WARPS * 2 * FA_KT * (HD + 8) * sizeof(uint16_t);
+    static bool attr;
+    if (!attr) {
+        cudaFuncSetAttribute(fa_prompt_k<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)smem);
+        attr = true;
+    }
+    dim3 grid((unsigned)lcu_cdiv(b->n_tok, 16 * FA_WARPS), (unsigned)s->n_head);
+    lcu_go_smem(g, fa_prompt_k<HD>, grid, dim3(32 * FA_WARPS), smem, *b, *s, q, kc, vc, out);
+}
+
 extern "C" int lcu_attn_max_split(int64_t n_tok)
 {
     return n_tok <= LCU_MATVEC_MAX ? 64 : 4;
@@ -213,23 +473,45 @@ extern "C" void lcu_attention(lcu *g, const lcu_batch *b, const lcu_attn_shape *
 {
     if (b->n_tok <= 0)
         return;
+    const int64_t n_q = (int64_t)s->n_head * s->head_dim;
+    if (g->fa && b->n_tok > LCU_MATVEC_MAX && (s->head_dim == 64 || s->head_dim == 128)) {
+        if (s->head_dim == 64)
+            fa_launch<64>(g, b, s, q, kc, vc, out);
+        else
+            fa_launch<128>(g, b, s, q, kc, vc, out);
+        if (outq && n_q % 32 == 0)
+            lcu_quantize_q8(g, out, outq, b->n_tok, n_q);
+        return;
+    }
     const int group = s->n_head / s->n_head_kv;
     const int chunks = (group + ATT_G - 1) / ATT_G;
     dim3 grid((unsigned)b->n_tok, (unsigned)(s->n_head_kv * chunks), (unsigned)n_split);
     const int dpl = s->head_dim <= 32 ? 1 : s->head_dim <= 64 ? 2 : s->head_dim <= 128 ? 4 : 8;
     switch (dpl) {
-    case 1: attn_k<1><<<grid, 32 * ATT_WARPS, 0, g->stream>>>(*b, *s, q, kc, vc, g->attn_part, n_split); break;
-    case 2: attn_k<2><<<grid, 32 * ATT_WARPS, 0, g->stream>>>(*b, *s, q, kc, vc, g->attn_part, n_split); break;
-    case 4: attn_k<4><<<grid, 32 * ATT_WARPS, 0, g->stream>>>(*b, *s, q, kc, vc, g->attn_part, n_split); break;
-    default: attn_k<8><<<grid, 32 * ATT_WARPS, 0, g->stream>>>(*b, *s, q, kc, vc, g->attn_part, n_split); break;
+    case 1:
+        lcu_go(g, attn_k<1>, dim3(grid), dim3(32 * ATT_WARPS), *b, *s, q, kc, vc, g->attn_part,
+               n_split);
+        break;
+    case 2:
+        lcu_go(g, attn_k<2>, dim3(grid), dim3(32 * ATT_WARPS), *b, *s, q, kc, vc, g->attn_part,
+               n_split);
+        break;
+    case 4:
+        lcu_go(g, attn_k<4>, dim3(grid), dim3(32 * ATT_WARPS), *b, *s, q, kc, vc, g->attn_part,
+               n_split);
+        break;
+    default:
+        lcu_go(g, attn_k<8>, dim3(grid), dim3(32 * ATT_WARPS), *b, *s, q, kc, vc, g->attn_part,
+               n_split);
+        break;
     }
     dim3 mg((unsigned)b->n_tok, (unsigned)s->n_head);
-    const int64_t n_q = (int64_t)s->n_head * s->head_dim;
     const bool fuse_q = outq && s->head_dim % 32 == 0 && s->head_dim <= 256;
     int8_t *oq = fuse_q ? (int8_t *)outq : NULL;
     float2 *od = fuse_q ? (float2 *)((int8_t *)outq + b->n_tok * n_q) : NULL;
-    attn_merge_k<<<mg, s->head_dim < 32 ? 32 : (s->head_dim > 256 ? 256 : s->head_dim), 0,
-                   g->stream>>>(*s, g->attn_part, out, n_split, oq, od);
+    lcu_go(g, attn_merge_k, dim3(mg),
+           dim3(s->head_dim < 32 ? 32 : (s->head_dim > 256 ? 256 : s->head_dim)), *s, g->attn_part,
+           out, n_split, oq, od);
     if (outq && !fuse_q && n_q % 32 == 0)
         lcu_quantize_q8(g, out, outq, b->n_tok, n_q);
 }

@@ -85,6 +85,10 @@ extern "C" int lcu_create(int device, lcu **out, lcu_info *info, char *err, size
     g->mma = g->mma < 0 ? 0 : g->mma;
     const char *mw8 = getenv("LMS_CUDA_MMA_WARPS");
     g->mma_warps = mw8 && (atoi(mw8) == 4 || atoi(mw8) == 16) ? atoi(mw8) : 8;
+    const char *pd = getenv("LMS_CUDA_PDL");
+    g->pdl = cc >= 9 ? (pd ? atoi(pd) : 1) : 0;
+    const char *fa = getenv("LMS_CUDA_FA");
+    g->fa = cc >= 8 && (!fa || atoi(fa) != 0);
     if ((e = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking)) != cudaSuccess) {
         free(g);
         return fail(err, errsz, "cuda: cannot create a stream: %s", explain(e));
@@ -428,6 +432,11 @@ extern "C" int lcu_graph_end(lcu *g, int slot)
 extern "C" bool lcu_graph_ready(const lcu *g, int slot)
 {
     return slot >= 0 && slot < LCU_GRAPH_SLOTS && g->exec[slot] != NULL;
+}
+
+extern "C" void lcu_pdl(lcu *g, bool on)
+{
+    g->pdl_on = on && g->pdl > 0;
 }
 
 extern "C" int lcu_graph_launch(lcu *g, int slot)

@@ -25,6 +25,11 @@ struct lcu {
     size_t w16_bytes;
     __half *x16;             /* activations converted to f16 */
     size_t x16_bytes;
+    const float *x16_src;    /* what x16 holds: source, values, 1 f16 / 2 bf16 */
+    int64_t x16_n;
+    int x16_kind;
+    bool x16_keep;           /* set by lcu_matmul_q8 between products of one input:
+                                x16 still holds x16_src's values */
     void *blas_ws;           /* cuBLAS workspace (so it never allocates) */
     size_t blas_ws_bytes;
     float *attn_part;        /* [n_tok][n_head][max_split][head_dim + 2] */
@@ -40,6 +45,11 @@ struct lcu {
                                 LMS_CUDA_MMA=N sets it (0 = off) */
     int mma_warps;           /* warps per 16-row block of those kernels: 8, or 4 / 16
                                 (LMS_CUDA_MMA_WARPS; H100 B=8 step 4 warps 5.05, 8 4.87 ms) */
+    int pdl;                 /* programmatic dependent launch usable: cc >= 9.0 and not
+                                LMS_CUDA_PDL=0 */
+    int fa;                  /* tensor-core attention for prompt batches: cc >= 8.0 and not
+                                LMS_CUDA_FA=0 */
+    bool pdl_on;             /* launches carry the PDL attribute now (lcu_pdl) */
     void *xq;                /* q8 activations of lcu_matmul's decode path */
     size_t xq_bytes;
     /* weight staging (lcu_stage): slots, a copy stream, per-slot events */
@@ -55,6 +65,57 @@ struct lcu {
 /* cu_mmvq.cu: lcu_matmul's int8 path (quantizes x into g->xq); 1 if it
  * does not apply to this product. */
 int lcu_matmul_q8_auto(lcu *g, const lcu_mat *w, const float *x, int64_t n_tok, float *y, bool acc);
+
+/* Programmatic dependent launch (sm_90+). Every kernel starts with
+ * pdl_trigger(), which lets the next kernel in the stream be scheduled as
+ * soon as all of this grid's blocks run, and pdl_wait() before it reads
+ * anything an earlier kernel wrote (or writes anything an earlier kernel
+ * reads): that waits until the previous grid has finished and its writes
+ * are visible. So the next kernel's launch, block setup and constant
+ * weight loads overlap the tail of the previous one. Waits chain: each
+ * grid finishes only after its own wait, so a kernel that waited has every
+ * earlier kernel behind it. Without the launch attribute (older cards,
+ * prompt batches, LMS_CUDA_PDL=0) both are no-ops. */
+__device__ __forceinline__ void pdl_trigger(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/* Every kernel of the backend is launched through this: with g->pdl_on
+ * it carries the programmatic-serialization attribute. */
+template <typename... P, typename... A>
+static inline void lcu_go_smem(lcu *g, void (*k)(P...), dim3 grid, dim3 block, size_t smem,
+                               A... args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = g->stream;
+    cudaLaunchAttribute at[1];
+    if (g->pdl_on) {
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+    }
+    cudaLaunchKernelEx(&cfg, k, args...);
+}
+
+template <typename... P, typename... A>
+static inline void lcu_go(lcu *g, void (*k)(P...), dim3 grid, dim3 block, A... args)
+{
+    lcu_go_smem(g, k, grid, block, 0, args...);
+}
 
 /* Launch check: a launch error is remembered by the runtime and reported
  * at the next lcu_sync, so kernels need no error path of their own. */

@@ -27,6 +27,8 @@ __global__ void __launch_bounds__(32 * MV_WARPS)
     matvec_k(const uint8_t *__restrict__ W, size_t row_bytes, int64_t n_rows, int64_t n_units,
              const float *__restrict__ x, int64_t ldx, float *__restrict__ y, int accumulate)
 {
+    pdl_trigger();
+    pdl_wait();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t r0 = ((int64_t)blockIdx.x * MV_WARPS + warp) * R;
     if (r0 >= n_rows)
@@ -91,6 +93,8 @@ __global__ void matvec_plain_k(const uint8_t *__restrict__ W, size_t row_bytes, 
                                int64_t n_cols, int64_t n_tok, const float *__restrict__ x,
                                float *__restrict__ y, int accumulate)
 {
+    pdl_trigger();
+    pdl_wait();
     const int lane = threadIdx.x & 31;
     const int64_t r = (int64_t)blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
     if (r >= n_rows)
@@ -113,6 +117,8 @@ template <int T>
 __global__ void dequant_f16_k(const uint8_t *__restrict__ W, size_t row_bytes, int64_t r0,
                               int64_t nr, int64_t n_units, __half *__restrict__ out)
 {
+    pdl_trigger();
+    pdl_wait();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= nr * n_units)
         return;
@@ -130,8 +136,23 @@ __global__ void dequant_f16_k(const uint8_t *__restrict__ W, size_t row_bytes, i
     }
 }
 
+/* Four values a thread (n % 4 == 0, 16-byte aligned x). */
 __global__ void to_f16_k(const float *__restrict__ x, __half *__restrict__ out, int64_t n)
 {
+    pdl_trigger();
+    pdl_wait();
+    const int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 4;
+    if (i < n) {
+        const float4 v = *(const float4 *)(x + i);
+        __half2 h[2] = {__floats2half2_rn(v.x, v.y), __floats2half2_rn(v.z, v.w)};
+        *(uint2 *)(out + i) = *(uint2 *)h;
+    }
+}
+
+__global__ void to_f16_1_k(const float *__restrict__ x, __half *__restrict__ out, int64_t n)
+{
+    pdl_trigger();
+    pdl_wait();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         out[i] = __float2half_rn(x[i]);
@@ -139,6 +160,8 @@ __global__ void to_f16_k(const float *__restrict__ x, __half *__restrict__ out, 
 
 __global__ void to_bf16_k(const float *__restrict__ x, __nv_bfloat16 *__restrict__ out, int64_t n)
 {
+    pdl_trigger();
+    pdl_wait();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         out[i] = __float2bfloat16_rn(x[i]);
@@ -154,18 +177,18 @@ static void launch_mv(lcu *g, const lcu_mat *w, const float *x, float *y, bool a
     if (NT <= 2 && rows == 4) {
         const int R = 4;
         dim3 grid((unsigned)lcu_cdiv(w->n_rows, (int64_t)MV_WARPS * R));
-        matvec_k<T, NT, R><<<grid, 32 * MV_WARPS, 0, g->stream>>>(
-            (const uint8_t *)w->data, w->row_bytes, w->n_rows, n_units, x, w->n_cols, y, acc);
+        lcu_go(g, matvec_k<T, NT, R>, dim3(grid), dim3(32 * MV_WARPS), (const uint8_t *)w->data,
+               w->row_bytes, w->n_rows, n_units, x, w->n_cols, y, acc);
     } else if (NT <= 2 && rows == 1) {
         const int R = 1;
         dim3 grid((unsigned)lcu_cdiv(w->n_rows, (int64_t)MV_WARPS * R));
-        matvec_k<T, NT, R><<<grid, 32 * MV_WARPS, 0, g->stream>>>(
-            (const uint8_t *)w->data, w->row_bytes, w->n_rows, n_units, x, w->n_cols, y, acc);
+        lcu_go(g, matvec_k<T, NT, R>, dim3(grid), dim3(32 * MV_WARPS), (const uint8_t *)w->data,
+               w->row_bytes, w->n_rows, n_units, x, w->n_cols, y, acc);
     } else {
         const int R = 2;
         dim3 grid((unsigned)lcu_cdiv(w->n_rows, (int64_t)MV_WARPS * R));
-        matvec_k<T, NT, R><<<grid, 32 * MV_WARPS, 0, g->stream>>>(
-            (const uint8_t *)w->data, w->row_bytes, w->n_rows, n_units, x, w->n_cols, y, acc);
+        lcu_go(g, matvec_k<T, NT, R>, dim3(grid), dim3(32 * MV_WARPS), (const uint8_t *)w->data,
+               w->row_bytes, w->n_rows, n_units, x, w->n_cols, y, acc);
     }
 }
 
@@ -175,8 +198,8 @@ static void matvec_type(lcu *g, const lcu_mat *w, const float *x, int64_t n_tok,
     if (w->n_cols % 32 != 0) {
         if (T == LMS_TYPE_F32 || T == LMS_TYPE_F16 || T == LMS_TYPE_BF16) {
             dim3 grid((unsigned)lcu_cdiv(w->n_rows, MV_WARPS));
-            matvec_plain_k<T><<<grid, 32 * MV_WARPS, 0, g->stream>>>(
-                (const uint8_t *)w->data, w->row_bytes, w->n_rows, w->n_cols, n_tok, x, y, acc);
+            lcu_go(g, matvec_plain_k<T>, dim3(grid), dim3(32 * MV_WARPS), (const uint8_t *)w->data,
+                   w->row_bytes, w->n_rows, w->n_cols, n_tok, x, y, acc);
         }
         return;
     }
@@ -196,8 +219,8 @@ template <int T>
 static void dequant_tile(lcu *g, const lcu_mat *w, int64_t r0, int64_t nr)
 {
     const int64_t n_units = w->n_cols / 32, n = nr * n_units;
-    dequant_f16_k<T><<<(unsigned)lcu_cdiv(n, 256), 256, 0, g->stream>>>(
-        (const uint8_t *)w->data, w->row_bytes, r0, nr, n_units, g->w16);
+    lcu_go(g, dequant_f16_k<T>, dim3((unsigned)lcu_cdiv(n, 256)), dim3(256),
+           (const uint8_t *)w->data, w->row_bytes, r0, nr, n_units, g->w16);
 }
 
 static int gemm(lcu *g, const lcu_mat *w, const float *x, int64_t n_tok, float *y, bool acc)
@@ -211,14 +234,24 @@ static int gemm(lcu *g, const lcu_mat *w, const float *x, int64_t n_tok, float *
                          (int)(w->row_bytes / 4), x, k, &beta, y, m);
         return st == CUBLAS_STATUS_SUCCESS ? 0 : -9;
     }
+    /* x in f16 (bf16 for bf16 weights) in g->x16, unless the previous
+     * product converted the same x (lcu_matmul_q8's matrices sharing it) */
+    const int kind = w->type == LMS_TYPE_BF16 ? 2 : 1;
+    const bool have = g->x16_keep && g->x16_src == x && g->x16_n == nx && g->x16_kind == kind;
+    g->x16_src = x, g->x16_n = nx, g->x16_kind = kind;
     if (w->type == LMS_TYPE_BF16) {
-        to_bf16_k<<<(unsigned)lcu_cdiv(nx, 256), 256, 0, g->stream>>>(x, (__nv_bfloat16 *)g->x16, nx);
+        if (!have)
+            lcu_go(g, to_bf16_k, dim3((unsigned)lcu_cdiv(nx, 256)), dim3(256), x,
+                   (__nv_bfloat16 *)g->x16, nx);
         st = cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w->data, CUDA_R_16BF,
                           (int)(w->row_bytes / 2), g->x16, CUDA_R_16BF, k, &beta, y, CUDA_R_32F, m,
                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         return st == CUBLAS_STATUS_SUCCESS ? 0 : -9;
     }
-    to_f16_k<<<(unsigned)lcu_cdiv(nx, 256), 256, 0, g->stream>>>(x, g->x16, nx);
+    if (!have && nx % 4 == 0 && (uintptr_t)x % 16 == 0)
+        lcu_go(g, to_f16_k, dim3((unsigned)lcu_cdiv(nx / 4, 256)), dim3(256), x, g->x16, nx);
+    else if (!have)
+        lcu_go(g, to_f16_1_k, dim3((unsigned)lcu_cdiv(nx, 256)), dim3(256), x, g->x16, nx);
     if (w->type == LMS_TYPE_F16) {
         st = cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w->data, CUDA_R_16F,
                           (int)(w->row_bytes / 2), g->x16, CUDA_R_16F, k, &beta, y, CUDA_R_32F, m,

@@ -57,11 +57,20 @@ __device__ __forceinline__ void mv_accum(const uint8_t *const *rows, int n_chunk
                                          float (&acc)[RR][NT])
 {
     typedef mq::ops<T> O;
-    for (int c = threadIdx.x; c < n_chunks; c += MMVQ_THREADS) {
-        typename O::raw r[RR];
+    /* the first chunk's weights are constant: load them before waiting for
+     * the previous kernel (pdl_wait), so their latency hides behind its tail */
+    int c = threadIdx.x;
+    typename O::raw r[RR];
+    if (c < n_chunks)
 #pragma unroll
         for (int i = 0; i < RR; i++)
             O::load(rows[i], c, r[i]);
+    pdl_wait();
+    for (; c < n_chunks; c += MMVQ_THREADS) {
+        if (c != (int)threadIdx.x)
+#pragma unroll
+            for (int i = 0; i < RR; i++)
+                O::load(rows[i], c, r[i]);
         typename O::prep p[RR];
 #pragma unroll
         for (int i = 0; i < RR; i++)
@@ -89,7 +98,7 @@ __device__ __forceinline__ void mv_dispatch(int type, const uint8_t *const *rows
     case LMS_TYPE_Q5_K: mv_accum<LMS_TYPE_Q5_K, NT, RR>(rows, n_chunks, xs, xd, ldq, acc); break;
     case LMS_TYPE_Q8_0: mv_accum<LMS_TYPE_Q8_0, NT, RR>(rows, n_chunks, xs, xd, ldq, acc); break;
     case LMS_TYPE_Q4_0: mv_accum<LMS_TYPE_Q4_0, NT, RR>(rows, n_chunks, xs, xd, ldq, acc); break;
-    default: break;
+    default: pdl_wait(); break;
     }
 }
 
@@ -120,6 +129,7 @@ __device__ __forceinline__ void block_reduce(float (&acc)[RR][NT], float (*red)[
 template <int NT, int RR>
 __global__ void __launch_bounds__(MMVQ_THREADS, NT <= 2 ? 8 : (NT <= 4 ? 4 : 3)) mmvq_k(mv_args a)
 {
+    pdl_trigger();
     __shared__ float red[MMVQ_WARPS][RR * NT];
     const int b = blockIdx.x;
     const int m = b >= a.blk0[2] ? 2 : (b >= a.blk0[1] ? 1 : 0);
@@ -150,6 +160,7 @@ __global__ void __launch_bounds__(MMVQ_THREADS, NT <= 2 ? 8 : (NT <= 4 ? 4 : 3))
 template <int NT, int RH>
 __global__ void __launch_bounds__(MMVQ_THREADS, NT <= 2 ? 8 : (NT <= 4 ? 4 : 3)) mmvq_glu_k(mv_args a)
 {
+    pdl_trigger();
     __shared__ float red[MMVQ_WARPS][2 * RH * NT];
     const int64_t nr = a.nr[0], r0 = (int64_t)blockIdx.x * RH;
     const uint8_t *rows[2 * RH];
@@ -237,6 +248,8 @@ __device__ __forceinline__ void mw_dispatch(int type, const uint8_t *const *rows
 template <int NT>
 __global__ void __launch_bounds__(MMVQ_THREADS, 6) mmvw_k(mv_args a)
 {
+    pdl_trigger();
+    pdl_wait();
     const int wid = blockIdx.x * MMVQ_WARPS + (threadIdx.x >> 5);
     const int m = wid >= a.blk0[2] ? 2 : (wid >= a.blk0[1] ? 1 : 0);
     const int64_t nr = a.nr[m], r0 = (int64_t)(wid - a.blk0[m]);
@@ -262,6 +275,8 @@ __global__ void __launch_bounds__(MMVQ_THREADS, 6) mmvw_k(mv_args a)
 template <int NT>
 __global__ void __launch_bounds__(MMVQ_THREADS, 6) mmvw_glu_k(mv_args a)
 {
+    pdl_trigger();
+    pdl_wait();
     const int64_t nr = a.nr[0], r0 = (int64_t)blockIdx.x * MMVQ_WARPS + (threadIdx.x >> 5);
     if (r0 >= nr)
         return;
@@ -365,11 +380,13 @@ __device__ __forceinline__ void mmq_reduce(float (&acc)[NM][2][2], float *red)
 template <int T, int W>
 __global__ void __launch_bounds__(W * 32) mmq_k(mv_args a, int n_tok)
 {
+    pdl_trigger();
     __shared__ float red[W * 32 * 4];
     const int b = blockIdx.x;
     const int m = b >= a.blk0[2] ? 2 : (b >= a.blk0[1] ? 1 : 0);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t nr = a.nr[m], r0 = (int64_t)(b - a.blk0[m]) * MMQ_ROWS;
+    pdl_wait();
     const int64_t rg = r0 + g < nr ? r0 + g : nr - 1, rh = r0 + g + 8 < nr ? r0 + g + 8 : nr - 1;
     const uint8_t *const ra[1] = {a.w[m] + (size_t)rg * a.rb[m]};
     const uint8_t *const rb[1] = {a.w[m] + (size_t)rh * a.rb[m]};
@@ -400,9 +417,11 @@ __global__ void __launch_bounds__(W * 32) mmq_k(mv_args a, int n_tok)
 template <int T, int W>
 __global__ void __launch_bounds__(W * 32) mmq_glu_k(mv_args a, int n_tok)
 {
+    pdl_trigger();
     __shared__ float red[W * 32 * 8];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t nr = a.nr[0], r0 = (int64_t)blockIdx.x * MMQ_ROWS;
+    pdl_wait();
     const int64_t rg = r0 + g < nr ? r0 + g : nr - 1, rh = r0 + g + 8 < nr ? r0 + g + 8 : nr - 1;
     const int tg = g < n_tok ? g : n_tok - 1;
     const int u0 = 2 * t < n_tok ? 2 * t : n_tok - 1, u1 = 2 * t + 1 < n_tok ? 2 * t + 1 : n_tok - 1;
@@ -445,6 +464,8 @@ __device__ __forceinline__ void quant_lane(float v, int8_t *qs, float2 *ds, int6
 __global__ void quant_q8_k(const float *__restrict__ x, int8_t *__restrict__ qs,
                            float2 *__restrict__ ds, int64_t n_blk)
 {
+    pdl_trigger();
+    pdl_wait();
     const int64_t blk = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
     if (blk >= n_blk)
         return;
@@ -457,6 +478,8 @@ __global__ void rms_norm_q8_k(const float *__restrict__ x, const float *__restri
                               float *__restrict__ out, int8_t *__restrict__ qs,
                               float2 *__restrict__ ds, int64_t n, float eps)
 {
+    pdl_trigger();
+    pdl_wait();
     __shared__ float part[32];
     const float *xr = x + blockIdx.x * n;
     float s = 0.0f;
@@ -493,6 +516,8 @@ __global__ void __launch_bounds__(1024) rms_norm_q8_reg_k(const float *__restric
                                                           int8_t *__restrict__ qs,
                                                           float2 *__restrict__ ds, int n, float eps)
 {
+    pdl_trigger();
+    pdl_wait();
     __shared__ float part[32];
     const int n4 = n >> 2;
     const float4 *xr = (const float4 *)(x + (size_t)blockIdx.x * n);
@@ -573,8 +598,8 @@ extern "C" void lcu_quantize_q8(lcu *g, const float *x, void *xq, int64_t n_tok,
 {
     const int64_t nb = n_tok * n / 32;
     if (nb > 0)
-        quant_q8_k<<<(unsigned)lcu_cdiv(nb, 8), 256, 0, g->stream>>>(x, q8_qs(xq),
-                                                                     q8_ds(xq, n_tok, n), nb);
+        lcu_go(g, quant_q8_k, dim3((unsigned)lcu_cdiv(nb, 8)), dim3(256), x, q8_qs(xq),
+               q8_ds(xq, n_tok, n), nb);
 }
 
 extern "C" void lcu_rms_norm_q8(lcu *g, const float *x, const float *w, float *out, void *xq,
@@ -594,13 +619,13 @@ extern "C" void lcu_rms_norm_q8(lcu *g, const float *x, const float *w, float *o
     if (n_rows > 0 && reg && n % 32 == 0 && n <= (int64_t)RN_V * 4 * 1024 &&
         ((uintptr_t)x | (uintptr_t)w | (uintptr_t)out) % 16 == 0) {
         const unsigned t = (unsigned)((n / 4 + RN_V - 1) / RN_V + 31) / 32 * 32;
-        rms_norm_q8_reg_k<<<(unsigned)n_rows, t < 32 ? 32 : t, 0, g->stream>>>(
-            x, w, out, q8_qs(xq), q8_ds(xq, n_rows, n), (int)n, eps);
+        lcu_go(g, rms_norm_q8_reg_k, dim3((unsigned)n_rows), dim3(t < 32 ? 32 : t), x, w, out,
+               q8_qs(xq), q8_ds(xq, n_rows, n), (int)n, eps);
         return;
     }
     if (n_rows > 0)
-        rms_norm_q8_k<<<(unsigned)n_rows, th, 0, g->stream>>>(x, w, out, q8_qs(xq),
-                                                               q8_ds(xq, n_rows, n), n, eps);
+        lcu_go(g, rms_norm_q8_k, dim3((unsigned)n_rows), dim3(th), x, w, out, q8_qs(xq),
+               q8_ds(xq, n_rows, n), n, eps);
 }
 
 /* Whether the int8 kernels take this product. */
@@ -612,25 +637,25 @@ static bool q8_ok(const lcu *g, const lcu_mat *w, int64_t n_tok)
 
 template <int NT> static void launch_mv(lcu *g, const mv_args &a, int blocks)
 {
-    mmvq_k<NT, (NT <= 2 ? 2 : 4)><<<(unsigned)blocks, MMVQ_THREADS, 0, g->stream>>>(a);
+    lcu_go(g, mmvq_k<NT, (NT <= 2 ? 2 : 4)>, dim3((unsigned)blocks), dim3(MMVQ_THREADS), a);
 }
 
 template <int NT> static void launch_glu(lcu *g, const mv_args &a, int blocks)
 {
-    mmvq_glu_k<NT, (NT <= 2 ? 1 : 2)><<<(unsigned)blocks, MMVQ_THREADS, 0, g->stream>>>(a);
+    lcu_go(g, mmvq_glu_k<NT, (NT <= 2 ? 1 : 2)>, dim3((unsigned)blocks), dim3(MMVQ_THREADS), a);
 }
 
 template <int W>
 static void mmq_go(lcu *g, bool glu, bool q4, const mv_args &a, unsigned nb, int n_tok)
 {
     if (glu && q4)
-        mmq_glu_k<LMS_TYPE_Q4_K, W><<<nb, W * 32, 0, g->stream>>>(a, n_tok);
+        lcu_go(g, mmq_glu_k<LMS_TYPE_Q4_K, W>, dim3(nb), dim3(W * 32), a, n_tok);
     else if (glu)
-        mmq_glu_k<LMS_TYPE_Q6_K, W><<<nb, W * 32, 0, g->stream>>>(a, n_tok);
+        lcu_go(g, mmq_glu_k<LMS_TYPE_Q6_K, W>, dim3(nb), dim3(W * 32), a, n_tok);
     else if (q4)
-        mmq_k<LMS_TYPE_Q4_K, W><<<nb, W * 32, 0, g->stream>>>(a, n_tok);
+        lcu_go(g, mmq_k<LMS_TYPE_Q4_K, W>, dim3(nb), dim3(W * 32), a, n_tok);
     else
-        mmq_k<LMS_TYPE_Q6_K, W><<<nb, W * 32, 0, g->stream>>>(a, n_tok);
+        lcu_go(g, mmq_k<LMS_TYPE_Q6_K, W>, dim3(nb), dim3(W * 32), a, n_tok);
 }
 
 /* The tensor-core kernel (glu: the fused gate/up one) over nb blocks. */
@@ -715,9 +740,9 @@ static void mv_launch(lcu *g, int n_mat, const lcu_mat *const *w, const void *xq
     if (wk) {
         const unsigned nb = (unsigned)lcu_cdiv(blocks, MMVQ_WARPS);
         if (n_tok == 1)
-            mmvw_k<1><<<nb, MMVQ_THREADS, 0, g->stream>>>(a);
+            lcu_go(g, mmvw_k<1>, dim3(nb), dim3(MMVQ_THREADS), a);
         else
-            mmvw_k<2><<<nb, MMVQ_THREADS, 0, g->stream>>>(a);
+            lcu_go(g, mmvw_k<2>, dim3(nb), dim3(MMVQ_THREADS), a);
         return;
     }
     switch (n_tok) {
@@ -778,7 +803,9 @@ extern "C" int lcu_matmul_q8(lcu *g, int n_mat, const lcu_mat *const *w, const f
             mv_launch(g, 1, &w[m], xq, n_tok, &y[m], accumulate);
         else
             rc |= lcu_matmul(g, w[m], x, n_tok, y[m], accumulate);
+        g->x16_keep = true; /* the next product reads the same x */
     }
+    g->x16_keep = false;
     return rc;
 }
 
@@ -807,20 +834,20 @@ extern "C" int lcu_ffn_gate_up(lcu *g, const lcu_mat *wg, const lcu_mat *wu, con
         } else if (use_warp(g, n_tok)) {
             const unsigned nb = (unsigned)lcu_cdiv(f, MMVQ_WARPS);
             if (n_tok == 1)
-                mmvw_glu_k<1><<<nb, MMVQ_THREADS, 0, g->stream>>>(a);
+                lcu_go(g, mmvw_glu_k<1>, dim3(nb), dim3(MMVQ_THREADS), a);
             else
-                mmvw_glu_k<2><<<nb, MMVQ_THREADS, 0, g->stream>>>(a);
+                lcu_go(g, mmvw_glu_k<2>, dim3(nb), dim3(MMVQ_THREADS), a);
         } else
-        switch (n_tok) {
-        case 1: launch_glu<1>(g, a, blocks); break;
-        case 2: launch_glu<2>(g, a, blocks); break;
-        case 3: launch_glu<3>(g, a, blocks); break;
-        case 4: launch_glu<4>(g, a, blocks); break;
-        case 5: launch_glu<5>(g, a, blocks); break;
-        case 6: launch_glu<6>(g, a, blocks); break;
-        case 7: launch_glu<7>(g, a, blocks); break;
-        default: launch_glu<8>(g, a, blocks); break;
-        }
+            switch (n_tok) {
+            case 1: launch_glu<1>(g, a, blocks); break;
+            case 2: launch_glu<2>(g, a, blocks); break;
+            case 3: launch_glu<3>(g, a, blocks); break;
+            case 4: launch_glu<4>(g, a, blocks); break;
+            case 5: launch_glu<5>(g, a, blocks); break;
+            case 6: launch_glu<6>(g, a, blocks); break;
+            case 7: launch_glu<7>(g, a, blocks); break;
+            default: launch_glu<8>(g, a, blocks); break;
+            }
     } else {
         const lcu_mat *ws[2] = {wg, wu};
         float *ys[2] = {h, up};

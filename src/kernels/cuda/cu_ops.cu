@@ -12,6 +12,8 @@
 __global__ void rms_norm_k(const float *__restrict__ x, const float *__restrict__ w,
                            float *__restrict__ out, int64_t n, float eps)
 {
+    pdl_trigger();
+    pdl_wait();
     __shared__ float part[32];
     const float *xr = x + blockIdx.x * n;
     float *yr = out + blockIdx.x * n;
@@ -38,11 +40,13 @@ extern "C" void lcu_rms_norm(lcu *g, const float *x, const float *w, float *out,
                              int64_t n, float eps)
 {
     if (n_rows > 0)
-        rms_norm_k<<<(unsigned)n_rows, lcu_rows_threads(n), 0, g->stream>>>(x, w, out, n, eps);
+        lcu_go(g, rms_norm_k, dim3((unsigned)n_rows), dim3(lcu_rows_threads(n)), x, w, out, n, eps);
 }
 
 __global__ void add_bias_k(float *y, const float *b, int64_t n_tok, int64_t n)
 {
+    pdl_trigger();
+    pdl_wait();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n_tok * n)
         y[i] += b[i % n];
@@ -51,11 +55,13 @@ __global__ void add_bias_k(float *y, const float *b, int64_t n_tok, int64_t n)
 extern "C" void lcu_add_bias(lcu *g, float *y, const float *b, int64_t n_tok, int64_t n)
 {
     if (b && n_tok * n > 0)
-        add_bias_k<<<(unsigned)lcu_cdiv(n_tok * n, 256), 256, 0, g->stream>>>(y, b, n_tok, n);
+        lcu_go(g, add_bias_k, dim3((unsigned)lcu_cdiv(n_tok * n, 256)), dim3(256), y, b, n_tok, n);
 }
 
 __global__ void add_k(float *x, const float *y, int64_t n)
 {
+    pdl_trigger();
+    pdl_wait();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         x[i] += y[i];
@@ -64,11 +70,13 @@ __global__ void add_k(float *x, const float *y, int64_t n)
 extern "C" void lcu_add(lcu *g, float *x, const float *y, int64_t n)
 {
     if (n > 0)
-        add_k<<<(unsigned)lcu_cdiv(n, 256), 256, 0, g->stream>>>(x, y, n);
+        lcu_go(g, add_k, dim3((unsigned)lcu_cdiv(n, 256)), dim3(256), x, y, n);
 }
 
 __global__ void swiglu_k(float *ga, const float *up, int64_t n)
 {
+    pdl_trigger();
+    pdl_wait();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         float a = ga[i];
@@ -79,7 +87,7 @@ __global__ void swiglu_k(float *ga, const float *up, int64_t n)
 extern "C" void lcu_swiglu(lcu *g, float *ga, const float *up, int64_t n)
 {
     if (n > 0)
-        swiglu_k<<<(unsigned)lcu_cdiv(n, 256), 256, 0, g->stream>>>(ga, up, n);
+        lcu_go(g, swiglu_k, dim3((unsigned)lcu_cdiv(n, 256)), dim3(256), ga, up, n);
 }
 
 /* ---- Q/K/V epilogue -------------------------------------------------------------- */
@@ -96,6 +104,8 @@ __global__ void __launch_bounds__(32 * QKV_WARPS)
                const float *__restrict__ k_norm, uint16_t *__restrict__ kc,
                uint16_t *__restrict__ vc)
 {
+    pdl_trigger();
+    pdl_wait();
     __shared__ float sh[QKV_WARPS][LCU_HEAD_DIM_MAX];
     const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int hd = s.head_dim, kvd = s.n_head_kv * hd;
@@ -160,5 +170,6 @@ extern "C" void lcu_qkv_post(lcu *g, const lcu_batch *b, const lcu_attn_shape *s
     const int heads = s->n_head + 2 * s->n_head_kv;
     dim3 grid((unsigned)b->n_tok, (unsigned)((heads + QKV_WARPS - 1) / QKV_WARPS));
     if (b->n_tok > 0)
-        qkv_post_k<<<grid, 32 * QKV_WARPS, 0, g->stream>>>(*b, *s, q, k, v, q_norm, k_norm, kc, vc);
+        lcu_go(g, qkv_post_k, dim3(grid), dim3(32 * QKV_WARPS), *b, *s, q, k, v, q_norm, k_norm, kc,
+               vc);
 }

@@ -195,6 +195,10 @@ int lcu_graph_end(lcu *g, int slot);
 bool lcu_graph_ready(const lcu *g, int slot);
 int lcu_graph_launch(lcu *g, int slot);
 
+/* Programmatic dependent launch for the kernels launched from now on
+ * (decode steps; a no-op before sm_90 or with LMS_CUDA_PDL=0). */
+void lcu_pdl(lcu *g, bool on);
+
 #ifdef __cplusplus
 }
 #endif
