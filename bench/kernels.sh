@@ -3,7 +3,8 @@
 # vec_dot vs the gemm tile kernel on one thread, lms_matmul with the thread
 # team for a prompt batch, and decode GB/s, on the Llama-3.2-1B shapes; then
 # decode alone from DRAM (kbench -d: matrices over the 32 MiB L3, the gemv
-# kernels and vec_dot row by row next to the read bandwidth of the buffer).
+# kernels and vec_dot row by row next to the read bandwidth of the buffer);
+# then batched decode from DRAM (kbench -b: 8 tokens, as 8 sequences decode).
 #
 #   bench/kernels.sh [build-dir] [threads]     (LMS_ISA=avx2 etc. to force an ISA)
 set -euo pipefail
@@ -22,3 +23,7 @@ run "$kb" -d -t "$threads" -k 2048 -m 32768 -r 3 q4_K q8_0
 run "$kb" -d -t "$threads" -k 8192 -m 8192 -r 3 q4_K q6_K
 run "$kb" -d -t "$threads" -k 2048 -m 128256 -r 3 q6_K
 run "$kb" -d -t "$threads" -k 1024 -m 151936 -r 3 q6_K
+# batched decode (8 tokens) from DRAM: rows of 2048 and 8192 columns, the Llama output head
+run "$kb" -b -t "$threads" -k 2048 -m 65536 -r 5 q4_K q6_K
+run "$kb" -b -t "$threads" -k 8192 -m 16384 -r 5 q4_K q6_K
+run "$kb" -b -t "$threads" -k 2048 -m 128256 -r 3 q6_K

@@ -23,6 +23,14 @@
  * development machine) this is the DRAM streaming speed decode gets; the
  * rows repeat a few distinct quantized rows, so a large matrix is quick to
  * build. Always wall time.
+ *
+ *   kbench -b [-t threads] [-k n_cols] [-m n_rows] [-n n_tok] [-r reps] [type...]
+ *
+ * Batched decode (-b): lms_matmul of n_tok tokens (default 8) on a matrix
+ * built like -d's (so the Llama output head, -k 2048 -m 128256 q6_K, is
+ * quick to build and streams from DRAM), with the team, in ms per product
+ * and GMAC/s, next to the same matrix for one token. Thread CPU time with
+ * -t 1, else wall time.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,7 +80,7 @@ static void *make_weights(int type, int64_t n_cols, int64_t n_rows, size_t *row_
 }
 
 typedef struct opts {
-    int threads, reps, decode;
+    int threads, reps, decode, batched;
     int64_t k, m, n;
     int64_t job_rows; /* -d: rows per gemv call */
 } opts;
@@ -97,20 +105,66 @@ static double read_gbs(const uint8_t *buf, size_t n_bytes)
 
 #define DECODE_DISTINCT_ROWS 64
 
+/* n_rows x n_cols weights of `type` repeating a few distinct random rows
+ * (quick to build at any size); *row_bytes gets the row size. */
+static uint8_t *make_big_weights(int type, int64_t n_cols, int64_t n_rows, size_t *row_bytes)
+{
+    const int64_t nd = n_rows < DECODE_DISTINCT_ROWS ? n_rows : DECODE_DISTINCT_ROWS;
+    size_t rb;
+    uint8_t *w0 = make_weights(type, n_cols, nd, &rb);
+    const size_t bytes = (rb * (size_t)n_rows + 63) / 64 * 64;
+    uint8_t *w = aligned_alloc(64, bytes);
+    memset(w + bytes - 64, 0, 64);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < n_rows; r++)
+        memcpy(w + (size_t)r * rb, w0 + (size_t)(r % nd) * rb, rb);
+    free(w0);
+    *row_bytes = rb;
+    return w;
+}
+
+static void bench_batched(const opts *o, int type)
+{
+    const lms_type_traits *tt = lms_type_get(type);
+    size_t rb;
+    uint8_t *w = make_big_weights(type, o->k, o->m, &rb);
+    float *x = malloc((size_t)(o->k * o->n) * sizeof *x);
+    for (int64_t i = 0; i < o->k * o->n; i++)
+        x[i] = (float)((int64_t)(rnd() % 2001) - 1000) * 1e-3f;
+    float *s = malloc((size_t)(o->m * o->n) * sizeof *s);
+    void *scratch = aligned_alloc(64, (lms_matmul_scratch(type, o->k, o->n) + 63) / 64 * 64 + 64);
+    const lms_mat mat = {w, type, o->k, o->m, rb};
+    double best_n = 1e30, best_1 = 1e30;
+    for (int rep = 0; rep < o->reps; rep++) {
+        double t0 = now_s();
+        lms_matmul(&mat, x, o->n, s, scratch);
+        double t1 = now_s();
+        best_n = t1 - t0 < best_n ? t1 - t0 : best_n;
+        t0 = now_s();
+        lms_matmul(&mat, x, 1, s, scratch);
+        t1 = now_s();
+        best_1 = t1 - t0 < best_1 ? t1 - t0 : best_1;
+    }
+    const double macs = (double)o->m * (double)o->k;
+    printf("%-5s %6lldx%-5lld batched %d threads (%.0f MB): n=%-3lld %8.3f ms %6.1f GMAC/s"
+           " | n=1 %7.3f ms %6.1f GB/s | n=%lld / n=1 time x%.2f\n",
+           tt->name, (long long)o->m, (long long)o->k, o->threads, (double)rb * (double)o->m * 1e-6,
+           (long long)o->n, best_n * 1e3, macs * (double)o->n / best_n * 1e-9, best_1 * 1e3,
+           (double)rb * (double)o->m / best_1 * 1e-9, (long long)o->n, best_n / best_1);
+    free(w);
+    free(x);
+    free(s);
+    free(scratch);
+}
+
 static void bench_decode(const opts *o, int type)
 {
     const lms_kernel_table *kt = lms_kernels_get();
     const lms_type_traits *tt = lms_type_get(type);
     const int vt = tt->vec_dot_type;
-    const int64_t nd = o->m < DECODE_DISTINCT_ROWS ? o->m : DECODE_DISTINCT_ROWS;
     size_t rb;
-    uint8_t *w0 = make_weights(type, o->k, nd, &rb);
+    uint8_t *w = make_big_weights(type, o->k, o->m, &rb);
     const size_t bytes = (rb * (size_t)o->m + 63) / 64 * 64;
-    uint8_t *w = aligned_alloc(64, bytes);
-    memset(w + bytes - 64, 0, 64);
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < o->m; r++)
-        memcpy(w + (size_t)r * rb, w0 + (size_t)(r % nd) * rb, rb);
     float *x = malloc((size_t)o->k * sizeof *x);
     for (int64_t i = 0; i < o->k; i++)
         x[i] = (float)((int64_t)(rnd() % 2001) - 1000) * 1e-3f;
@@ -147,7 +201,6 @@ static void bench_decode(const opts *o, int type)
            tt->name, (long long)o->m, (long long)o->k, o->threads, mb * 1e-6, best_rd,
            mb / best_mm * 1e-9, 100 * mb / best_mm * 1e-9 / best_rd,
            mb / best_vd * 1e-9, 100 * mb / best_vd * 1e-9 / best_rd);
-    free(w0);
     free(w);
     free(x);
     free(xq);
@@ -230,7 +283,7 @@ static void bench_type(const opts *o, int type)
 
 int main(int argc, char **argv)
 {
-    opts o = {2, 5, 0, 2048, 2048, 512, 16};
+    opts o = {2, 5, 0, 0, 2048, 2048, 0, 16};
     int types[16], n_types = 0;
     for (int i = 1; i < argc; i++) {
         if (i + 1 < argc && strcmp(argv[i], "-t") == 0)
@@ -245,12 +298,14 @@ int main(int argc, char **argv)
             o.reps = atoi(argv[++i]);
         else if (strcmp(argv[i], "-d") == 0)
             o.decode = 1;
+        else if (strcmp(argv[i], "-b") == 0)
+            o.batched = 1;
         else if (i + 1 < argc && strcmp(argv[i], "-j") == 0)
             o.job_rows = atoll(argv[++i]);
         else if (n_types < 16 && lms_type_from_name(argv[i]) >= 0)
             types[n_types++] = lms_type_from_name(argv[i]);
         else {
-            fprintf(stderr, "usage: kbench [-d [-j rows_per_call]] [-t threads] [-k n_cols] "
+            fprintf(stderr, "usage: kbench [-d [-j rows_per_call] | -b] [-t threads] [-k n_cols] "
                             "[-m n_rows] [-n n_tok] [-r reps] [type...]\n");
             return 2;
         }
@@ -260,6 +315,8 @@ int main(int argc, char **argv)
         memcpy(types, def, sizeof def);
         n_types = 4;
     }
+    if (o.n == 0)
+        o.n = o.batched ? 8 : 512;
     if (o.n < 1 || o.m < 1 || o.k < 256 || o.k % 256 || o.reps < 1 || o.job_rows < 1) {
         fprintf(stderr, "kbench: need n_cols a multiple of 256, n_rows, n_tok, reps >= 1\n");
         return 2;
@@ -272,6 +329,8 @@ int main(int argc, char **argv)
     for (int i = 0; i < n_types; i++)
         if (o.decode)
             bench_decode(&o, types[i]);
+        else if (o.batched)
+            bench_batched(&o, types[i]);
         else
             bench_type(&o, types[i]);
     return 0;
