@@ -359,11 +359,17 @@ static inline att_q8q att_q8_query(const float *qf, int hd)
     return (att_q8q){(const int8_t *)p, (const int32_t *)(p + hd), (const float *)(p + 2 * hd)};
 }
 
+/* qf = q rounded to f16, as floats (vectorized on the levels with F16C) */
+LMS_CLONES static void round_row_f16(const float *q, float *restrict qf, int n)
+{
+    for (int d = 0; d < n; d++)
+        qf[d] = ROUND_F16(q[d]);
+}
+
 static void load_query(int type, int hd, const float *q, float *qf)
 {
     if (type == LMS_TYPE_F16) {
-        for (int d = 0; d < hd; d++)
-            qf[d] = lms_f16_to_f32(lms_f32_to_f16(q[d]));
+        round_row_f16(q, qf, hd);
         return;
     }
     const lms_from_float_fn quant = lms_kernels_get()->from_float[LMS_TYPE_Q8_0];
@@ -677,6 +683,63 @@ ATT_INLINE void scores_f16_x(const att_src *s, int hd, const float *qf, size_t q
     }
 }
 
+/*
+ * f16 scores of a decode step (every KV head of each row, hs->n > 1) with
+ * two query rows a head (GQA groups of 2) and HD = 64 or 128: position runs
+ * within a cache block, and per head the two query rows held in registers
+ * (2 * HD / 16 of them) while the run's K slices pass, two positions a step.
+ * scores_f16_x reloads the queries for every K vector instead; this cuts
+ * the hot (cached K) time by about a fifth. Each dot product is the same
+ * FMA chain and att_hsum4 tree as scores_f16_x's, so the scores are
+ * identical. The prefetch covers, head by head, the block two runs ahead.
+ */
+ATT_INLINE void scores_f16_pairs_x(const att_src *s, const float *qf, size_t qrow, int32_t j0,
+                                   int32_t j1, int32_t n, float *w, size_t ws,
+                                   const att_heads *hs, const int HD)
+{
+    for (int32_t jb = j0; jb < j1;) {
+        const int32_t end = (jb / LMS_KV_BLOCK + 1) * LMS_KV_BLOCK, je = end < j1 ? end : j1;
+        const uint8_t *row0 = att_row(s, jb); /* rows of a block are row_bytes apart */
+        for (int h = 0; h < hs->n; h++) {
+            const float *x = qf + (size_t)h * hs->q_floats;
+            const int64_t off = (int64_t)h * (int64_t)hs->k_bytes;
+            __m512 q0[8], q1[8];
+            for (int i = 0; i < HD / 16; i++) {
+                q0[i] = _mm512_loadu_ps(x + 16 * i);
+                q1[i] = _mm512_loadu_ps(x + qrow + 16 * i);
+            }
+            float *wh = w + (size_t)h * hs->w_floats;
+            for (int32_t j = jb; j < je; j += 2) {
+                const int32_t jn = j + 1 < je ? j + 1 : j; /* a lone last position: twice */
+                prefetch_ahead(s, j, n, off, (int64_t)hs->k_bytes);
+                prefetch_ahead(s, jn, n, off, (int64_t)hs->k_bytes);
+                const uint8_t *ra = row0 + (size_t)(j - jb) * s->row_bytes + off;
+                const uint8_t *rb = row0 + (size_t)(jn - jb) * s->row_bytes + off;
+                const uint16_t *ka = (const uint16_t *)ra, *kb = (const uint16_t *)rb;
+                __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+                __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
+                for (int i = 0; i < HD / 16; i++) {
+                    const __m512 kva =
+                        _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(ka + 16 * i)));
+                    const __m512 kvb =
+                        _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kb + 16 * i)));
+                    a0 = _mm512_fmadd_ps(q0[i], kva, a0);
+                    a1 = _mm512_fmadd_ps(q1[i], kva, a1);
+                    b0 = _mm512_fmadd_ps(q0[i], kvb, b0);
+                    b1 = _mm512_fmadd_ps(q1[i], kvb, b1);
+                }
+                float o[4];
+                _mm_storeu_ps(o, att_hsum4(a0, a1, b0, b1));
+                wh[j] = o[0];
+                wh[ws + (size_t)j] = o[1];
+                wh[jn] = o[2];
+                wh[ws + (size_t)jn] = o[3];
+            }
+        }
+        jb = je;
+    }
+}
+
 #define ATT_TARGET_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
 #define ATT_DPBUSD(acc, u, s) _mm512_dpbusd_epi32(acc, u, s)
 ATT_SCORES_Q8(scores_q8_0_x, ATT_TARGET, 0)
@@ -731,6 +794,40 @@ ATT_INLINE void v64_q8_0(const uint8_t *row, int c0, __m512 *x)
 }
 
 ATT_VALUES_X(values_f16_x, v64_f16, 128)
+
+/* Two rows of f16 values with HD = 64 or 128 in one pass: all 2 * HD / 16
+ * accumulators in registers, each V slice read once (values_f16_x takes 64
+ * columns a pass). Every output element is the same FMA chain over j as
+ * there. */
+ATT_INLINE void values_f16_pairs_x(const att_src *s, const float *w, size_t ws, int32_t j0,
+                                   int32_t j1, int32_t n, float *out, int mode, const int HD)
+{
+    __m512 a0[8], a1[8];
+    for (int i = 0; i < HD / 16; i++) {
+        a0[i] = mode == ATT_V_CONT ? _mm512_loadu_ps(out + 16 * i) : _mm512_setzero_ps();
+        a1[i] = mode == ATT_V_CONT ? _mm512_loadu_ps(out + HD + 16 * i) : _mm512_setzero_ps();
+    }
+    for (int32_t j = j0; j < j1; j++) {
+        prefetch_ahead(s, j, n, 0, 2 * HD);
+        const uint16_t *v = (const uint16_t *)att_row(s, j);
+        const __m512 wa = _mm512_set1_ps(w[j]), wb = _mm512_set1_ps(w[ws + (size_t)j]);
+        for (int i = 0; i < HD / 16; i++) {
+            const __m512 x = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + 16 * i)));
+            a0[i] = _mm512_fmadd_ps(wa, x, a0[i]);
+            a1[i] = _mm512_fmadd_ps(wb, x, a1[i]);
+        }
+    }
+    for (int i = 0; i < HD / 16; i++) {
+        float *y0 = out + 16 * i, *y1 = out + HD + 16 * i;
+        if (mode == ATT_V_ADD) {
+            a0[i] = _mm512_add_ps(_mm512_loadu_ps(y0), a0[i]);
+            a1[i] = _mm512_add_ps(_mm512_loadu_ps(y1), a1[i]);
+        }
+        _mm512_storeu_ps(y0, a0[i]);
+        _mm512_storeu_ps(y1, a1[i]);
+    }
+}
+
 ATT_VALUES_X(values_q8_0_x, v64_q8_0, 2 * (int64_t)sizeof(lms_block_q8_0))
 
 /* Dispatch on the pass's row count so each copy keeps its rows in registers. */
@@ -746,6 +843,13 @@ ATT_TARGET static void scores_f16_avx512(const att_src *s, int hd, int nq, const
                                          size_t qrow, int32_t j0, int32_t j1, int32_t n, float *w,
                                          size_t ws, const att_heads *hs)
 {
+    if (hs->n > 1 && nq == 2 && (hd == 64 || hd == 128)) {
+        if (hd == 64)
+            scores_f16_pairs_x(s, qf, qrow, j0, j1, n, w, ws, hs, 64);
+        else
+            scores_f16_pairs_x(s, qf, qrow, j0, j1, n, w, ws, hs, 128);
+        return;
+    }
     ATT_BY_ROWS(scores_f16_x, nq, s, hd, qf, qrow, j0, j1, n, w, ws, hs)
 }
 
@@ -767,6 +871,13 @@ ATT_TARGET static void values_f16_avx512(const att_src *s, int hd, int nq, const
                                          size_t ws, int32_t j0, int32_t j1, int32_t n, float *out,
                                          int mode)
 {
+    if (nq == 2 && (hd == 64 || hd == 128)) {
+        if (hd == 64)
+            values_f16_pairs_x(s, w, ws, j0, j1, n, out, mode, 64);
+        else
+            values_f16_pairs_x(s, w, ws, j0, j1, n, out, mode, 128);
+        return;
+    }
     ATT_BY_ROWS(values_f16_x, nq, s, hd, w, ws, j0, j1, n, out, mode)
 }
 
@@ -852,11 +963,17 @@ static void values_rows(const att_kernels *k, const att_src *vs, int hd, int nr,
                   n, out + (size_t)q0 * hd, mode);
 }
 
+/* w[j] *= s over n values (vectorized per level, the same products) */
+LMS_CLONES static void scale_row(float *w, int32_t n, float s)
+{
+    for (int32_t j = 0; j < n; j++)
+        w[j] *= s;
+}
+
 /* Scale then softmax of one row of n scores. */
 static void att_softmax(const lms_ctx *c, float *wq, int32_t n, float scale)
 {
-    for (int32_t j = 0; j < n; j++)
-        wq[j] *= scale;
+    scale_row(wq, n, scale);
 #ifdef ATT_AVX512
     if (c->att_impl == FWD_ATT_AVX512) {
         round_f16_avx512(wq, n, softmax_exp(wq, n));
@@ -948,6 +1065,29 @@ static void att_chunk_sums(lms_ctx *c, int il, const att_kernels *k, const att_t
         }
 }
 
+/* Thread t's share (of nt) of tile ti's chunk sums: the (chunk, KV head)
+ * items in chunk-major order, each weighing its chunk's positions, cut into
+ * nt contiguous runs of equal weight: mostly whole chunks (whole cached
+ * rows), and an even split whatever the chunk count (a last chunk shorter
+ * than the others, or fewer chunks than threads). */
+static void att_chunk_share(lms_ctx *c, int il, const att_kernels *k, const att_tile *a,
+                            const att_step_layout *l, int32_t ti, int t, int nt)
+{
+    const int nkv = c->m->hp.n_head_kv;
+    const int32_t n = a->pos0 + 1;
+    const int64_t total = (int64_t)n * nkv, w0 = total * t / nt, w1 = total * (t + 1) / nt;
+    for (int32_t ci = 0; (int64_t)ci * ATT_CHUNK < n; ci++) {
+        /* head h of chunk ci starts at weight base + h * len (the chunks
+         * before it are whole); it is this thread's if that is in [w0, w1) */
+        const int64_t base = (int64_t)ci * ATT_CHUNK * nkv;
+        const int64_t len = n - ci * ATT_CHUNK < ATT_CHUNK ? n - ci * ATT_CHUNK : ATT_CHUNK;
+        const int64_t h0 = w0 <= base ? 0 : (w0 - base + len - 1) / len;
+        const int64_t h1 = w1 <= base ? 0 : (w1 - base + len - 1) / len;
+        if (h0 < h1 && h0 < nkv)
+            att_chunk_sums(c, il, k, a, l, ti, ci, (int)h0, (int)(h1 < nkv ? h1 : nkv));
+    }
+}
+
 /* out = chunk 0 + chunk 1 + ..., left to right, for row r of tile ti */
 static void att_merge(lms_ctx *c, const att_tile *a, const att_step_layout *l, int32_t ti, int r)
 {
@@ -963,9 +1103,8 @@ static void att_merge(lms_ctx *c, const att_tile *a, const att_step_layout *l, i
 /* The by-chunk schedule: each thread takes a contiguous range of every
  * tile's cached rows, whole (every KV head), which streams at about twice
  * the bandwidth of threads taking parts of each row. Phases: queries;
- * scores of the thread's blocks; softmax; chunk sums (whole chunks in
- * contiguous ranges, a remainder of fewer chunks than threads split by KV
- * heads); merge. */
+ * scores of the thread's blocks; softmax; chunk sums ((chunk, KV head)
+ * items in shares of equal weight, att_chunk_share); merge. */
 static bool attention_by_chunk(lms_ctx *c, int il, const att_tile *tiles, int32_t n_tiles)
 {
     const lms_hparams *hp = &c->m->hp;
@@ -1004,18 +1143,8 @@ static bool attention_by_chunk(lms_ctx *c, int il, const att_tile *tiles, int32_
         for (int64_t r = 0; r < (int64_t)n_tiles * nh; r++)
             att_softmax(c, c->dec + (size_t)(r / nh) * l.per_tile + (size_t)(r % nh) * l.ws,
                         tiles[r / nh].pos0 + 1, 1.0f / sqrtf((float)hd));
-        for (int32_t ti = 0; ti < n_tiles; ti++) {
-            const int32_t nc = tiles[ti].pos0 / ATT_CHUNK + 1, q = nc / nt;
-            for (int32_t ci = t * q; ci < (t + 1) * q; ci++)
-                att_chunk_sums(c, il, &k, &tiles[ti], &l, ti, ci, 0, nkv);
-            for (int32_t ci = q * nt; ci < nc; ci++) {
-                if (nkv % nt == 0)
-                    att_chunk_sums(c, il, &k, &tiles[ti], &l, ti, ci, nkv / nt * t,
-                                   nkv / nt * (t + 1));
-                else if ((ci - q * nt) % nt == t)
-                    att_chunk_sums(c, il, &k, &tiles[ti], &l, ti, ci, 0, nkv);
-            }
-        }
+        for (int32_t ti = 0; ti < n_tiles; ti++)
+            att_chunk_share(c, il, &k, &tiles[ti], &l, ti, t, nt);
 #pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < (int64_t)n_tiles * nh; r++)
