@@ -157,6 +157,10 @@ int lms_ctx_create(const lms_model *m, const lms_ctx_params *p, lms_ctx **out, c
             lms_ctx_destroy(c);
             return rc;
         }
+        /* CPU only: the weights stream from huge pages (gguf.c). Not with
+         * a GPU plan: the CPU layers' file pages may be page-locked there */
+        if (!c->gpu)
+            gguf_make_resident(m->gguf);
         /* the host pool holds the CPU layers only (at least one, for its
          * block bookkeeping) */
         int32_t host_layers = hp->n_layer - c->n_gpu;

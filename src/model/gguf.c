@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -425,6 +426,98 @@ int gguf_open_mem(const void *buf, size_t n, gguf_file **out, char *err, size_t 
     return open_common(f, out, err, errsz);
 }
 
+/* ---- the mapping ---------------------------------------------------------------
+ * The file is mapped at a 2 MiB-aligned address, so that file offsets and
+ * addresses agree modulo a huge page: gguf_make_resident can then put the
+ * tensor data into anonymous memory that the kernel backs with 2 MiB pages.
+ * A file mapping uses 4 KiB pages; streaming the weights of a decode step
+ * through them costs TLB misses (2 threads, Qwen3-0.6B Q4_K_M: tg128 7-13%
+ * slower than from huge pages while the memory bus is fast, 3-4% while slow). */
+#define HUGE_PAGE ((size_t)2 << 20)
+
+static void *map_aligned(int fd, size_t n)
+{
+    uint8_t *r = mmap(NULL, n + HUGE_PAGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (r == MAP_FAILED)
+        return mmap(NULL, n, PROT_READ, MAP_SHARED, fd, 0);
+    uint8_t *a = (uint8_t *)(((uintptr_t)r + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+    void *m = mmap(a, n, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0);
+    if (m == MAP_FAILED) {
+        munmap(r, n + HUGE_PAGE);
+        return m;
+    }
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE), end = ((uintptr_t)a + n + page - 1) & ~(page - 1);
+    if (a > r)
+        munmap(r, (size_t)(a - r));
+    if ((uint8_t *)end < r + n + HUGE_PAGE)
+        munmap((void *)end, (size_t)(r + n + HUGE_PAGE - (uint8_t *)end));
+    return m;
+}
+
+/* Whether the kernel may give anonymous memory huge pages ("always" or
+ * "madvise" in /sys/kernel/mm/transparent_hugepage/enabled). */
+static bool thp_available(void)
+{
+    FILE *fp = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    char line[128] = "";
+    if (fp) {
+        if (!fgets(line, sizeof line, fp))
+            line[0] = 0;
+        fclose(fp);
+    }
+    return strstr(line, "[always]") || strstr(line, "[madvise]");
+}
+
+/* MemAvailable of /proc/meminfo in bytes; 0 if unknown. */
+static size_t mem_available(void)
+{
+    FILE *fp = fopen("/proc/meminfo", "r");
+    char line[256];
+    size_t kb = 0;
+    while (fp && fgets(line, sizeof line, fp))
+        if (sscanf(line, "MemAvailable: %zu kB", &kb) == 1)
+            break;
+    if (fp)
+        fclose(fp);
+    return kb * 1024;
+}
+
+int gguf_make_resident(gguf_file *f)
+{
+    if (!f || !f->is_mapped || f->resident || ((uintptr_t)f->base & (HUGE_PAGE - 1)))
+        return 0;
+    const char *env = getenv("LMS_MMAP");
+    if ((env && atoi(env) != 0) || !thp_available())
+        return 0;
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    const size_t lo = (size_t)f->data_offset & ~(HUGE_PAGE - 1);
+    const size_t hi = (f->size + page - 1) & ~(page - 1);
+    if (hi <= lo || hi - lo > mem_available() / 10 * 8)
+        return 0;
+    /* a 2 MiB-aligned anonymous copy, moved over the file pages: the
+     * addresses (and every tensor pointer) stay the same */
+    const size_t len = hi - lo;
+    uint8_t *r = mmap(NULL, len + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                      -1, 0);
+    if (r == MAP_FAILED)
+        return 0;
+    uint8_t *a = (uint8_t *)(((uintptr_t)r + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+    if (a > r)
+        munmap(r, (size_t)(a - r));
+    if (a + len < r + len + HUGE_PAGE)
+        munmap(a + len, (size_t)(r + len + HUGE_PAGE - (a + len)));
+    madvise(a, len, MADV_HUGEPAGE);
+    memcpy(a, f->base + lo, len);
+    void *dst = (void *)(f->base + lo);
+    if (mprotect(a, len, PROT_READ) != 0 ||
+        mremap(a, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, dst) == MAP_FAILED) {
+        munmap(a, len);
+        return 0;
+    }
+    f->resident = true;
+    return 1;
+}
+
 int gguf_open(const char *path, gguf_file **out, char *err, size_t errsz)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -440,7 +533,7 @@ int gguf_open(const char *path, gguf_file **out, char *err, size_t errsz)
         return lms_errf(err, errsz, LMS_ERR_FORMAT, "gguf: '%s' is %lld bytes, too small for a header",
                         path, (long long)st.st_size);
     }
-    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    void *m = map_aligned(fd, (size_t)st.st_size);
     close(fd);
     if (m == MAP_FAILED)
         return lms_errf(err, errsz, LMS_ERR_IO, "gguf: cannot map '%s': %s", path, strerror(errno));
