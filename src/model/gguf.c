@@ -435,22 +435,37 @@ int gguf_open_mem(const void *buf, size_t n, gguf_file **out, char *err, size_t 
  * slower than from huge pages while the memory bus is fast, 3-4% while slow). */
 #define HUGE_PAGE ((size_t)2 << 20)
 
-static void *map_aligned(int fd, size_t n)
+static size_t page_round(size_t n)
 {
-    uint8_t *r = mmap(NULL, n + HUGE_PAGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    return (n + page - 1) & ~(page - 1);
+}
+
+/* Anonymous memory of n bytes (whole pages) at a 2 MiB-aligned address:
+ * a larger reservation with its ends given back. MAP_FAILED on failure. */
+static uint8_t *map_anon_aligned(size_t n, int prot)
+{
+    const size_t len = page_round(n);
+    uint8_t *r = mmap(NULL, len + HUGE_PAGE, prot, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (r == MAP_FAILED)
-        return mmap(NULL, n, PROT_READ, MAP_SHARED, fd, 0);
+        return r;
     uint8_t *a = (uint8_t *)(((uintptr_t)r + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
-    void *m = mmap(a, n, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0);
-    if (m == MAP_FAILED) {
-        munmap(r, n + HUGE_PAGE);
-        return m;
-    }
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE), end = ((uintptr_t)a + n + page - 1) & ~(page - 1);
     if (a > r)
         munmap(r, (size_t)(a - r));
-    if ((uint8_t *)end < r + n + HUGE_PAGE)
-        munmap((void *)end, (size_t)(r + n + HUGE_PAGE - (uint8_t *)end));
+    if (a + len < r + len + HUGE_PAGE)
+        munmap(a + len, (size_t)(r + len + HUGE_PAGE - (a + len)));
+    return a;
+}
+
+/* The file, read-only, over such an address range (or anywhere if none). */
+static void *map_aligned(int fd, size_t n)
+{
+    uint8_t *a = map_anon_aligned(n, PROT_NONE);
+    if (a == MAP_FAILED)
+        return mmap(NULL, n, PROT_READ, MAP_SHARED, fd, 0);
+    void *m = mmap(a, n, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0);
+    if (m == MAP_FAILED)
+        munmap(a, page_round(n));
     return m;
 }
 
@@ -489,23 +504,15 @@ int gguf_make_resident(gguf_file *f)
     const char *env = getenv("LMS_MMAP");
     if ((env && atoi(env) != 0) || !thp_available())
         return 0;
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    const size_t lo = (size_t)f->data_offset & ~(HUGE_PAGE - 1);
-    const size_t hi = (f->size + page - 1) & ~(page - 1);
+    const size_t lo = (size_t)f->data_offset & ~(HUGE_PAGE - 1), hi = page_round(f->size);
     if (hi <= lo || hi - lo > mem_available() / 10 * 8)
         return 0;
     /* a 2 MiB-aligned anonymous copy, moved over the file pages: the
      * addresses (and every tensor pointer) stay the same */
     const size_t len = hi - lo;
-    uint8_t *r = mmap(NULL, len + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                      -1, 0);
-    if (r == MAP_FAILED)
+    uint8_t *a = map_anon_aligned(len, PROT_READ | PROT_WRITE);
+    if (a == MAP_FAILED)
         return 0;
-    uint8_t *a = (uint8_t *)(((uintptr_t)r + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
-    if (a > r)
-        munmap(r, (size_t)(a - r));
-    if (a + len < r + len + HUGE_PAGE)
-        munmap(a + len, (size_t)(r + len + HUGE_PAGE - (a + len)));
     madvise(a, len, MADV_HUGEPAGE);
     memcpy(a, f->base + lo, len);
     void *dst = (void *)(f->base + lo);

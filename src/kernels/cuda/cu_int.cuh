@@ -25,11 +25,8 @@ struct lcu {
     size_t w16_bytes;
     __half *x16;             /* activations converted to f16 */
     size_t x16_bytes;
-    const float *x16_src;    /* what x16 holds: source, values, 1 f16 / 2 bf16 */
-    int64_t x16_n;
-    int x16_kind;
-    bool x16_keep;           /* set by lcu_matmul_q8 between products of one input:
-                                x16 still holds x16_src's values */
+    bool x16_keep;           /* lcu_matmul_q8's products of one input run: x16 may be reused */
+    int x16_kind;            /* then: that input is in x16 as f16 (1) or bf16 (2), 0 not yet */
     void *blas_ws;           /* cuBLAS workspace (so it never allocates) */
     size_t blas_ws_bytes;
     float *attn_part;        /* [n_tok][n_head][max_split][head_dim + 2] */

@@ -234,11 +234,11 @@ static int gemm(lcu *g, const lcu_mat *w, const float *x, int64_t n_tok, float *
                          (int)(w->row_bytes / 4), x, k, &beta, y, m);
         return st == CUBLAS_STATUS_SUCCESS ? 0 : -9;
     }
-    /* x in f16 (bf16 for bf16 weights) in g->x16, unless the previous
-     * product converted the same x (lcu_matmul_q8's matrices sharing it) */
+    /* x in f16 (bf16 for bf16 weights) in g->x16, unless an earlier
+     * product of the same lcu_matmul_q8 call converted it already */
     const int kind = w->type == LMS_TYPE_BF16 ? 2 : 1;
-    const bool have = g->x16_keep && g->x16_src == x && g->x16_n == nx && g->x16_kind == kind;
-    g->x16_src = x, g->x16_n = nx, g->x16_kind = kind;
+    const bool have = g->x16_keep && g->x16_kind == kind;
+    g->x16_kind = kind;
     if (w->type == LMS_TYPE_BF16) {
         if (!have)
             lcu_go(g, to_bf16_k, dim3((unsigned)lcu_cdiv(nx, 256)), dim3(256), x,

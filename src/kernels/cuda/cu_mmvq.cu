@@ -797,13 +797,15 @@ extern "C" int lcu_matmul_q8(lcu *g, int n_mat, const lcu_mat *const *w, const f
         mv_launch(g, n_mat, w, xq, n_tok, y, accumulate);
         return 0;
     }
+    /* the products share x: its f16 copy is made once (gemm) */
     int rc = 0;
+    g->x16_keep = true;
+    g->x16_kind = 0;
     for (int m = 0; m < n_mat; m++) {
         if (xq && q8_ok(g, w[m], n_tok))
             mv_launch(g, 1, &w[m], xq, n_tok, &y[m], accumulate);
         else
             rc |= lcu_matmul(g, w[m], x, n_tok, y[m], accumulate);
-        g->x16_keep = true; /* the next product reads the same x */
     }
     g->x16_keep = false;
     return rc;
