@@ -245,6 +245,47 @@ static void test_real_models(void **state)
     assert_int_equal(gguf_open("/tmp", &f, err, sizeof err), LMS_ERR_IO);
 }
 
+/* gguf_make_resident: the mapping is 2 MiB-aligned; the copy leaves every
+ * tensor at its address with its bytes; it does nothing with LMS_MMAP=1,
+ * nor a second time. */
+static uint64_t fnv(const void *p, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ ((const uint8_t *)p)[i]) * 1099511628211ull;
+    return h;
+}
+
+static void test_make_resident(void **state)
+{
+    gguf_file *f;
+    char err[256];
+    const char *path = tu_data_path("models/llama-synth-q4_k_m.gguf");
+    assert_int_equal(gguf_open(path, &f, err, sizeof err), 0);
+    assert_int_equal((uintptr_t)f->base % ((uintptr_t)2 << 20), 0);
+    uint64_t *sums = calloc(f->n_tensors, sizeof *sums);
+    const void **ptrs = calloc(f->n_tensors, sizeof *ptrs);
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        ptrs[i] = f->tensors[i].data;
+        sums[i] = fnv(ptrs[i], f->tensors[i].n_bytes);
+    }
+    setenv("LMS_MMAP", "1", 1);
+    assert_int_equal(gguf_make_resident(f), 0);
+    unsetenv("LMS_MMAP");
+    int done = gguf_make_resident(f); /* 0 where the kernel has no THP */
+    assert_true(done == 0 || done == 1);
+    assert_int_equal(f->resident, done == 1);
+    assert_int_equal(gguf_make_resident(f), 0);
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        assert_ptr_equal(f->tensors[i].data, ptrs[i]);
+        assert_true(fnv(f->tensors[i].data, f->tensors[i].n_bytes) == sums[i]);
+    }
+    free(sums);
+    free(ptrs);
+    gguf_close(f);
+    assert_int_equal(gguf_make_resident(NULL), 0);
+}
+
 /* A model file with a tensor of the wrong shape or a missing tensor must
  * be refused at load with the tensor's name. */
 static void test_model_refusals(void **state)
@@ -286,7 +327,7 @@ int main(void)
         cmocka_unit_test(test_round_trip),      cmocka_unit_test(test_truncation),
         cmocka_unit_test(test_flipped_bytes),   cmocka_unit_test(test_hostile_headers),
         cmocka_unit_test(test_hostile_strings), cmocka_unit_test(test_real_models),
-        cmocka_unit_test(test_model_refusals),
+        cmocka_unit_test(test_model_refusals),  cmocka_unit_test(test_make_resident),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
