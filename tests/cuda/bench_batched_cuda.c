@@ -102,9 +102,14 @@ int main(int argc, char **argv)
         double t2 = now_s();
         if (prof)
             cudaProfilerStop();
+        /* the last step's logits, summed: equal sums for runs that must
+         * compute the same (e.g. LMS_CUDA_MMQ_PERM=0 and 1) */
+        double sum = 0;
+        for (size_t i = 0; tg > 0 && i < (size_t)B * (size_t)nv; i++)
+            sum += (double)lg[i] * (double)((i % 7) + 1);
         printf("batched B=%2d PP=%d TG=%d: prompt %8.2f t/s, decode %8.2f t/s aggregate "
-               "(%.3f ms/step)\n",
-               B, pp, tg, B * pp / (t1 - t0), B * tg / (t2 - t1), (t2 - t1) * 1e3 / tg);
+               "(%.3f ms/step), last logits sum %.17g\n",
+               B, pp, tg, B * pp / (t1 - t0), B * tg / (t2 - t1), (t2 - t1) * 1e3 / tg, sum);
         for (int s = 0; s < B; s++)
             lms_kv_seq_release(lms_ctx_kv(c), &seqs[s]);
     }

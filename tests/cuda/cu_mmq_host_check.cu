@@ -5,7 +5,9 @@
  * (pass 1 records every lane's A/B fragments, the products are formed per
  * the PTX fragment layouts, pass 2 hands each lane its C fragment), and
  * the results are compared with the CPU reference dequantization dotted
- * with the same q8 activations. A development tool, built by hand:
+ * with the same q8 activations; a second run reads the activations from
+ * their lane-ordered copy (q8_perm, mq::perm4_at/perm6_at/perme_at) and
+ * must give identical sums. A development tool, built by hand:
  *
  *   nvcc -O1 -std=c++17 -DLMS_HAVE_CUDA=1 -Isrc -Iinclude -diag-suppress 20011 \
  *     -Xcompiler -fopenmp tests/cuda/cu_mmq_host_check.cu build-cuda/liblms_kernels.a \
@@ -140,35 +142,54 @@ template <int T, int NM> static int run(const char *name, int misalign, int n_to
             mq::quant_block_host(x.data() + 32 * b, xs.data() + u * K + 32 * b,
                                  xd.data() + u * (K / 32) + b);
     }
-    float acc[32][NM][2][2];
+    /* the lane-ordered copy of the batch (as the device producers write it);
+     * token slots past the batch stay zero */
+    std::vector<int8_t> p4(8 * K, 0), p6(8 * K, 0);
+    std::vector<float2> pe(8 * K / 32, make_float2(0.0f, 0.0f));
+    for (int u = 0; u < n_tok; u++)
+        for (int k = 0; k < K; k++) {
+            p4[mq::perm4_at(u, k)] = p6[mq::perm6_at(u, k)] = xs[u * K + k];
+            if (k % 32 == 0)
+                pe[mq::perme_at(u, k)] = xd[u * (K / 32) + k / 32];
+        }
+    float acc[32][NM][2][2], accp[32][NM][2][2];
     memset(acc, 0, sizeof acc);
-    for (int sb = 0; sb < nsb; sb++) {
-        mma_emu e;
-        for (int pass = 0; pass < 2; pass++) {
-            e.pass = pass;
-            for (int lane = 0; lane < 32; lane++) {
-                e.lane = lane;
-                e.idx = 0;
-                const int g = lane >> 2, t = lane & 3;
-                const uint8_t *ra[NM], *rb[NM];
-                for (int k = 0; k < NM; k++)
-                    ra[k] = rows[k][g], rb[k] = rows[k][g + 8];
-                const int tg = g < n_tok ? g : n_tok - 1;
-                const int u0 = 2 * t < n_tok ? 2 * t : n_tok - 1;
-                const int u1 = 2 * t + 1 < n_tok ? 2 * t + 1 : n_tok - 1;
-                float dummy[NM][2][2];
-                float(&a)[NM][2][2] = pass ? acc[lane] : dummy;
-                const uint8_t *const(&cra)[NM] = ra;
-                const uint8_t *const(&crb)[NM] = rb;
-                if (T == LMS_TYPE_Q4_K)
-                    mq::mmq_q4k_sb<NM>(e, cra, crb, sb, t, xs.data() + tg * K,
-                                       xd.data() + u0 * (K / 32), xd.data() + u1 * (K / 32), a);
-                else
-                    mq::mmq_q6k_sb<NM>(e, cra, crb, sb, t, xs.data() + tg * K,
-                                       xd.data() + u0 * (K / 32), xd.data() + u1 * (K / 32), a);
+    memset(accp, 0, sizeof accp);
+    for (int pl = 0; pl < 2; pl++) {
+        for (int sb = 0; sb < nsb; sb++) {
+            mma_emu e;
+            for (int pass = 0; pass < 2; pass++) {
+                e.pass = pass;
+                for (int lane = 0; lane < 32; lane++) {
+                    e.lane = lane;
+                    e.idx = 0;
+                    const int g = lane >> 2, t = lane & 3;
+                    const uint8_t *ra[NM], *rb[NM];
+                    for (int k = 0; k < NM; k++)
+                        ra[k] = rows[k][g], rb[k] = rows[k][g + 8];
+                    const int tg = g < n_tok ? g : n_tok - 1;
+                    const int u0 = 2 * t < n_tok ? 2 * t : n_tok - 1;
+                    const int u1 = 2 * t + 1 < n_tok ? 2 * t + 1 : n_tok - 1;
+                    float dummy[NM][2][2];
+                    float(&a)[NM][2][2] = pass ? (pl ? accp[lane] : acc[lane]) : dummy;
+                    const uint8_t *const(&cra)[NM] = ra;
+                    const uint8_t *const(&crb)[NM] = rb;
+                    if (pl && T == LMS_TYPE_Q4_K)
+                        mq::mmq_q4k_sb<NM, true>(e, cra, crb, sb, t, p4.data(), pe.data(), NULL, a,
+                                                 lane);
+                    else if (pl)
+                        mq::mmq_q6k_sb<NM, true>(e, cra, crb, sb, t, p6.data(), pe.data(), NULL, a,
+                                                 lane);
+                    else if (T == LMS_TYPE_Q4_K)
+                        mq::mmq_q4k_sb<NM>(e, cra, crb, sb, t, xs.data() + tg * K,
+                                           xd.data() + u0 * (K / 32), xd.data() + u1 * (K / 32), a);
+                    else
+                        mq::mmq_q6k_sb<NM>(e, cra, crb, sb, t, xs.data() + tg * K,
+                                           xd.data() + u0 * (K / 32), xd.data() + u1 * (K / 32), a);
+                }
+                if (pass == 0)
+                    e.solve();
             }
-            if (pass == 0)
-                e.solve();
         }
     }
     double worst = 0;
@@ -186,6 +207,9 @@ template <int T, int NM> static int run(const char *name, int misalign, int n_to
                 }
                 const double err = fabs(acc[lane][k][i >> 1][i & 1] - ref) / (mag + 1e-30);
                 worst = err > worst ? err : worst;
+                /* the lane-ordered loads must give the very same sums */
+                if (accp[lane][k][i >> 1][i & 1] != acc[lane][k][i >> 1][i & 1])
+                    worst = 1.0;
             }
     const bool ok = worst < 1e-5;
     printf("%-5s NM=%d misalign %d n_tok %d: worst rel.err %.2e %s\n", name, NM, misalign, n_tok,

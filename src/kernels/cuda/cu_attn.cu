@@ -161,7 +161,8 @@ __global__ void __launch_bounds__(32 * ATT_WARPS)
 /* With oq (q8 of out, see cu_mmvq.cuh): blockDim == head_dim, a multiple
  * of 32, so each warp quantizes one 32-value block. */
 __global__ void attn_merge_k(lcu_attn_shape s, const float *__restrict__ part, float *__restrict__ out,
-                             int n_split, int8_t *__restrict__ oq, float2 *__restrict__ od)
+                             int n_split, int8_t *__restrict__ oq, float2 *__restrict__ od,
+                             q8_perm pm)
 {
     pdl_trigger();
     pdl_wait();
@@ -191,6 +192,13 @@ __global__ void attn_merge_k(lcu_attn_shape s, const float *__restrict__ part, f
         oq[flat] = (int8_t)qv;
         if ((threadIdx.x & 31) == 0)
             od[flat >> 5] = make_float2(dq, dq * sum);
+        if (pm.p4) {
+            const int64_t k = (int64_t)h * hd + d;
+            pm.p4[mq::perm4_at(t, k)] = (int8_t)qv;
+            pm.p6[mq::perm6_at(t, k)] = (int8_t)qv;
+            if ((threadIdx.x & 31) == 0)
+                pm.pe[mq::perme_at(t, k)] = make_float2(dq, dq * sum);
+        }
         return;
     }
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
@@ -511,7 +519,7 @@ extern "C" void lcu_attention(lcu *g, const lcu_batch *b, const lcu_attn_shape *
     float2 *od = fuse_q ? (float2 *)((int8_t *)outq + b->n_tok * n_q) : NULL;
     lcu_go(g, attn_merge_k, dim3(mg),
            dim3(s->head_dim < 32 ? 32 : (s->head_dim > 256 ? 256 : s->head_dim)), *s, g->attn_part,
-           out, n_split, oq, od);
+           out, n_split, oq, od, fuse_q ? lcu_q8_perm(g, outq, b->n_tok, n_q) : q8_perm{});
     if (outq && !fuse_q && n_q % 32 == 0)
         lcu_quantize_q8(g, out, outq, b->n_tok, n_q);
 }

@@ -87,6 +87,8 @@ extern "C" int lcu_create(int device, lcu **out, lcu_info *info, char *err, size
     g->mma_warps = mw8 && (atoi(mw8) == 4 || atoi(mw8) == 16) ? atoi(mw8) : 8;
     const char *pd = getenv("LMS_CUDA_PDL");
     g->pdl = cc >= 9 ? (pd ? atoi(pd) : 1) : 0;
+    const char *mp = getenv("LMS_CUDA_MMQ_PERM");
+    g->mmq_perm = !mp || atoi(mp) != 0;
     const char *fa = getenv("LMS_CUDA_FA");
     g->fa = cc >= 8 && (!fa || atoi(fa) != 0);
     if ((e = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking)) != cudaSuccess) {

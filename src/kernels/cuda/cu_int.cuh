@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "kernels/cuda/cu_mmvq.cuh"
 #include "kernels/cuda/cuda_backend.h"
 
 #define LCU_GRAPH_SLOTS LCU_GRAPH_MAX
@@ -44,6 +45,7 @@ struct lcu {
                                 (LMS_CUDA_MMA_WARPS; H100 B=8 step 4 warps 5.05, 8 4.87 ms) */
     int pdl;                 /* programmatic dependent launch usable: cc >= 9.0 and not
                                 LMS_CUDA_PDL=0 */
+    int mmq_perm;            /* producers write the lane-ordered q8 copy (LMS_CUDA_MMQ_PERM) */
     int fa;                  /* tensor-core attention for prompt batches: cc >= 8.0 and not
                                 LMS_CUDA_FA=0 */
     bool pdl_on;             /* launches carry the PDL attribute now (lcu_pdl) */
@@ -145,5 +147,33 @@ __device__ __forceinline__ float warp_max(float v)
         v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
+
+/* The tensor-core kernels' copy of a batch of up to 8 tokens' q8 values,
+ * ordered by the lane that loads them, so that a warp reads each
+ * super-block's activations as four 512-byte runs of one 128-bit load per
+ * lane (the row layout took eight or sixteen loads of 4-8 bytes from eight
+ * rows per super-block: with the weights' loads it kept the L1 busy while
+ * DRAM idled). Lane (g, t) serves token g; per super-block sb:
+ *   p4 (Q4_K's order): [sb][i < 4][lane][16 bytes] = the token's bytes
+ *       32s + 8t .. + 8 of sub-blocks s = 2i, 2i + 1;
+ *   p6 (Q6_K's order): [sb][i < 4][lane][4 words], word w = 4i + j < 16 =
+ *       the token's bytes 128n + 32gq + 16h + 4t .. + 4 with w = 8n + 4h + gq;
+ *   pe: [sb][c < 8][t < 4][2 float2]: the scales (d, d * sum) of sub-blocks
+ *       2(c % 4), 2(c % 4) + 1 of token 2t + c / 4.
+ * Token slots past the batch hold stale (or never written) values: their
+ * columns are dropped. */
+struct q8_perm {
+    int8_t *p4, *p6;
+    float2 *pe;
+    int64_t n; /* values per token row */
+};
+/* (The byte and scale positions: mq::perm4_at, perm6_at, perme_at in
+ * cu_mmvq.cuh.) */
+
+/* cu_mmvq.cu: the lane-ordered copy's place in a q8 buffer xq of n_tok
+ * rows of n values, or none (p4 NULL): batches the tensor-core kernels do
+ * not take (fewer than g->mma tokens or more than LCU_MATVEC_MAX), rows not
+ * of whole super-blocks, or LMS_CUDA_MMQ_PERM=0. */
+q8_perm lcu_q8_perm(const lcu *g, void *xq, int64_t n_tok, int64_t n);
 
 #endif

@@ -48,6 +48,10 @@ struct mv_args {
     const float2 *xd;
     int64_t ldq; /* q8 values per token row (= n_cols) */
     int accumulate;
+    /* the lane-ordered copy of xs/xd (q8_perm below) for the tensor-core
+     * kernels; NULL when the producer did not write one */
+    const int8_t *xp4, *xp6;
+    const float2 *xpe;
 };
 
 template <int T, int NT, int RR>
@@ -335,7 +339,7 @@ struct mma_dev {
     }
 };
 
-template <int T, int NM>
+template <int T, int NM, bool PL>
 __device__ __forceinline__ void mmq_sb(const uint8_t *const (&ra)[NM],
                                        const uint8_t *const (&rb)[NM], int sb, int t,
                                        const int8_t *__restrict__ xg,
@@ -343,10 +347,11 @@ __device__ __forceinline__ void mmq_sb(const uint8_t *const (&ra)[NM],
                                        const float2 *__restrict__ xd1, float (&acc)[NM][2][2])
 {
     mma_dev mma;
+    const int lane = threadIdx.x & 31;
     if (T == LMS_TYPE_Q4_K)
-        mq::mmq_q4k_sb<NM>(mma, ra, rb, sb, t, xg, xd0, xd1, acc);
+        mq::mmq_q4k_sb<NM, PL>(mma, ra, rb, sb, t, xg, xd0, xd1, acc, lane);
     else
-        mq::mmq_q6k_sb<NM>(mma, ra, rb, sb, t, xg, xd0, xd1, acc);
+        mq::mmq_q6k_sb<NM, PL>(mma, ra, rb, sb, t, xg, xd0, xd1, acc, lane);
 }
 
 /* Sums acc[NM][2][2] of the block's warps; returns the totals in warp 0's
@@ -377,7 +382,7 @@ __device__ __forceinline__ void mmq_reduce(float (&acc)[NM][2][2], float *red)
 
 /* y[m] (+)= W[m]·x for up to three matrices of type T (blocks of 16 rows;
  * blk0 counts blocks), n_tok in [1, 8]. */
-template <int T, int W>
+template <int T, int W, bool PL>
 __global__ void __launch_bounds__(W * 32) mmq_k(mv_args a, int n_tok)
 {
     pdl_trigger();
@@ -397,7 +402,11 @@ __global__ void __launch_bounds__(W * 32) mmq_k(mv_args a, int n_tok)
     float acc[1][2][2] = {{{0.0f, 0.0f}, {0.0f, 0.0f}}};
     const int n_sb = a.n_chunks / 8;
     for (int sb = warp; sb < n_sb; sb += W)
-        mmq_sb<T, 1>(ra, rb, sb, t, xg, xd0, xd1, acc);
+        if (PL)
+            mmq_sb<T, 1, true>(ra, rb, sb, t, T == LMS_TYPE_Q4_K ? a.xp4 : a.xp6, a.xpe, a.xpe,
+                               acc);
+        else
+            mmq_sb<T, 1, false>(ra, rb, sb, t, xg, xd0, xd1, acc);
     mmq_reduce<W, 1>(acc, red);
     if (warp != 0)
         return;
@@ -414,7 +423,7 @@ __global__ void __launch_bounds__(W * 32) mmq_k(mv_args a, int n_tok)
 }
 
 /* The same 16 rows of W_gate (w[0]) and W_up (w[1]); h = y[0] = silu(gate) * up. */
-template <int T, int W>
+template <int T, int W, bool PL>
 __global__ void __launch_bounds__(W * 32) mmq_glu_k(mv_args a, int n_tok)
 {
     pdl_trigger();
@@ -432,7 +441,11 @@ __global__ void __launch_bounds__(W * 32) mmq_glu_k(mv_args a, int n_tok)
     const uint8_t *const ra[2] = {a.w[0] + (size_t)rg * a.rb[0], a.w[1] + (size_t)rg * a.rb[1]};
     const uint8_t *const rb[2] = {a.w[0] + (size_t)rh * a.rb[0], a.w[1] + (size_t)rh * a.rb[1]};
     for (int sb = warp; sb < n_sb; sb += W)
-        mmq_sb<T, 2>(ra, rb, sb, t, xg, xd0, xd1, acc);
+        if (PL)
+            mmq_sb<T, 2, true>(ra, rb, sb, t, T == LMS_TYPE_Q4_K ? a.xp4 : a.xp6, a.xpe, a.xpe,
+                               acc);
+        else
+            mmq_sb<T, 2, false>(ra, rb, sb, t, xg, xd0, xd1, acc);
     mmq_reduce<W, 2>(acc, red);
     if (warp != 0)
         return;
@@ -449,7 +462,8 @@ __global__ void __launch_bounds__(W * 32) mmq_glu_k(mv_args a, int n_tok)
 
 /* ---- activation quantization ------------------------------------------------------ */
 
-__device__ __forceinline__ void quant_lane(float v, int8_t *qs, float2 *ds, int64_t flat)
+__device__ __forceinline__ void quant_lane(float v, int8_t *qs, float2 *ds, int64_t flat,
+                                           const q8_perm &pm)
 {
     const float am = warp_max(fabsf(v));
     const float d = am / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
@@ -458,11 +472,18 @@ __device__ __forceinline__ void quant_lane(float v, int8_t *qs, float2 *ds, int6
     qs[flat] = (int8_t)q;
     if ((threadIdx.x & 31) == 0)
         ds[flat >> 5] = make_float2(d, d * s);
+    if (pm.p4) {
+        const int64_t u = flat / pm.n, k = flat % pm.n;
+        pm.p4[mq::perm4_at(u, k)] = (int8_t)q;
+        pm.p6[mq::perm6_at(u, k)] = (int8_t)q;
+        if ((threadIdx.x & 31) == 0)
+            pm.pe[mq::perme_at(u, k)] = make_float2(d, d * s);
+    }
 }
 
 /* One warp per 32 values; x is [n_tok][n] flat (n % 32 == 0). */
 __global__ void quant_q8_k(const float *__restrict__ x, int8_t *__restrict__ qs,
-                           float2 *__restrict__ ds, int64_t n_blk)
+                           float2 *__restrict__ ds, int64_t n_blk, q8_perm pm)
 {
     pdl_trigger();
     pdl_wait();
@@ -470,13 +491,13 @@ __global__ void quant_q8_k(const float *__restrict__ x, int8_t *__restrict__ qs,
     if (blk >= n_blk)
         return;
     const int64_t i = blk * 32 + (threadIdx.x & 31);
-    quant_lane(x[i], qs, ds, i);
+    quant_lane(x[i], qs, ds, i, pm);
 }
 
 /* RMSNorm of a row, written as f32 and as q8 (n % 32 == 0). */
 __global__ void rms_norm_q8_k(const float *__restrict__ x, const float *__restrict__ w,
                               float *__restrict__ out, int8_t *__restrict__ qs,
-                              float2 *__restrict__ ds, int64_t n, float eps)
+                              float2 *__restrict__ ds, int64_t n, float eps, q8_perm pm)
 {
     pdl_trigger();
     pdl_wait();
@@ -502,7 +523,7 @@ __global__ void rms_norm_q8_k(const float *__restrict__ x, const float *__restri
         const int64_t i = b * 32 + (threadIdx.x & 31);
         const float y = xr[i] * scale * (w ? w[i] : 1.0f);
         out[blockIdx.x * n + i] = y;
-        quant_lane(y, qs, ds, blockIdx.x * n + i);
+        quant_lane(y, qs, ds, blockIdx.x * n + i, pm);
     }
 }
 
@@ -514,7 +535,8 @@ __global__ void __launch_bounds__(1024) rms_norm_q8_reg_k(const float *__restric
                                                           const float *__restrict__ w,
                                                           float *__restrict__ out,
                                                           int8_t *__restrict__ qs,
-                                                          float2 *__restrict__ ds, int n, float eps)
+                                                          float2 *__restrict__ ds, int n, float eps,
+                                                          q8_perm pm)
 {
     pdl_trigger();
     pdl_wait();
@@ -569,6 +591,16 @@ __global__ void __launch_bounds__(1024) rms_norm_q8_reg_k(const float *__restric
                                                (signed char)q3);
             if ((threadIdx.x & 7) == 0)
                 ds[flat >> 5] = make_float2(d, d * qs_sum);
+            if (pm.p4) {
+                /* four neighbours stay neighbours in both orders */
+                const char4 q4 = make_char4((signed char)q0, (signed char)q1, (signed char)q2,
+                                            (signed char)q3);
+                const int64_t u = blockIdx.x, k = (int64_t)c * 4;
+                *(char4 *)(pm.p4 + mq::perm4_at(u, k)) = q4;
+                *(char4 *)(pm.p6 + mq::perm6_at(u, k)) = q4;
+                if ((threadIdx.x & 7) == 0)
+                    pm.pe[mq::perme_at(u, k)] = make_float2(d, d * qs_sum);
+            }
         }
     }
 }
@@ -584,9 +616,29 @@ static inline float2 *q8_ds(const void *xq, int64_t n_tok, int64_t n)
     return (float2 *)((int8_t *)xq + n_tok * n);
 }
 
-extern "C" size_t lcu_q8_bytes(int64_t n_tok, int64_t n)
+/* The row layout of n_tok tokens, then room for the lane-ordered copy of
+ * up to LCU_MATVEC_MAX tokens (p4, p6: 8 n bytes each; pe: 8 n / 32
+ * float2). */
+static size_t q8_row_bytes(int64_t n_tok, int64_t n)
 {
     return (size_t)(n_tok * n) + (size_t)(n_tok * (n / 32)) * sizeof(float2);
+}
+
+extern "C" size_t lcu_q8_bytes(int64_t n_tok, int64_t n)
+{
+    return q8_row_bytes(n_tok, n) + (size_t)(2 * LCU_MATVEC_MAX * n) +
+           (size_t)(LCU_MATVEC_MAX * (n / 32)) * sizeof(float2);
+}
+
+q8_perm lcu_q8_perm(const lcu *g, void *xq, int64_t n_tok, int64_t n)
+{
+    q8_perm pm = {NULL, NULL, NULL, n};
+    if (!g->mma || !g->mmq_perm || n_tok < g->mma || n_tok > LCU_MATVEC_MAX || n % 256 != 0)
+        return pm;
+    pm.p4 = (int8_t *)xq + q8_row_bytes(n_tok, n);
+    pm.p6 = pm.p4 + LCU_MATVEC_MAX * n;
+    pm.pe = (float2 *)(pm.p6 + LCU_MATVEC_MAX * n);
+    return pm;
 }
 
 extern "C" bool lcu_q8_type(int type)
@@ -599,7 +651,7 @@ extern "C" void lcu_quantize_q8(lcu *g, const float *x, void *xq, int64_t n_tok,
     const int64_t nb = n_tok * n / 32;
     if (nb > 0)
         lcu_go(g, quant_q8_k, dim3((unsigned)lcu_cdiv(nb, 8)), dim3(256), x, q8_qs(xq),
-               q8_ds(xq, n_tok, n), nb);
+               q8_ds(xq, n_tok, n), nb, lcu_q8_perm(g, xq, n_tok, n));
 }
 
 extern "C" void lcu_rms_norm_q8(lcu *g, const float *x, const float *w, float *out, void *xq,
@@ -620,12 +672,12 @@ extern "C" void lcu_rms_norm_q8(lcu *g, const float *x, const float *w, float *o
         ((uintptr_t)x | (uintptr_t)w | (uintptr_t)out) % 16 == 0) {
         const unsigned t = (unsigned)((n / 4 + RN_V - 1) / RN_V + 31) / 32 * 32;
         lcu_go(g, rms_norm_q8_reg_k, dim3((unsigned)n_rows), dim3(t < 32 ? 32 : t), x, w, out,
-               q8_qs(xq), q8_ds(xq, n_rows, n), (int)n, eps);
+               q8_qs(xq), q8_ds(xq, n_rows, n), (int)n, eps, lcu_q8_perm(g, xq, n_rows, n));
         return;
     }
     if (n_rows > 0)
         lcu_go(g, rms_norm_q8_k, dim3((unsigned)n_rows), dim3(th), x, w, out, q8_qs(xq),
-               q8_ds(xq, n_rows, n), n, eps);
+               q8_ds(xq, n_rows, n), n, eps, lcu_q8_perm(g, xq, n_rows, n));
 }
 
 /* Whether the int8 kernels take this product. */
@@ -645,27 +697,34 @@ template <int NT> static void launch_glu(lcu *g, const mv_args &a, int blocks)
     lcu_go(g, mmvq_glu_k<NT, (NT <= 2 ? 1 : 2)>, dim3((unsigned)blocks), dim3(MMVQ_THREADS), a);
 }
 
-template <int W>
+template <int W, bool PL>
 static void mmq_go(lcu *g, bool glu, bool q4, const mv_args &a, unsigned nb, int n_tok)
 {
     if (glu && q4)
-        lcu_go(g, mmq_glu_k<LMS_TYPE_Q4_K, W>, dim3(nb), dim3(W * 32), a, n_tok);
+        lcu_go(g, mmq_glu_k<LMS_TYPE_Q4_K, W, PL>, dim3(nb), dim3(W * 32), a, n_tok);
     else if (glu)
-        lcu_go(g, mmq_glu_k<LMS_TYPE_Q6_K, W>, dim3(nb), dim3(W * 32), a, n_tok);
+        lcu_go(g, mmq_glu_k<LMS_TYPE_Q6_K, W, PL>, dim3(nb), dim3(W * 32), a, n_tok);
     else if (q4)
-        lcu_go(g, mmq_k<LMS_TYPE_Q4_K, W>, dim3(nb), dim3(W * 32), a, n_tok);
+        lcu_go(g, mmq_k<LMS_TYPE_Q4_K, W, PL>, dim3(nb), dim3(W * 32), a, n_tok);
     else
-        lcu_go(g, mmq_k<LMS_TYPE_Q6_K, W>, dim3(nb), dim3(W * 32), a, n_tok);
+        lcu_go(g, mmq_k<LMS_TYPE_Q6_K, W, PL>, dim3(nb), dim3(W * 32), a, n_tok);
 }
 
-/* The tensor-core kernel (glu: the fused gate/up one) over nb blocks. */
+/* The tensor-core kernel (glu: the fused gate/up one) over nb blocks,
+ * reading the lane-ordered activations when their producer wrote them
+ * (a.xp4). 4 or 16 warps a block are for tuning only and read the rows. */
 static void mmq_run(lcu *g, bool glu, int type, const mv_args &a, unsigned nb, int n_tok)
 {
     const bool q4 = type == LMS_TYPE_Q4_K;
     switch (g->mma_warps) {
-    case 4: mmq_go<4>(g, glu, q4, a, nb, n_tok); break;
-    case 16: mmq_go<16>(g, glu, q4, a, nb, n_tok); break;
-    default: mmq_go<8>(g, glu, q4, a, nb, n_tok); break;
+    case 4: mmq_go<4, false>(g, glu, q4, a, nb, n_tok); break;
+    case 16: mmq_go<16, false>(g, glu, q4, a, nb, n_tok); break;
+    default:
+        if (a.xp4)
+            mmq_go<8, true>(g, glu, q4, a, nb, n_tok);
+        else
+            mmq_go<8, false>(g, glu, q4, a, nb, n_tok);
+        break;
     }
 }
 
@@ -675,6 +734,15 @@ static bool mmq_ok(const lcu *g, const lcu_mat *w, int64_t n_tok)
 {
     return g->mma > 0 && n_tok >= g->mma && q8_ok(g, w, n_tok) &&
            (w->type == LMS_TYPE_Q4_K || w->type == LMS_TYPE_Q6_K) && w->n_cols % 256 == 0;
+}
+
+/* a's lane-ordered activations (see q8_perm), when the producer of xq wrote them */
+static void mmq_perm_args(const lcu *g, mv_args &a, const void *xq, int64_t n_tok, int64_t k)
+{
+    const q8_perm pm = lcu_q8_perm(g, (void *)xq, n_tok, k);
+    a.xp4 = pm.p4;
+    a.xp6 = pm.p6;
+    a.xpe = pm.pe;
 }
 
 static void mmq_launch(lcu *g, int n_mat, const lcu_mat *const *w, const void *xq, int64_t n_tok,
@@ -702,6 +770,7 @@ static void mmq_launch(lcu *g, int n_mat, const lcu_mat *const *w, const void *x
     a.xd = q8_ds(xq, n_tok, k);
     a.ldq = k;
     a.accumulate = acc;
+    mmq_perm_args(g, a, xq, n_tok, k);
     mmq_run(g, false, w[0]->type, a, (unsigned)blocks, (int)n_tok);
 }
 
@@ -832,6 +901,7 @@ extern "C" int lcu_ffn_gate_up(lcu *g, const lcu_mat *wg, const lcu_mat *wu, con
         a.ldq = wg->n_cols;
         const int rh = n_tok <= 2 ? 1 : 2, blocks = (int)lcu_cdiv(f, rh);
         if (mmq_ok(g, wg, n_tok) && mmq_ok(g, wu, n_tok)) {
+            mmq_perm_args(g, a, xq, n_tok, wg->n_cols);
             mmq_run(g, true, wg->type, a, (unsigned)lcu_cdiv(f, MMQ_ROWS), (int)n_tok);
         } else if (use_warp(g, n_tok)) {
             const unsigned nb = (unsigned)lcu_cdiv(f, MMVQ_WARPS);

@@ -429,7 +429,10 @@ template <> struct ops<LMS_TYPE_Q4_0> {
  *         (g' = 1, 3), qh word 32n + 16h + 4t; blocks are 2-byte aligned,
  *         so words are funnel-shifted from aligned pairs.
  *
- * xg: token g's q8 values (row), xd0/xd1: q8 scales of tokens 2t, 2t+1. */
+ * xg: token g's q8 values (row), xd0/xd1: q8 scales of tokens 2t, 2t+1.
+ * With PL the activations come from the lane-ordered copy (q8_perm in
+ * cu_int.cuh): xg is its p4 (Q4_K) or p6 (Q6_K), xd0 its pe, lane = 4g + t;
+ * the values, and so the sums, are the same. */
 LCU_HD uint2 ldu64(const void *p)
 {
 #ifdef __CUDA_ARCH__
@@ -439,10 +442,34 @@ LCU_HD uint2 ldu64(const void *p)
 #endif
 }
 
-template <int NM, class MMA>
+/* The q8 scales (d, d * sum) of tokens 2t (e0) and 2t + 1 (e1) for the
+ * eight sub-blocks of super-block sb: from the rows xd0 / xd1, or with PL
+ * from the lane-ordered copy's pe (xd0). */
+template <bool PL>
+LCU_HD void mmq_scales(int sb, int t, const float2 *xd0, const float2 *xd1, float4 (&e0)[4],
+                       float4 (&e1)[4])
+{
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        e0[j] = PL ? ldf128(xd0 + ((size_t)sb * 32 + j * 4 + t) * 2)
+                   : ldf128(xd0 + (size_t)sb * 8 + 2 * j);
+        e1[j] = PL ? ldf128(xd0 + ((size_t)sb * 32 + 16 + j * 4 + t) * 2)
+                   : ldf128(xd1 + (size_t)sb * 8 + 2 * j);
+    }
+}
+
+/* A lane's 64 bytes of super-block sb in the lane-ordered copy xp. */
+LCU_HD void mmq_perm_ld(const int8_t *xp, int sb, int lane, uint4 (&v)[4])
+{
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        v[i] = ld128(xp + (((size_t)sb * 4 + i) * 32 + lane) * 16);
+}
+
+template <int NM, bool PL = false, class MMA>
 LCU_HD void mmq_q4k_sb(MMA &mma, const uint8_t *const (&ra)[NM], const uint8_t *const (&rb)[NM],
                        int sb, int t, const int8_t *xg, const float2 *xd0, const float2 *xd1,
-                       float (&acc)[NM][2][2])
+                       float (&acc)[NM][2][2], int lane = 0)
 {
     uint4 ha[NM], hb[NM];
     uint2 qa[NM][4], qb[NM][4];
@@ -459,14 +486,20 @@ LCU_HD void mmq_q4k_sb(MMA &mma, const uint8_t *const (&ra)[NM], const uint8_t *
             qb[k][j] = ldu64(pb + 16 + 32 * j + 8 * t);
         }
     }
+    mmq_scales<PL>(sb, t, xd0, xd1, e0, e1);
+    if (PL) {
+        uint4 v[4];
+        mmq_perm_ld(xg, sb, lane, v);
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        e0[j] = ldf128(xd0 + (size_t)sb * 8 + 2 * j);
-        e1[j] = ldf128(xd1 + (size_t)sb * 8 + 2 * j);
+        for (int i = 0; i < 4; i++) {
+            xv[2 * i] = make_int2((int)v[i].x, (int)v[i].y);
+            xv[2 * i + 1] = make_int2((int)v[i].z, (int)v[i].w);
+        }
+    } else {
+#pragma unroll
+        for (int s = 0; s < 8; s++)
+            xv[s] = ldi64(xg + (size_t)sb * 256 + 32 * s + 8 * t);
     }
-#pragma unroll
-    for (int s = 0; s < 8; s++)
-        xv[s] = ldi64(xg + (size_t)sb * 256 + 32 * s + 8 * t);
 #pragma unroll
     for (int k = 0; k < NM; k++) {
         float m[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}, n[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
@@ -544,10 +577,10 @@ LCU_HD void q6_words(const uint8_t *p, int t, uint32_t (&w0)[2][2], uint32_t (&w
     d = ld16(p + 208);
 }
 
-template <int NM, class MMA>
+template <int NM, bool PL = false, class MMA>
 LCU_HD void mmq_q6k_sb(MMA &mma, const uint8_t *const (&ra)[NM], const uint8_t *const (&rb)[NM],
                        int sb, int t, const int8_t *xg, const float2 *xd0, const float2 *xd1,
-                       float (&acc)[NM][2][2])
+                       float (&acc)[NM][2][2], int lane = 0)
 {
     /* [matrix][row A/B][n][h]: ql words (g' 0/2 and 1/3) and the qh word */
     uint32_t w0[NM][2][2][2], w1[NM][2][2][2], qh[NM][2][2][2], sc[NM][2][4], dd[NM][2];
@@ -564,18 +597,25 @@ LCU_HD void mmq_q6k_sb(MMA &mma, const uint8_t *const (&ra)[NM], const uint8_t *
             else
                 q6_words<false>(p, t, w0[k][r], w1[k][r], qh[k][r], sc[k][r], dd[k][r]);
         }
+    mmq_scales<PL>(sb, t, xd0, xd1, e0, e1);
+    if (PL) {
+        uint4 v[4];
+        mmq_perm_ld(xg, sb, lane, v);
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        e0[j] = ldf128(xd0 + (size_t)sb * 8 + 2 * j);
-        e1[j] = ldf128(xd1 + (size_t)sb * 8 + 2 * j);
+        for (int i = 0; i < 4; i++) {
+            xv[i >> 1][i & 1][0] = (int)v[i].x, xv[i >> 1][i & 1][1] = (int)v[i].y;
+            xv[i >> 1][i & 1][2] = (int)v[i].z, xv[i >> 1][i & 1][3] = (int)v[i].w;
+        }
+    } else {
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int gq = 0; gq < 4; gq++)
+                    xv[n][h][gq] =
+                        (int)ld32(xg + (size_t)sb * 256 + 128 * n + 32 * gq + 16 * h + 4 * t);
     }
-#pragma unroll
-    for (int n = 0; n < 2; n++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-#pragma unroll
-            for (int gq = 0; gq < 4; gq++)
-                xv[n][h][gq] = (int)ld32(xg + (size_t)sb * 256 + 128 * n + 32 * gq + 16 * h + 4 * t);
 #pragma unroll
     for (int k = 0; k < NM; k++) {
         float m[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
@@ -615,6 +655,30 @@ LCU_HD void mmq_q6k_sb(MMA &mma, const uint8_t *const (&ra)[NM], const uint8_t *
         acc[k][1][0] += db * m[1][0];
         acc[k][1][1] += db * m[1][1];
     }
+}
+
+/* Where token u's q8 value k (and, at a sub-block's first value, its
+ * scales) go in the lane-ordered copy that the PL loads above read
+ * (q8_perm in cu_int.cuh). */
+LCU_HD size_t perm4_at(int64_t u, int64_t k)
+{
+    const int w = (int)(k & 255), s = w >> 5, t = (w >> 3) & 3;
+    return ((size_t)((k >> 8) * 4 + (s >> 1)) * 32 + (size_t)(u * 4 + t)) * 16 + (s & 1) * 8 +
+           (w & 7);
+}
+
+LCU_HD size_t perm6_at(int64_t u, int64_t k)
+{
+    const int w = (int)(k & 255), s = w >> 5, c = w & 31, t = (c >> 2) & 3;
+    const int wi = (s >> 2) * 8 + (c >> 4) * 4 + (s & 3);
+    return ((size_t)((k >> 8) * 4 + (wi >> 2)) * 32 + (size_t)(u * 4 + t)) * 16 + (wi & 3) * 4 +
+           (c & 3);
+}
+
+LCU_HD size_t perme_at(int64_t u, int64_t k)
+{
+    const int s = (int)(k & 255) >> 5;
+    return ((size_t)((k >> 8) * 8 + (u & 1) * 4 + (s >> 1)) * 4 + (size_t)(u >> 1)) * 2 + (s & 1);
 }
 
 /* Whether a type has int8 kernels (chunks of 32 elements; K-quants need
