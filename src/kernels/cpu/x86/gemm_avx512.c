@@ -100,12 +100,22 @@ INLINE __m512i load512(const void *p) { return _mm512_loadu_si512(p); }
  *   per token pair and super-block   Q4_K          Q5_K / Q6_K
  *   vpdpbusd                         8             8
  *   vpackssdw + vpdpwssd             1 + 1         2 + 2
- *   float (cvt, d_w*d_x, fma, mins)  4             4 / 3
  *
  * The result of a pair has token a in lanes 4m, 4m+1 and token b in
  * lanes 4m+2, 4m+3 of each 128-bit lane m (that is how vpackssdw
- * interleaves); per-token float factors (d_x; d_x * sub-block sums for the
- * Q4_K/Q5_K mins) are laid out the same way once per tile in `aux`.
+ * interleaves); four pairs are folded into one vector (kq_fold4), then
+ * converted and scaled once per 8 tokens and super-block. The Q4_K/Q5_K
+ * mins are exact integers too: M = sum_s min_s * bs_s (bs: the tile's
+ * 32-code sums, laid out as the fold's lanes in `aux`) is one vpmaddwd and
+ * one vpdpwssd per 8 tokens, merged in the float step as
+ * (d * I - dmin * M) * d_x, instead of one float FMA per pair.
+ *
+ * Zen 4 (measured beside a stream of vpdpbusd, one zmm a cycle): vpmaddwd,
+ * vpdpwssd, float FMA/mul and vpermt2q take the same pipes as vpdpbusd, a
+ * full cycle each; vpternlog about a third; adds, logic, shifts, vpermw,
+ * vpackssdw, vshufps, vshufi64x2, vpunpck*qdq, cvt and loads issue beside
+ * it, until about one such op per two vpdpbusd. So the unpacking avoids
+ * vpermt2q and the scaling keeps multiplies few.
  *
  * Layouts (qword = 8 codes, slot j = qword j of a register, m = j / 2):
  *   Q4_K/Q5_K  R_k slot j: sub-block j, codes 8k..8k+7 (lane sub-block j/2
@@ -123,13 +133,14 @@ INLINE __m512i load512(const void *p) { return _mm512_loadu_si512(p); }
 
 #define KQ_CHUNK_MAX 16 /* super-blocks per chunk at most (fewer tokens: longer chunks) */
 
-/* The token side of one super-block, for the tile's tokens. */
+/* The token side of one super-block, for the tile's tokens, per group of
+ * 8 tokens (4 pairs) in kq_fold4's lane order: token (i % 4) + 4 * (i / 8)
+ * of the group in lane i, h = (i / 4) % 2 its half. */
 typedef struct kq_aux {
-    /* Q4_K/Q5_K, per pair: d_x * sum of the lane's 32-code sub-block, lanes
-     * as the pair's int32 result (token a in 4m, 4m+1, b in 4m+2, 4m+3) */
-    __m512 bsf[KQ_PAIRS];
-    /* per 4 pairs: d_x of token (i % 4) + 4 * (i / 8) in lane i (kq_fold4) */
-    __m512 dx[KQ_PAIRS / 4];
+    /* Q4_K/Q5_K: the int16 32-code sums bs_s; words 2i, 2i+1 of bs[g][e]
+     * are bs_{4h+2e} and bs_{4h+2e+1} of lane i's token */
+    __m512i bs[KQ_PAIRS / 4][2];
+    __m512 dx[KQ_PAIRS / 4]; /* d_x of lane i's token */
 } kq_aux;
 
 /* Source qword (of the block's 32) of slot `slot` of permuted register r. */
@@ -141,51 +152,72 @@ INLINE int kq_src_qword(int kind, int r, int slot)
     return 16 * g + 8 * s + 2 * m + h;
 }
 
-/* Permuted activations xp[b][t] and aux[b][p] for blocks [b0, b0 + nb) of
+/* A token's 256 codes q permuted into X0..X3 (kq_src_qword) at dst, as
+ * unsigned x + 128 for Q6_K. */
+INLINE void kq_perm_codes(int kind, const int8_t *q, uint8_t *dst)
+{
+    __m512i in[4];
+    for (int i = 0; i < 4; i++)
+        in[i] = load512(q + 64 * i);
+    for (int r = 0; r < 4; r++) {
+        /* slots 0..3 come from in[0..1], 4..7 from in[2..3] (Q4_K/Q5_K), or
+         * all from in[2g], in[2g+1] (Q6_K): the index is the qword mod 16 */
+        long long ix[8];
+        for (int j = 0; j < 8; j++)
+            ix[j] = kq_src_qword(kind, r, j) % 16;
+        const __m512i idx =
+            _mm512_setr_epi64(ix[0], ix[1], ix[2], ix[3], ix[4], ix[5], ix[6], ix[7]);
+        __m512i v;
+        if (kind == 2) {
+            v = _mm512_xor_si512(_mm512_permutex2var_epi64(in[r & 2], idx, in[(r & 2) + 1]),
+                                 _mm512_set1_epi8(-128));
+        } else {
+            v = _mm512_mask_blend_epi64(0xF0, _mm512_permutex2var_epi64(in[0], idx, in[1]),
+                                        _mm512_permutex2var_epi64(in[2], idx, in[3]));
+        }
+        _mm512_store_si512(dst + 64 * r, v);
+    }
+}
+
+/* Permuted activations xp[b][t] and aux[b] for blocks [b0, b0 + nb) of
  * tokens xt[0 .. 2 * np). A token past n_tok (the odd one of the last pair)
  * has d_x = 0: its products are finite and vanish. */
 INLINE void kq_prep(int kind, const uint8_t *const *xt, int n_tok, int np, int64_t b0, int64_t nb,
                     uint8_t *xp, kq_aux *aux)
 {
-    /* Q6_K: x + 128 as unsigned bytes */
-    const uint64_t flip = kind == 2 ? 0x8080808080808080ull : 0;
+    /* bs[g][e] lane i <- dword 2h + e of token (i % 4) + 4 * (i / 8) (kq_aux) */
+    int32_t bix[2][16];
+    for (int e = 0; e < 2; e++)
+        for (int i = 0; i < 16; i++)
+            bix[e][i] = 4 * ((i % 4) + 4 * (i / 8)) + 2 * ((i / 4) % 2) + e;
     for (int64_t b = 0; b < nb; b++) {
+        /* Q4_K/Q5_K: a token's 8 32-code sums as int16 (|sum| <= 32*127), 4 dwords */
+        _Alignas(64) int16_t bsp[2 * KQ_PAIRS][8] = {{0}};
         for (int t = 0; t < 2 * np; t++) {
             const lms_block_q8_K *xb = (const lms_block_q8_K *)xt[t] + b0 + b;
-            uint8_t *dst = xp + ((size_t)b * 2 * np + (size_t)t) * KQ_XB;
-            for (int r = 0; r < 4; r++)
-                for (int j = 0; j < 8; j++) {
-                    uint64_t v;
-                    memcpy(&v, xb->qs + 8 * kq_src_qword(kind, r, j), 8);
-                    v ^= flip;
-                    memcpy(dst + 64 * r + 8 * j, &v, 8);
-                }
+            kq_perm_codes(kind, xb->qs, xp + ((size_t)b * 2 * np + (size_t)t) * KQ_XB);
+            if (kind != 2) {
+                const __m256i b16 = _mm256_loadu_si256((const __m256i *)xb->bsums);
+                const __m256i s32 = _mm256_madd_epi16(b16, _mm256_set1_epi16(1));
+                _mm_store_si128((__m128i *)bsp[t],
+                                _mm_packs_epi32(_mm256_castsi256_si128(s32),
+                                                _mm256_extracti128_si256(s32, 1)));
+            }
         }
         float d[2 * KQ_PAIRS];
         for (int t = 0; t < 2 * KQ_PAIRS; t++)
             d[t] = t < n_tok ? ((const lms_block_q8_K *)xt[t < 2 * np ? t : 0] + b0 + b)->d : 0.0f;
-        /* lane l of pair p: token 2p + ((l >> 1) & 1), sub-block 2 * (l >> 2) + (l & 1)
-         * (Q6_K has no mins: no bsf) */
-        const __m512i sel =
-            _mm512_setr_epi32(0, 1, 16, 17, 2, 3, 18, 19, 4, 5, 20, 21, 6, 7, 22, 23);
-        for (int p = 0; kind != 2 && p < np; p++) {
-            __m256 f[2];
-            for (int u = 0; u < 2; u++) {
-                /* d_x * the 8 sums of 32 codes, from pairs of the 16-code bsums */
-                const int t = 2 * p + u;
-                const lms_block_q8_K *xb = (const lms_block_q8_K *)xt[t] + b0 + b;
-                const __m256i b16 = _mm256_loadu_si256((const __m256i *)xb->bsums);
-                const __m256i s32 = _mm256_madd_epi16(b16, _mm256_set1_epi16(1));
-                f[u] = _mm256_mul_ps(_mm256_set1_ps(d[t]), _mm256_cvtepi32_ps(s32));
-            }
-            aux[b].bsf[p] = _mm512_permutex2var_ps(_mm512_castps256_ps512(f[0]), sel,
-                                                   _mm512_castps256_ps512(f[1]));
-        }
         for (int g = 0; g < (np + 3) / 4; g++) {
             float dx[16];
             for (int i = 0; i < 16; i++)
                 dx[i] = d[8 * g + i % 4 + 4 * (i / 8)];
             aux[b].dx[g] = _mm512_loadu_ps(dx);
+            if (kind == 2)
+                continue;
+            const __m512i lo = _mm512_load_si512(bsp[8 * g]);
+            const __m512i hi = _mm512_load_si512(bsp[8 * g + 4]);
+            for (int e = 0; e < 2; e++)
+                aux[b].bs[g][e] = _mm512_permutex2var_epi32(lo, _mm512_loadu_si512(bix[e]), hi);
         }
     }
 }
@@ -196,8 +228,10 @@ typedef struct kq_w {
     __m512i r[4];
     __m512i sc[2];  /* word pattern per 128-bit lane m: see kq_unpack */
     __m512i neg[2]; /* Q6_K: -128 * sum of each lane's codes of group g */
-    __m512 mins;    /* Q4_K/Q5_K: dmin * min of the lane's sub-block */
+    __m512i mn[2];  /* Q4_K/Q5_K: words 2i, 2i+1 of mn[e]: min_{4h+2e}, min_{4h+2e+1}
+                       of the 6-bit mins, h = (i / 4) % 2 (kq_aux.bs) */
     __m512 dw;
+    __m512 dmin;    /* Q4_K/Q5_K */
 } kq_w;
 
 INLINE void kq_unpack(int kind, const uint8_t *blk, kq_w *o)
@@ -206,8 +240,11 @@ INLINE void kq_unpack(int kind, const uint8_t *blk, kq_w *o)
     if (kind == 2) {
         const lms_block_q6_K *b = (const lms_block_q6_K *)blk;
         const __m512i m2 = _mm512_set1_epi8(0x30), c32 = _mm512_set1_epi8(32);
-        const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
-        const __m512i shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+        /* qh bits 0-1 / 2-3 (codes 0..31 / 32..63 of the half) up to bits 4-5,
+         * bits 4-5 / 6-7 (codes 64..95 / 96..127) down: qword shifts (vpsllvw /
+         * vpsrlvw cost more on Zen 4); what a neighbour byte shifts in is masked */
+        const __m512i shl = _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4);
+        const __m512i shr = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0);
         __m512i q[4];
         for (int hf = 0; hf < 2; hf++) {
             const __m512i ql = load512(b->ql + 64 * hf);
@@ -215,9 +252,9 @@ INLINE void kq_unpack(int kind, const uint8_t *blk, kq_w *o)
                 _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qh + 32 * hf)));
             /* codes 128hf + 0..63 and 128hf + 64..127, in order */
             q[2 * hf] = _mm512_or_si512(_mm512_and_si512(ql, m4),
-                                        _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m2));
+                                        _mm512_and_si512(_mm512_sllv_epi64(qh, shl), m2));
             q[2 * hf + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
-                                            _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m2));
+                                            _mm512_and_si512(_mm512_srlv_epi64(qh, shr), m2));
         }
         for (int g = 0; g < 2; g++) {
             const __m512i lo = _mm512_unpacklo_epi64(q[2 * g], q[2 * g + 1]);
@@ -243,11 +280,16 @@ INLINE void kq_unpack(int kind, const uint8_t *blk, kq_w *o)
     const uint8_t *qs = kind == 1 ? ((const lms_block_q5_K *)blk)->qs : b->qs;
     const __m512i lo = load512(qs), hi = load512(qs + 64);
     const __m512i nib = _mm512_set_epi64(4, 0, 4, 0, 4, 0, 4, 0);
+    /* 128-bit lanes 0, 2 (k = 0, 1) or 1, 3 (k = 2, 3) of lo and of hi: qwords
+     * k, 4 + k, 8 + k, 12 + k in the even (k even) or odd slots. vshufi64x2 and
+     * vpunpck*qdq rather than one vpermt2q per register: on Zen 4 vpermt2q
+     * takes the multiply pipes from vpdpbusd, these do not */
+    const __m512i t01 = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512i t23 = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(3, 1, 3, 1));
     for (int k = 0; k < 4; k++) {
         /* slot j <- qword 4 * (j / 2) + k, low nibbles in even slots, high in odd */
-        const __m512i idx = _mm512_add_epi64(_mm512_set_epi64(12, 12, 8, 8, 4, 4, 0, 0),
-                                             _mm512_set1_epi64(k));
-        const __m512i v = _mm512_permutex2var_epi64(lo, idx, hi);
+        const __m512i t = k < 2 ? t01 : t23;
+        const __m512i v = k % 2 ? _mm512_unpackhi_epi64(t, t) : _mm512_unpacklo_epi64(t, t);
         o->r[k] = _mm512_and_si512(_mm512_srlv_epi64(v, nib), m4);
         if (kind == 1) {
             /* bit j of qh byte 8k + i is bit 4 of code i of sub-block j */
@@ -258,19 +300,19 @@ INLINE void kq_unpack(int kind, const uint8_t *blk, kq_w *o)
             o->r[k] = _mm512_or_si512(o->r[k], _mm512_and_si512(hb, _mm512_set1_epi8(0x10)));
         }
     }
-    const __m128i scmn = k4_scales(b->scales);
+    /* words 0..7 the scales, 8..15 the mins */
+    const __m512i sm16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(k4_scales(b->scales)));
     /* words of lane m: sub-blocks 2m, 2m, 2m + 1, 2m + 1, twice */
     const __m512i i0 = _mm512_set_epi16(7, 7, 6, 6, 7, 7, 6, 6, 5, 5, 4, 4, 5, 5, 4, 4, 3, 3, 2,
                                         2, 3, 3, 2, 2, 1, 1, 0, 0, 1, 1, 0, 0);
-    o->sc[0] = o->sc[1] =
-        _mm512_permutexvar_epi16(i0, _mm512_castsi128_si512(_mm_cvtepu8_epi16(scmn)));
-    /* float lanes 4m + 2u + v: sub-block 2m + v */
-    const __m256 mnf = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(scmn, scmn))),
-                                     _mm256_set1_ps(x86_h2f(b->dmin)));
-    o->mins = _mm512_permutexvar_ps(
-        _mm512_setr_epi32(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7),
-        _mm512_castps256_ps512(mnf));
+    o->sc[0] = o->sc[1] = _mm512_permutexvar_epi16(i0, sm16);
+    /* words 2i, 2i+1 of mn[e]: mins 4h + 2e, 4h + 2e + 1 (words 8 + ...), h = (i / 4) % 2 */
+    const __m512i i1 = _mm512_set_epi16(13, 12, 13, 12, 13, 12, 13, 12, 9, 8, 9, 8, 9, 8, 9, 8,
+                                        13, 12, 13, 12, 13, 12, 13, 12, 9, 8, 9, 8, 9, 8, 9, 8);
+    o->mn[0] = _mm512_permutexvar_epi16(i1, sm16);
+    o->mn[1] = _mm512_permutexvar_epi16(_mm512_add_epi16(i1, _mm512_set1_epi16(2)), sm16);
     o->dw = _mm512_set1_ps(x86_h2f(b->d));
+    o->dmin = _mm512_set1_ps(x86_h2f(b->dmin));
 }
 
 /* One token's int32 accumulators for a super-block (x: its permuted codes). */
@@ -294,26 +336,9 @@ INLINE void kq_token(int kind, const kq_w *w, const uint8_t *x, __m512i acc[2])
     }
 }
 
-/* The 16 token sums of 8 pair accumulators, in token order: a transposing
- * tree of shuffles and adds (21 instructions instead of 16 reductions). */
-INLINE __m512 kq_reduce(const __m512 acc[KQ_PAIRS])
-{
-    __m512 v[4], x[2];
-    /* [a a b b] + [c c d d] per 128-bit lane -> [a b c d] */
-    for (int i = 0; i < 4; i++)
-        v[i] = _mm512_add_ps(_mm512_shuffle_ps(acc[2 * i], acc[2 * i + 1], 0x88),
-                             _mm512_shuffle_ps(acc[2 * i], acc[2 * i + 1], 0xDD));
-    /* lanes 0+1, 2+3 of v[2i] then of v[2i+1] */
-    for (int i = 0; i < 2; i++)
-        x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x88),
-                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xDD));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], 0x88),
-                         _mm512_shuffle_f32x4(x[0], x[1], 0xDD));
-}
-
-/* Four pairs' int32 results (lanes as kq_aux.bsf) folded into one vector,
- * token (i % 4) + 4 * (i / 8) in lane i: the sub-blocks are already
- * scaled, so from here on a token's lanes only need adding. */
+/* Four pairs' int32 results (lanes as the section comment) folded into one
+ * vector, token (i % 4) + 4 * (i / 8) in lane i: the sub-blocks are
+ * already scaled, so from here on a token's lanes only need adding. */
 INLINE __m512i kq_fold4(const __m512i *ii)
 {
     __m512i v[2];
@@ -336,9 +361,7 @@ INLINE void kq_row(const uint8_t *wrow, int kind, int64_t b0, int64_t nb, const 
                       : kind == 1 ? sizeof(lms_block_q5_K) : sizeof(lms_block_q6_K);
     const int ng = kind == 0 ? 1 : 2;
     const int NG = (NP + 3) / 4;
-    __m512 accm[KQ_PAIRS], acc[KQ_PAIRS / 4];
-    for (int p = 0; p < KQ_PAIRS; p++)
-        accm[p] = _mm512_setzero_ps();
+    __m512 acc[KQ_PAIRS / 4];
     for (int g = 0; g < KQ_PAIRS / 4; g++)
         acc[g] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -364,20 +387,26 @@ INLINE void kq_row(const uint8_t *wrow, int kind, int64_t b0, int64_t nb, const 
             ii[p] = _mm512_madd_epi16(_mm512_packs_epi32(ta[0], tb[0]), w.sc[0]);
             if (ng == 2)
                 ii[p] = _mm512_dpwssd_epi32(ii[p], _mm512_packs_epi32(ta[1], tb[1]), w.sc[1]);
-            if (kind != 2)
-                accm[p] = _mm512_fnmadd_ps(w.mins, ax->bsf[p], accm[p]);
         }
-        for (int g = 0; g < NG; g++)
-            acc[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(kq_fold4(ii + 4 * g)),
-                                     _mm512_mul_ps(w.dw, ax->dx[g]), acc[g]);
+        for (int g = 0; g < NG; g++) {
+            const __m512 fi = _mm512_cvtepi32_ps(kq_fold4(ii + 4 * g));
+            if (kind == 2) {
+                acc[g] = _mm512_fmadd_ps(fi, _mm512_mul_ps(w.dw, ax->dx[g]), acc[g]);
+            } else {
+                /* the mins, exact: M = sum_s min_s * bs_s; then (d * I - dmin * M) * d_x */
+                const __m512i m = _mm512_dpwssd_epi32(_mm512_madd_epi16(ax->bs[g][0], w.mn[0]),
+                                                      ax->bs[g][1], w.mn[1]);
+                const __m512 v =
+                    _mm512_fmsub_ps(fi, w.dw, _mm512_mul_ps(_mm512_cvtepi32_ps(m), w.dmin));
+                acc[g] = _mm512_fmadd_ps(v, ax->dx[g], acc[g]);
+            }
+        }
     }
     /* tokens 0..3 in 128-bit lanes 0 (and 1), 4..7 in 2 (and 3) of each acc[g] */
     __m512 h[2];
     for (int g = 0; g < 2; g++)
         h[g] = _mm512_add_ps(acc[g], _mm512_shuffle_f32x4(acc[g], acc[g], 0xB1));
-    __m512 v = _mm512_shuffle_f32x4(h[0], h[1], 0x88);
-    if (kind != 2)
-        v = _mm512_add_ps(v, kq_reduce(accm));
+    const __m512 v = _mm512_shuffle_f32x4(h[0], h[1], 0x88);
     _mm512_store_ps(out, add ? _mm512_add_ps(_mm512_load_ps(out), v) : v);
 }
 
