@@ -319,7 +319,10 @@ typedef struct att_src {
 /* The heads a scores call takes in each row: head h's K slice lies
  * h * k_bytes after the first's, its queries h * q_floats and its scores
  * h * w_floats after the first head's. The decode schedules pass every
- * KV head, so that each cached row is read whole, in address order. */
+ * KV head, so that each cached row is read whole, in address order. A
+ * values call takes its heads in turn over its positions (one cache block
+ * in the decode schedules), head h's weights h * w_floats and its output
+ * h * q_floats after the first head's. */
 typedef struct att_heads {
     int n;
     size_t k_bytes;
@@ -450,8 +453,9 @@ LMS_CLONES static void scores_q8_0_c(const att_src *s, int hd, int nq, const flo
 }
 
 /* 64 columns of one row at a time, in a local accumulator */
-LMS_CLONES static void values_f16_c(const att_src *s, int hd, int nq, const float *w, size_t ws,
-                                    int32_t j0, int32_t j1, int32_t n, float *restrict out, int mode)
+LMS_CLONES static void values_f16_c_one(const att_src *s, int hd, int nq, const float *w,
+                                        size_t ws, int32_t j0, int32_t j1, int32_t n,
+                                        float *restrict out, int mode)
 {
     (void)n;
     for (int q = 0; q < nq; q++)
@@ -471,8 +475,9 @@ LMS_CLONES static void values_f16_c(const att_src *s, int hd, int nq, const floa
         }
 }
 
-LMS_CLONES static void values_q8_0_c(const att_src *s, int hd, int nq, const float *w, size_t ws,
-                                     int32_t j0, int32_t j1, int32_t n, float *restrict out, int mode)
+LMS_CLONES static void values_q8_0_c_one(const att_src *s, int hd, int nq, const float *w,
+                                         size_t ws, int32_t j0, int32_t j1, int32_t n,
+                                         float *restrict out, int mode)
 {
     (void)n;
     for (int q = 0; q < nq; q++)
@@ -485,14 +490,34 @@ LMS_CLONES static void values_q8_0_c(const att_src *s, int hd, int nq, const flo
                 const lms_block_q8_0 *v = (const lms_block_q8_0 *)att_row(s, j) + c0 / LMS_QK8_0;
                 const float a = w[q * ws + (size_t)j];
                 for (int b = 0; b < nc / LMS_QK8_0; b++) {
-                    const float dv = lms_f16_to_f32(v[b].d);
-                    for (int i = 0; i < LMS_QK8_0; i++) /* d * q is exact */
-                        acc[b * LMS_QK8_0 + i] += a * (dv * (float)v[b].qs[i]);
+                    const float e = a * lms_f16_to_f32(v[b].d); /* as the AVX-512 kernels */
+                    for (int i = 0; i < LMS_QK8_0; i++)
+                        acc[b * LMS_QK8_0 + i] += e * (float)v[b].qs[i];
                 }
             }
             for (int d = 0; d < nc; d++)
                 y[d] = mode == ATT_V_ADD ? y[d] + acc[d] : acc[d];
         }
+}
+
+/* the C values kernels over a call's heads, one after another */
+#define ATT_EACH_HEAD(one)                                                                  \
+    for (int h = 0; h < hs->n; h++) {                                                       \
+        att_src sh = *s;                                                                    \
+        sh.off += (size_t)h * hs->k_bytes;                                                  \
+        one(&sh, hd, nq, w + h * hs->w_floats, ws, j0, j1, n, out + h * hs->q_floats, mode); \
+    }
+
+static void values_f16_c(const att_src *s, int hd, int nq, const float *w, size_t ws, int32_t j0,
+                         int32_t j1, int32_t n, float *out, int mode, const att_heads *hs)
+{
+    ATT_EACH_HEAD(values_f16_c_one)
+}
+
+static void values_q8_0_c(const att_src *s, int hd, int nq, const float *w, size_t ws, int32_t j0,
+                          int32_t j1, int32_t n, float *out, int mode, const att_heads *hs)
+{
+    ATT_EACH_HEAD(values_q8_0_c_one)
 }
 
 /* -- AVX-512 kernels (hd a multiple of 64): the rows of a pass live in
@@ -510,6 +535,52 @@ ATT_INLINE void prefetch_ahead(const att_src *s, int32_t j, int32_t n, int64_t s
     const char *p = (const char *)att_row(s, j + ATT_PF) + skip;
     for (int64_t o = 0; o < bytes; o += 64)
         _mm_prefetch(p + o, _MM_HINT_T1);
+}
+
+/*
+ * The pair kernels walk runs of positions within one cache block (rows
+ * row_bytes apart from the run's first row). The rows ATT_PF positions
+ * after a run lie in one block too (ATT_PF is a multiple of the block
+ * size), so a run looks up its first row and the first row to prefetch
+ * once (att_run) and steps by row_bytes from there.
+ */
+typedef struct att_run {
+    int32_t jb, je;    /* positions [jb, je), within one block */
+    const uint8_t *r;  /* row jb (plus the source's offset) */
+    const uint8_t *pf; /* row jb + ATT_PF, or NULL past the positions read */
+} att_run;
+
+_Static_assert(ATT_PF % LMS_KV_BLOCK == 0, "prefetched runs stay within one block");
+
+ATT_INLINE att_run att_run_at(const att_src *s, int32_t jb, int32_t j1, int32_t n)
+{
+    const int32_t end = (jb / LMS_KV_BLOCK + 1) * LMS_KV_BLOCK;
+    return (att_run){jb, end < j1 ? end : j1, att_row(s, jb),
+                     jb + ATT_PF < n ? att_row(s, jb + ATT_PF) : NULL};
+}
+
+/* bytes at skip of position j's row ATT_PF ahead, into L2 */
+ATT_INLINE void prefetch_run(const att_src *s, const att_run *ru, int32_t j, int32_t n,
+                             int64_t skip, int64_t bytes)
+{
+    if (j + ATT_PF >= n)
+        return;
+    const char *p = (const char *)ru->pf + (size_t)(j - ru->jb) * s->row_bytes + skip;
+    for (int64_t o = 0; o < bytes; o += 64)
+        _mm_prefetch(p + o, _MM_HINT_T1);
+}
+
+ATT_INLINE const uint8_t *run_row(const att_src *s, const att_run *ru, int32_t j)
+{
+    return ru->r + (size_t)(j - ru->jb) * s->row_bytes;
+}
+
+/* A values call's starting accumulator: out's 16 floats to continue a sum,
+ * else zeros. A masked load: a plain zeroing loop becomes a memset of the
+ * accumulator array (rep stosq, in memory) on every call. */
+ATT_INLINE __m512 acc_start(const float *out, int mode)
+{
+    return _mm512_maskz_loadu_ps(mode == ATT_V_CONT ? (__mmask16)0xFFFF : 0, out);
 }
 
 ATT_INLINE __m512 q8_lanes(const int8_t *qs)
@@ -698,8 +769,8 @@ ATT_INLINE void scores_f16_pairs_x(const att_src *s, const float *qf, size_t qro
                                    const att_heads *hs, const int HD)
 {
     for (int32_t jb = j0; jb < j1;) {
-        const int32_t end = (jb / LMS_KV_BLOCK + 1) * LMS_KV_BLOCK, je = end < j1 ? end : j1;
-        const uint8_t *row0 = att_row(s, jb); /* rows of a block are row_bytes apart */
+        const att_run ru = att_run_at(s, jb, j1, n);
+        const int32_t je = ru.je;
         for (int h = 0; h < hs->n; h++) {
             const float *x = qf + (size_t)h * hs->q_floats;
             const int64_t off = (int64_t)h * (int64_t)hs->k_bytes;
@@ -711,10 +782,9 @@ ATT_INLINE void scores_f16_pairs_x(const att_src *s, const float *qf, size_t qro
             float *wh = w + (size_t)h * hs->w_floats;
             for (int32_t j = jb; j < je; j += 2) {
                 const int32_t jn = j + 1 < je ? j + 1 : j; /* a lone last position: twice */
-                prefetch_ahead(s, j, n, off, (int64_t)hs->k_bytes);
-                prefetch_ahead(s, jn, n, off, (int64_t)hs->k_bytes);
-                const uint8_t *ra = row0 + (size_t)(j - jb) * s->row_bytes + off;
-                const uint8_t *rb = row0 + (size_t)(jn - jb) * s->row_bytes + off;
+                prefetch_run(s, &ru, j, n, off, (int64_t)hs->k_bytes);
+                prefetch_run(s, &ru, jn, n, off, (int64_t)hs->k_bytes);
+                const uint8_t *ra = run_row(s, &ru, j) + off, *rb = run_row(s, &ru, jn) + off;
                 const uint16_t *ka = (const uint16_t *)ra, *kb = (const uint16_t *)rb;
                 __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
                 __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
@@ -745,6 +815,83 @@ ATT_INLINE void scores_f16_pairs_x(const att_src *s, const float *qf, size_t qro
 ATT_SCORES_Q8(scores_q8_0_x, ATT_TARGET, 0)
 ATT_SCORES_Q8(scores_q8_0_vnni_x, ATT_TARGET_VNNI, 1)
 
+/*
+ * q8_0 scores of a decode step with two query rows a head and HD = 64 or
+ * 128, as scores_f16_pairs_x: per head, both rows' int8 values, VNNI
+ * offsets and scales held in registers (6 * HD / 64 of them) while the
+ * block's K slices pass, two positions a step. Each dot product is the
+ * same integer lanes, FMA chain and att_hsum4 tree as ATT_SCORES_Q8's, so
+ * the scores are identical.
+ */
+#define ATT_SCORES_Q8_PAIRS(name, TARGET, VNNI)                                                   \
+    static inline __attribute__((always_inline)) TARGET void name(                                \
+        const att_src *s, const float *qf, size_t qrow, int32_t j0, int32_t j1, int32_t n,        \
+        float *w, size_t ws, const att_heads *hs, const int HD)                                   \
+    {                                                                                             \
+        for (int32_t jb = j0; jb < j1;) {                                                         \
+            const att_run ru = att_run_at(s, jb, j1, n);                                          \
+            const int32_t je = ru.je;                                                             \
+            for (int h = 0; h < hs->n; h++) {                                                     \
+                const int64_t off = (int64_t)h * (int64_t)hs->k_bytes;                            \
+                __m512i xq[2][2], xc[2][2];                                                       \
+                __m512 xd[2][2];                                                                  \
+                for (int q = 0; q < 2; q++) {                                                     \
+                    const att_q8q x = att_q8_query(qf + h * hs->q_floats + q * qrow, HD);         \
+                    for (int p = 0; p < HD / 64; p++) {                                           \
+                        xq[q][p] = _mm512_loadu_si512(x.qs + 64 * p);                             \
+                        xc[q][p] = _mm512_loadu_si512(x.corr + 16 * p);                           \
+                        xd[q][p] = _mm512_loadu_ps(x.d + 16 * p);                                 \
+                    }                                                                             \
+                }                                                                                 \
+                float *wh = w + (size_t)h * hs->w_floats;                                         \
+                for (int32_t j = jb; j < je; j += 2) {                                            \
+                    const int32_t jn = j + 1 < je ? j + 1 : j; /* a lone last position: twice */  \
+                    prefetch_run(s, &ru, j, n, off, (int64_t)hs->k_bytes);                        \
+                    prefetch_run(s, &ru, jn, n, off, (int64_t)hs->k_bytes);                       \
+                    __m512 acc[4];                                                                \
+                    for (int u = 0; u < 2; u++) {                                                 \
+                        const lms_block_q8_0 *k =                                                 \
+                            (const lms_block_q8_0 *)(run_row(s, &ru, u ? jn : j) + off);          \
+                        acc[2 * u] = acc[2 * u + 1] = _mm512_setzero_ps();                        \
+                        for (int p = 0; p < HD / 64; p++) {                                       \
+                            const __m512i kq = q8_pair_qs(k + 2 * p);                             \
+                            const __m512 kd = q8_pair_scales(k + 2 * p);                          \
+                            const __m512i ku =                                                    \
+                                _mm512_xor_si512(kq, _mm512_set1_epi8((char)0x80));               \
+                            const __m512i ka = _mm512_abs_epi8(kq);                               \
+                            const __mmask64 kneg = _mm512_movepi8_mask(kq);                       \
+                            for (int q = 0; q < 2; q++) {                                         \
+                                __m512i pr;                                                       \
+                                if (VNNI)                                                         \
+                                    pr = ATT_DPBUSD(xc[q][p], ku, xq[q][p]);                      \
+                                else                                                              \
+                                    pr = _mm512_madd_epi16(                                       \
+                                        _mm512_maddubs_epi16(                                     \
+                                            ka, _mm512_mask_sub_epi8(xq[q][p], kneg,              \
+                                                                     _mm512_setzero_si512(),      \
+                                                                     xq[q][p])),                  \
+                                        _mm512_set1_epi16(1));                                    \
+                                acc[2 * u + q] =                                                  \
+                                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(pr),                       \
+                                                    _mm512_mul_ps(kd, xd[q][p]), acc[2 * u + q]); \
+                            }                                                                     \
+                        }                                                                         \
+                    }                                                                             \
+                    float o[4];                                                                   \
+                    _mm_storeu_ps(o, att_hsum4(acc[0], acc[1], acc[2], acc[3]));                  \
+                    wh[j] = o[0];                                                                 \
+                    wh[ws + (size_t)j] = o[1];                                                    \
+                    wh[jn] = o[2];                                                                \
+                    wh[ws + (size_t)jn] = o[3];                                                   \
+                }                                                                                 \
+            }                                                                                     \
+            jb = je;                                                                              \
+        }                                                                                         \
+    }
+
+ATT_SCORES_Q8_PAIRS(scores_q8_0_pairs_x, ATT_TARGET, 0)
+ATT_SCORES_Q8_PAIRS(scores_q8_0_vnni_pairs_x, ATT_TARGET_VNNI, 1)
+
 /* 64 columns at a time: NQ x 4 accumulators; V64 loads a row's 64 values */
 #define ATT_VALUES_X(name, V64, COL_BYTES)                                                       \
     ATT_INLINE void name(const att_src *s, int hd, const float *w, size_t ws, int32_t j0,       \
@@ -754,8 +901,7 @@ ATT_SCORES_Q8(scores_q8_0_vnni_x, ATT_TARGET_VNNI, 1)
             __m512 acc[ATT_ROWS][4];                                                             \
             for (int q = 0; q < NQ; q++)                                                         \
                 for (int i = 0; i < 4; i++)                                                      \
-                    acc[q][i] = mode == ATT_V_CONT ? _mm512_loadu_ps(out + q * hd + c0 + 16 * i) \
-                                                   : _mm512_setzero_ps();                        \
+                    acc[q][i] = acc_start(out + q * hd + c0 + 16 * i, mode);                   \
             for (int32_t j = j0; j < j1; j++) {                                                  \
                 prefetch_ahead(s, j, n, (int64_t)c0 * (COL_BYTES) / 64, COL_BYTES);              \
                 __m512 x[4];                                                                     \
@@ -783,40 +929,20 @@ ATT_INLINE void v64_f16(const uint8_t *row, int c0, __m512 *x)
         x[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + 16 * i)));
 }
 
-ATT_INLINE void v64_q8_0(const uint8_t *row, int c0, __m512 *x)
+ATT_VALUES_X(values_f16_x, v64_f16, 128)
+
+/* The two rows' accumulators of a pair kernel (HD / 16 vectors each): their
+ * start (acc_start) and their store (added to out for ATT_V_ADD). */
+ATT_INLINE void pairs_start(const float *out, int mode, const int HD, __m512 *a0, __m512 *a1)
 {
-    const lms_block_q8_0 *v = (const lms_block_q8_0 *)row + c0 / LMS_QK8_0;
-    for (int b = 0; b < 2; b++) { /* exact: an f16 scale times a small integer */
-        const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)v[b].d));
-        x[2 * b] = _mm512_mul_ps(d, q8_lanes(v[b].qs));
-        x[2 * b + 1] = _mm512_mul_ps(d, q8_lanes(v[b].qs + 16));
+    for (int i = 0; i < HD / 16; i++) {
+        a0[i] = acc_start(out + 16 * i, mode);
+        a1[i] = acc_start(out + HD + 16 * i, mode);
     }
 }
 
-ATT_VALUES_X(values_f16_x, v64_f16, 128)
-
-/* Two rows of f16 values with HD = 64 or 128 in one pass: all 2 * HD / 16
- * accumulators in registers, each V slice read once (values_f16_x takes 64
- * columns a pass). Every output element is the same FMA chain over j as
- * there. */
-ATT_INLINE void values_f16_pairs_x(const att_src *s, const float *w, size_t ws, int32_t j0,
-                                   int32_t j1, int32_t n, float *out, int mode, const int HD)
+ATT_INLINE void pairs_end(float *out, int mode, const int HD, __m512 *a0, __m512 *a1)
 {
-    __m512 a0[8], a1[8];
-    for (int i = 0; i < HD / 16; i++) {
-        a0[i] = mode == ATT_V_CONT ? _mm512_loadu_ps(out + 16 * i) : _mm512_setzero_ps();
-        a1[i] = mode == ATT_V_CONT ? _mm512_loadu_ps(out + HD + 16 * i) : _mm512_setzero_ps();
-    }
-    for (int32_t j = j0; j < j1; j++) {
-        prefetch_ahead(s, j, n, 0, 2 * HD);
-        const uint16_t *v = (const uint16_t *)att_row(s, j);
-        const __m512 wa = _mm512_set1_ps(w[j]), wb = _mm512_set1_ps(w[ws + (size_t)j]);
-        for (int i = 0; i < HD / 16; i++) {
-            const __m512 x = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + 16 * i)));
-            a0[i] = _mm512_fmadd_ps(wa, x, a0[i]);
-            a1[i] = _mm512_fmadd_ps(wb, x, a1[i]);
-        }
-    }
     for (int i = 0; i < HD / 16; i++) {
         float *y0 = out + 16 * i, *y1 = out + HD + 16 * i;
         if (mode == ATT_V_ADD) {
@@ -828,7 +954,105 @@ ATT_INLINE void values_f16_pairs_x(const att_src *s, const float *w, size_t ws, 
     }
 }
 
-ATT_VALUES_X(values_q8_0_x, v64_q8_0, 2 * (int64_t)sizeof(lms_block_q8_0))
+/* Two rows of f16 values with HD = 64 or 128 in one pass: all 2 * HD / 16
+ * accumulators in registers, each V slice read once (values_f16_x takes 64
+ * columns a pass). Every output element is the same FMA chain over j as
+ * there. */
+ATT_INLINE void values_f16_pairs_x(const att_src *s, const float *w, size_t ws, int32_t j0,
+                                   int32_t j1, int32_t n, float *out, int mode, const int HD)
+{
+    __m512 a0[8], a1[8];
+    pairs_start(out, mode, HD, a0, a1);
+    for (int32_t jb = j0; jb < j1;) {
+        const att_run ru = att_run_at(s, jb, j1, n);
+        for (int32_t j = jb; j < ru.je; j++) {
+            prefetch_run(s, &ru, j, n, 0, 2 * HD);
+            const uint16_t *v = (const uint16_t *)run_row(s, &ru, j);
+            const __m512 wa = _mm512_set1_ps(w[j]), wb = _mm512_set1_ps(w[ws + (size_t)j]);
+            for (int i = 0; i < HD / 16; i++) {
+                const __m512 x =
+                    _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + 16 * i)));
+                a0[i] = _mm512_fmadd_ps(wa, x, a0[i]);
+                a1[i] = _mm512_fmadd_ps(wb, x, a1[i]);
+            }
+        }
+        jb = ru.je;
+    }
+    pairs_end(out, mode, HD, a0, a1);
+}
+
+/*
+ * q8_0 values: a row's weight times each block's scale first (one scalar
+ * product per row and block, w * d rounded to f32), then one FMA per 16
+ * values: acc += (w * d) * q. Folding the scale into the weight leaves the
+ * FMA pipes one product per value and row (the q values are converted once
+ * and shared by the rows of a pass). Every kernel below and the portable
+ * twin use this order.
+ */
+ATT_INLINE __m512 q8_weight(const float *w, int32_t j, float d)
+{
+    return _mm512_set1_ps(w[j] * d);
+}
+
+/* 64 columns (two blocks) at a time, NQ x 4 accumulators */
+ATT_INLINE void values_q8_0_x(const att_src *s, int hd, const float *w, size_t ws, int32_t j0,
+                              int32_t j1, int32_t n, float *out, int mode, const int NQ)
+{
+    for (int c0 = 0; c0 < hd; c0 += 64) {
+        __m512 acc[ATT_ROWS][4];
+        for (int q = 0; q < NQ; q++)
+            for (int i = 0; i < 4; i++)
+                acc[q][i] = acc_start(out + q * hd + c0 + 16 * i, mode);
+        for (int32_t j = j0; j < j1; j++) {
+            prefetch_ahead(s, j, n, (int64_t)c0 / LMS_QK8_0 * (int64_t)sizeof(lms_block_q8_0),
+                           2 * (int64_t)sizeof(lms_block_q8_0));
+            const lms_block_q8_0 *v = (const lms_block_q8_0 *)att_row(s, j) + c0 / LMS_QK8_0;
+            for (int b = 0; b < 2; b++) {
+                const float d = _cvtsh_ss(v[b].d);
+                const __m512 x0 = q8_lanes(v[b].qs), x1 = q8_lanes(v[b].qs + 16);
+                for (int q = 0; q < NQ; q++) {
+                    const __m512 e = q8_weight(w + q * ws, j, d);
+                    acc[q][2 * b] = _mm512_fmadd_ps(e, x0, acc[q][2 * b]);
+                    acc[q][2 * b + 1] = _mm512_fmadd_ps(e, x1, acc[q][2 * b + 1]);
+                }
+            }
+        }
+        for (int q = 0; q < NQ; q++)
+            for (int i = 0; i < 4; i++) {
+                float *y = out + q * hd + c0 + 16 * i;
+                _mm512_storeu_ps(y, mode == ATT_V_ADD ? _mm512_add_ps(_mm512_loadu_ps(y), acc[q][i])
+                                                      : acc[q][i]);
+            }
+    }
+}
+
+/* Two rows of q8_0 values with HD = 64 or 128 in one pass, as
+ * values_f16_pairs_x: all accumulators in registers, each V slice read
+ * once; per output element the same FMA chain as values_q8_0_x. */
+ATT_INLINE void values_q8_0_pairs_x(const att_src *s, const float *w, size_t ws, int32_t j0,
+                                    int32_t j1, int32_t n, float *out, int mode, const int HD)
+{
+    __m512 a0[8], a1[8];
+    pairs_start(out, mode, HD, a0, a1);
+    for (int32_t jb = j0; jb < j1;) {
+        const att_run ru = att_run_at(s, jb, j1, n);
+        for (int32_t j = jb; j < ru.je; j++) {
+            prefetch_run(s, &ru, j, n, 0, HD / LMS_QK8_0 * (int64_t)sizeof(lms_block_q8_0));
+            const lms_block_q8_0 *v = (const lms_block_q8_0 *)run_row(s, &ru, j);
+            for (int b = 0; b < HD / LMS_QK8_0; b++) {
+                const float d = _cvtsh_ss(v[b].d);
+                const __m512 ea = q8_weight(w, j, d), eb = q8_weight(w + ws, j, d);
+                const __m512 x0 = q8_lanes(v[b].qs), x1 = q8_lanes(v[b].qs + 16);
+                a0[2 * b] = _mm512_fmadd_ps(ea, x0, a0[2 * b]);
+                a0[2 * b + 1] = _mm512_fmadd_ps(ea, x1, a0[2 * b + 1]);
+                a1[2 * b] = _mm512_fmadd_ps(eb, x0, a1[2 * b]);
+                a1[2 * b + 1] = _mm512_fmadd_ps(eb, x1, a1[2 * b + 1]);
+            }
+        }
+        jb = ru.je;
+    }
+    pairs_end(out, mode, HD, a0, a1);
+}
 
 /* Dispatch on the pass's row count so each copy keeps its rows in registers. */
 #define ATT_BY_ROWS(fn, nq, ...)            \
@@ -857,6 +1081,13 @@ ATT_TARGET static void scores_q8_0_avx512(const att_src *s, int hd, int nq, cons
                                           size_t qrow, int32_t j0, int32_t j1, int32_t n, float *w,
                                           size_t ws, const att_heads *hs)
 {
+    if (hs->n > 1 && nq == 2 && (hd == 64 || hd == 128)) {
+        if (hd == 64)
+            scores_q8_0_pairs_x(s, qf, qrow, j0, j1, n, w, ws, hs, 64);
+        else
+            scores_q8_0_pairs_x(s, qf, qrow, j0, j1, n, w, ws, hs, 128);
+        return;
+    }
     ATT_BY_ROWS(scores_q8_0_x, nq, s, hd, qf, qrow, j0, j1, n, w, ws, hs)
 }
 
@@ -864,28 +1095,56 @@ ATT_TARGET_VNNI static void scores_q8_0_vnni(const att_src *s, int hd, int nq, c
                                              size_t qrow, int32_t j0, int32_t j1, int32_t n,
                                              float *w, size_t ws, const att_heads *hs)
 {
+    if (hs->n > 1 && nq == 2 && (hd == 64 || hd == 128)) {
+        if (hd == 64)
+            scores_q8_0_vnni_pairs_x(s, qf, qrow, j0, j1, n, w, ws, hs, 64);
+        else
+            scores_q8_0_vnni_pairs_x(s, qf, qrow, j0, j1, n, w, ws, hs, 128);
+        return;
+    }
     ATT_BY_ROWS(scores_q8_0_vnni_x, nq, s, hd, qf, qrow, j0, j1, n, w, ws, hs)
 }
 
+/* The values of a call's heads in turn, inlined into one function (a
+ * decode step makes a call per cache block: per head, it would cost an
+ * indirect call and a dispatch every 16 positions). */
+#define ATT_VALUES_HEADS(fn, ...)                                                  \
+    for (int h = 0; h < hs->n; h++) {                                            \
+        att_src sh = *s;                                                         \
+        sh.off += (size_t)h * hs->k_bytes;                                       \
+        const float *wh = w + h * hs->w_floats;                                  \
+        float *oh = out + h * hs->q_floats;                                      \
+        fn(&sh, __VA_ARGS__);                                                    \
+    }
+
+/* The value pass of one cache block over every head: the GQA-pair kernel
+ * `pairs` for head sizes 64 and 128, else `rows` row by row. */
+#define ATT_VALUES_BLOCK(pairs, rows)                                                    \
+    if (nq == 2 && hd == 64) {                                                           \
+        ATT_VALUES_HEADS(pairs, wh, ws, j0, j1, n, oh, mode, 64)                         \
+    } else if (nq == 2 && hd == 128) {                                                   \
+        ATT_VALUES_HEADS(pairs, wh, ws, j0, j1, n, oh, mode, 128)                        \
+    } else {                                                                             \
+        for (int h = 0; h < hs->n; h++) {                                                \
+            att_src sh = *s;                                                             \
+            sh.off += (size_t)h * hs->k_bytes;                                           \
+            ATT_BY_ROWS(rows, nq, &sh, hd, w + h * hs->w_floats, ws, j0, j1, n,          \
+                        out + h * hs->q_floats, mode)                                    \
+        }                                                                                \
+    }
+
 ATT_TARGET static void values_f16_avx512(const att_src *s, int hd, int nq, const float *w,
                                          size_t ws, int32_t j0, int32_t j1, int32_t n, float *out,
-                                         int mode)
+                                         int mode, const att_heads *hs)
 {
-    if (nq == 2 && (hd == 64 || hd == 128)) {
-        if (hd == 64)
-            values_f16_pairs_x(s, w, ws, j0, j1, n, out, mode, 64);
-        else
-            values_f16_pairs_x(s, w, ws, j0, j1, n, out, mode, 128);
-        return;
-    }
-    ATT_BY_ROWS(values_f16_x, nq, s, hd, w, ws, j0, j1, n, out, mode)
+    ATT_VALUES_BLOCK(values_f16_pairs_x, values_f16_x)
 }
 
 ATT_TARGET static void values_q8_0_avx512(const att_src *s, int hd, int nq, const float *w,
                                           size_t ws, int32_t j0, int32_t j1, int32_t n, float *out,
-                                          int mode)
+                                          int mode, const att_heads *hs)
 {
-    ATT_BY_ROWS(values_q8_0_x, nq, s, hd, w, ws, j0, j1, n, out, mode)
+    ATT_VALUES_BLOCK(values_q8_0_pairs_x, values_q8_0_x)
 }
 
 /* w[j] = w[j] * inv rounded to f16 (to nearest even, as ROUND_F16), as floats */
@@ -910,7 +1169,8 @@ typedef void (*att_scores_fn)(const att_src *s, int hd, int nq, const float *qf,
                               int32_t j0, int32_t j1, int32_t n, float *w, size_t ws,
                               const att_heads *hs);
 typedef void (*att_values_fn)(const att_src *s, int hd, int nq, const float *w, size_t ws,
-                              int32_t j0, int32_t j1, int32_t n, float *out, int mode);
+                              int32_t j0, int32_t j1, int32_t n, float *out, int mode,
+                              const att_heads *hs);
 
 typedef struct att_kernels {
     att_scores_fn scores;
@@ -956,11 +1216,12 @@ static void scores_rows(const att_kernels *k, const att_src *ks, int hd, int nr,
 }
 
 static void values_rows(const att_kernels *k, const att_src *vs, int hd, int nr, const float *w,
-                        size_t ws, int32_t j0, int32_t j1, int32_t n, float *out, int mode)
+                        size_t ws, int32_t j0, int32_t j1, int32_t n, float *out, int mode,
+                        const att_heads *hs)
 {
     for (int q0 = 0; q0 < nr; q0 += ATT_ROWS)
         k->values(vs, hd, nr - q0 < ATT_ROWS ? nr - q0 : ATT_ROWS, w + (size_t)q0 * ws, ws, j0, j1,
-                  n, out + (size_t)q0 * hd, mode);
+                  n, out + (size_t)q0 * hd, mode, hs);
 }
 
 /* w[j] *= s over n values (vectorized per level, the same products) */
@@ -1013,7 +1274,7 @@ static void attend_tile_rows(lms_ctx *c, int il, const att_tile *a, int kvh, int
         for (int32_t j0 = 0; j0 < n; j0 += ATT_CHUNK)
             values_rows(&k, &vs, hd, group, w + (size_t)t * group * stride, (size_t)stride, j0,
                         j0 + ATT_CHUNK < n ? j0 + ATT_CHUNK : n, n, out,
-                        j0 ? ATT_V_ADD : ATT_V_SET);
+                        j0 ? ATT_V_ADD : ATT_V_SET, &one);
     }
 }
 
@@ -1045,24 +1306,28 @@ static bool att_layout(const lms_ctx *c, const att_tile *tiles, int32_t n_tiles,
 }
 
 /* Chunk ci's sums of tile ti for KV heads [h0, h1): block by block, each
- * block's heads in turn (the block's rows are then in L1/L2 for the next
- * head). */
+ * block's heads in turn (one values call a block). The cached rows are
+ * then read whole, in address order, a block at a time (each head's pass
+ * prefetches its slice ATT_PF rows ahead). A pass per head over the whole
+ * chunk (fewer, longer kernel calls: faster on cached rows) reads each row
+ * in head slices far apart in time, and was 10-15% slower on an f16 cache
+ * at depth 1024 (rows from DRAM), prefetching however. */
 static void att_chunk_sums(lms_ctx *c, int il, const att_kernels *k, const att_tile *a,
                            const att_step_layout *l, int32_t ti, int32_t ci, int h0, int h1)
 {
     const lms_hparams *hp = &c->m->hp;
     const int hd = hp->head_dim, nh = hp->n_head, group = nh / hp->n_head_kv;
     const int32_t n = a->pos0 + 1, j0 = ci * ATT_CHUNK;
-    const float *w = c->dec + (size_t)ti * l->per_tile;
-    float *sum = c->dec + (size_t)ti * l->per_tile + (size_t)nh * l->ws + (size_t)ci * nh * hd;
+    const float *w = c->dec + (size_t)ti * l->per_tile + (size_t)h0 * group * l->ws;
+    float *sum = c->dec + (size_t)ti * l->per_tile + (size_t)nh * l->ws + (size_t)ci * nh * hd +
+                 (size_t)h0 * group * hd;
+    const att_heads heads = {h1 - h0, lms_row_size(c->kv.type, hd), (size_t)group * hd,
+                             (size_t)group * l->ws};
+    att_src ks, vs;
+    att_srcs(c, il, a->seq, h0, &ks, &vs);
     for (int32_t b0 = j0; b0 < n && b0 < j0 + ATT_CHUNK; b0 += LMS_KV_BLOCK)
-        for (int h = h0; h < h1; h++) {
-            att_src ks, vs;
-            att_srcs(c, il, a->seq, h, &ks, &vs);
-            values_rows(k, &vs, hd, group, w + (size_t)h * group * l->ws, l->ws, b0,
-                        b0 + LMS_KV_BLOCK < n ? b0 + LMS_KV_BLOCK : n, n,
-                        sum + (size_t)h * group * hd, b0 > j0 ? ATT_V_CONT : ATT_V_SET);
-        }
+        values_rows(k, &vs, hd, group, w, l->ws, b0, b0 + LMS_KV_BLOCK < n ? b0 + LMS_KV_BLOCK : n,
+                    n, sum, b0 > j0 ? ATT_V_CONT : ATT_V_SET, &heads);
 }
 
 /* Thread t's share (of nt) of tile ti's chunk sums: the (chunk, KV head)

@@ -12,7 +12,7 @@
  * Token ids are random (fixed seed); the models are the synthetic ones of
  * the shared test data, and one written here (lms_synth_write) with the
  * head size of the benchmark models (128; the shared ones have 64 and 8),
- * for the AVX-512 f16 kernels specialized per head size.
+ * for the AVX-512 kernels specialized per head size (f16 and q8_0 caches).
  */
 #include <math.h>
 #include <stdio.h>
@@ -47,6 +47,7 @@ static const att_case cases[] = {
     {"llama-synth-f32", 0, NULL}, {"llama-synth-f32", LMS_TYPE_Q8_0, NULL},
     {"qwen3-synth-f16", 0, NULL}, {"qwen3-synth-f16", LMS_TYPE_Q8_0, NULL},
     {"stories260K", 0, NULL},     {"qwen3-hd128", 0, &hd128},
+    {"qwen3-hd128", LMS_TYPE_Q8_0, &hd128},
 };
 
 static uint32_t rng_next(uint32_t *s)
