@@ -9,7 +9,7 @@ LMSERV=${LMSERV:-./build/lmserv}
 M=$1; T=${2:-$(nproc)}
 run() { echo "+ $*"; "$@"; }
 run "$LMSERV" bench -m "$M" -t "$T" -p 0 -n 0 --parallel 1,4,8,16
-run "$LMSERV" bench -m "$M" -t "$T" -p 0 -n 64 -r 3
-run "$LMSERV" bench -m "$M" -t "$T" -p 0 -n 64 -r 3 --depth 1024
-run "$LMSERV" bench -m "$M" -t "$T" -p 0 -n 64 -r 3 --depth 1024 --kv-type q8_0
+# depth 0 and depth 1024 alternate (the bandwidth drifts): ratio of neighbours
+run "$LMSERV" bench -m "$M" -t "$T" -p 0 -n 64 -r 5 --depth 1024
+run "$LMSERV" bench -m "$M" -t "$T" -p 0 -n 64 -r 5 --depth 1024 --kv-type q8_0
 run "$LMSERV" bench -m "$M" -t "$T" -p 0 -n 0 --prefix 1000

@@ -9,7 +9,9 @@
  *
  *   pp<P>   P random tokens through the forward pass in batches of -b,
  *           from an empty cache (after --depth D tokens if given)
- *   tg<N>   N single-token decode steps (after --depth D tokens)
+ *   tg<N>   N single-token decode steps (after --depth D tokens); with
+ *           --depth, each repetition at depth D follows one at depth 0 and
+ *           both are reported, with the median ratio of the pairs
  *
  * Each test runs -r times; the median, min and max tokens/s are reported.
  */
@@ -97,24 +99,58 @@ typedef struct bench_result {
     double med, min, max; /* tokens/s */
 } bench_result;
 
+/* One repetition: tokens/s of pp or tg on a fresh sequence, after
+ * o->depth tokens. */
+static double one_rep(lms_ctx *c, const bench_opts *o, bool pp, float *logits, uint64_t *rng)
+{
+    const int64_t n = pp ? o->pp : o->tg;
+    lms_kv_seq seq = {0};
+    lms_kv_seq_reserve(lms_ctx_kv(c), &seq, (int32_t)(o->depth + n + 1));
+    if (o->depth > 0)
+        run_tokens(c, &seq, 0, (int32_t)o->depth, (int32_t)o->batch, logits, rng);
+    double ms = run_tokens(c, &seq, (int32_t)o->depth, (int32_t)n, pp ? (int32_t)o->batch : 1,
+                           logits, rng);
+    lms_kv_seq_release(lms_ctx_kv(c), &seq);
+    return (double)n * 1000.0 / ms;
+}
+
+static bench_result summarize(bool pp, int64_t n, double *tps, int reps)
+{
+    qsort(tps, (size_t)reps, sizeof tps[0], cmp_d);
+    return (bench_result){pp ? "pp" : "tg", n, tps[reps / 2], tps[0], tps[reps - 1]};
+}
+
 static void one_test(lms_ctx *c, const bench_opts *o, bool pp, bench_result *r, float *logits)
 {
-    int64_t n = pp ? o->pp : o->tg;
     double tps[64];
     int reps = (int)(o->reps < 64 ? o->reps : 64);
     uint64_t rng = 42;
+    for (int rep = 0; rep < reps; rep++)
+        tps[rep] = one_rep(c, o, pp, logits, &rng);
+    *r = summarize(pp, pp ? o->pp : o->tg, tps, reps);
+}
+
+/* tg at depth 0 and after --depth D, alternating repetition by repetition:
+ * this machine's memory bandwidth drifts from minute to minute, so only
+ * neighbours in time compare fairly. Returns the median of the
+ * repetitions' ratios (depth D over depth 0). */
+static double tg_depth_pair(lms_ctx *c, const bench_opts *o, bench_result *r0, bench_result *rd,
+                            float *logits)
+{
+    bench_opts o0 = *o;
+    o0.depth = 0;
+    double t0[64], td[64], q[64];
+    int reps = (int)(o->reps < 64 ? o->reps : 64);
+    uint64_t rng = 42;
     for (int rep = 0; rep < reps; rep++) {
-        lms_kv_seq seq = {0};
-        lms_kv_seq_reserve(lms_ctx_kv(c), &seq, (int32_t)(o->depth + n + 1));
-        if (o->depth > 0)
-            run_tokens(c, &seq, 0, (int32_t)o->depth, (int32_t)o->batch, logits, &rng);
-        double ms = run_tokens(c, &seq, (int32_t)o->depth, (int32_t)n, pp ? (int32_t)o->batch : 1,
-                               logits, &rng);
-        tps[rep] = (double)n * 1000.0 / ms;
-        lms_kv_seq_release(lms_ctx_kv(c), &seq);
+        t0[rep] = one_rep(c, &o0, false, logits, &rng);
+        td[rep] = one_rep(c, o, false, logits, &rng);
+        q[rep] = td[rep] / t0[rep];
     }
-    qsort(tps, (size_t)reps, sizeof tps[0], cmp_d);
-    *r = (bench_result){pp ? "pp" : "tg", n, tps[reps / 2], tps[0], tps[reps - 1]};
+    *r0 = summarize(false, o->tg, t0, reps);
+    *rd = summarize(false, o->tg, td, reps);
+    qsort(q, (size_t)reps, sizeof q[0], cmp_d);
+    return q[reps / 2];
 }
 
 /* Bytes of weights one token reads, and multiply-adds per token. */
@@ -129,20 +165,26 @@ static void model_cost(const lms_model *m, double *bytes, double *flops)
     *flops = 2.0 * (per_layer * hp->n_layer + (double)hp->n_embd * hp->n_vocab);
 }
 
-static void report(const bench_opts *o, const lms_model *m, const bench_result *r, double peak)
+static void report(const bench_opts *o, const lms_model *m, const bench_result *r, double peak,
+                   int64_t depth, double vs0)
 {
     double bytes, flops;
     model_cost(m, &bytes, &flops);
     double gbs = r->kind[0] == 't' ? bytes * r->med / 1e9 : bytes * r->med / 1e9 / (double)o->batch;
     double gfl = flops * r->med / 1e9;
-    char name[32];
+    char name[48];
     snprintf(name, sizeof name, "%s%lld", r->kind, (long long)r->n);
+    if (!o->json && depth > 0) /* as llama-bench writes it */
+        snprintf(name + strlen(name), sizeof name - strlen(name), " @ d%lld", (long long)depth);
     if (o->json) {
+        char extra[64] = "";
+        if (vs0 > 0)
+            snprintf(extra, sizeof extra, ",\"vs_depth0\":%.4f", vs0);
         printf("{\"test\":\"%s\",\"model\":\"%s\",\"threads\":%lld,\"depth\":%lld,\"isa\":\"%s\","
                "\"tokens_per_s\":{\"median\":%.2f,\"min\":%.2f,\"max\":%.2f},\"gb_per_s\":%.2f,"
-               "\"gflop_per_s\":%.1f,\"peak_gb_per_s\":%.2f}\n",
-               name, m->name, (long long)o->threads, (long long)o->depth, lms_kernels_get()->isa,
-               r->med, r->min, r->max, gbs, gfl, peak);
+               "\"gflop_per_s\":%.1f,\"peak_gb_per_s\":%.2f%s}\n",
+               name, m->name, (long long)o->threads, (long long)depth, lms_kernels_get()->isa,
+               r->med, r->min, r->max, gbs, gfl, peak, extra);
     } else {
         if (peak > 0)
             printf("%-8s %8.2f t/s (min %.2f, max %.2f)  %7.2f GB/s of %.2f peak (%3.0f%%)  %8.1f GFLOP/s\n",
@@ -150,6 +192,10 @@ static void report(const bench_opts *o, const lms_model *m, const bench_result *
         else
             printf("%-8s %8.2f t/s (min %.2f, max %.2f)  %7.2f GB/s of weights read  %8.1f GFLOP/s\n",
                    name, r->med, r->min, r->max, gbs, gfl);
+        if (vs0 > 0)
+            printf("%s: %.1f%% of the depth-0 speed (median of the repetitions' ratios, each "
+                   "beside a depth-0 run)\n",
+                   name, 100.0 * vs0);
     }
 }
 
@@ -247,11 +293,16 @@ int cmd_bench(int argc, char **argv)
     bench_result r;
     if (o.pp > 0 && logits) {
         one_test(c, &o, true, &r, logits);
-        report(&o, m, &r, peak);
+        report(&o, m, &r, peak, o.depth, 0.0);
     }
-    if (o.tg > 0 && logits) {
+    if (o.tg > 0 && logits && o.depth > 0) {
+        bench_result r0;
+        const double vs0 = tg_depth_pair(c, &o, &r0, &r, logits);
+        report(&o, m, &r0, peak, 0, 0.0);
+        report(&o, m, &r, peak, o.depth, vs0);
+    } else if (o.tg > 0 && logits) {
         one_test(c, &o, false, &r, logits);
-        report(&o, m, &r, peak);
+        report(&o, m, &r, peak, o.depth, 0.0);
     }
     free(logits);
     lms_ctx_destroy(c);

@@ -111,6 +111,14 @@ assert [r["test"] for r in rows] == ["pp16", "tg4"], rows
 for r in rows:
     assert r["tokens_per_s"]["median"] > 0 and "gb_per_s" in r and "gflop_per_s" in r
 PY
+# --depth: tg at depth 0 and at depth D, alternating, with their ratio
+"$LMSERV" bench -m "$TMP/tiny.gguf" -p 0 -n 4 -r 3 -t 1 --depth 32 --json > "$TMP/bench"
+python3 - "$TMP/bench" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [(r["test"], r["depth"]) for r in rows] == [("tg4", 0), ("tg4", 32)], rows
+assert "vs_depth0" not in rows[0] and 0 < rows[1]["vs_depth0"] < 10, rows
+PY
 ok "synth and bench"
 
 echo "$pass passed, 0 failed"
