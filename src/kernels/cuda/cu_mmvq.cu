@@ -48,7 +48,7 @@ struct mv_args {
     const float2 *xd;
     int64_t ldq; /* q8 values per token row (= n_cols) */
     int accumulate;
-    /* the lane-ordered copy of xs/xd (q8_perm below) for the tensor-core
+    /* the lane-ordered copy of xs/xd (q8_perm, cu_int.cuh) for the tensor-core
      * kernels; NULL when the producer did not write one */
     const int8_t *xp4, *xp6;
     const float2 *xpe;
