@@ -301,16 +301,20 @@ static inline __m512i q4k_row_sum(const uint8_t *q, __m512i sc, __m512i a0, __m5
  * four interleaved streams within a page, which the hardware prefetcher
  * does not follow (kbench -d from DRAM: Q6_K four rows at a time without
  * prefetch, 6 GB/s a core; row by row, 20). So the kernels fetch ahead in
- * address order, GEMV_PF_BYTES ahead of the group's progress (about four
+ * address order, GEMV_PF_BYTES ahead of the group's progress (about two
  * DRAM latencies at one core's share of the bandwidth), into L2: prefetcht0
  * that far ahead holds too many L1 fill buffers and ran at half the speed.
+ * 8 KiB rather than 16: whole-model decode, the two distances alternating
+ * token by token in one process (the bandwidth here drifts from minute to
+ * minute), Llama-3.2-1B Q4_K_M 0.9-5.8% and Qwen3-0.6B 2.9-3.4% faster a
+ * token over six runs; 4 KiB was 20-30% slower, 10-12 KiB as 16.
  * Past a gemv call's rows it fetches the rows of the thread's next call
  * (decode splits the rows of a matrix in contiguous shares).
  *
  * The Q6_K kernel takes rows of up to GEMV_MAX_ROW_BYTES: longer rows are
  * each a long stream the hardware prefetcher follows, and vec_dot row by
  * row, with less work per byte than Q4_K's, streams them as fast. */
-#define GEMV_PF_BYTES 16384
+#define GEMV_PF_BYTES 8192
 #define GEMV_MAX_ROW_BYTES 2304
 
 /* prefetcht1 of the line holding p. An asm statement rather than
