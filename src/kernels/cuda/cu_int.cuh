@@ -161,14 +161,13 @@ __device__ __forceinline__ float warp_max(float v)
  *   pe: [sb][c < 8][t < 4][2 float2]: the scales (d, d * sum) of sub-blocks
  *       2(c % 4), 2(c % 4) + 1 of token 2t + c / 4.
  * Token slots past the batch hold stale (or never written) values: their
- * columns are dropped. */
+ * columns are dropped. The positions are mq::perm4_at, perm6_at and
+ * perme_at (cu_mmvq.cuh), shared with the host check. */
 struct q8_perm {
     int8_t *p4, *p6;
     float2 *pe;
     int64_t n; /* values per token row */
 };
-/* (The byte and scale positions: mq::perm4_at, perm6_at, perme_at in
- * cu_mmvq.cuh.) */
 
 /* cu_mmvq.cu: the lane-ordered copy's place in a q8 buffer xq of n_tok
  * rows of n values, or none (p4 NULL): batches the tensor-core kernels do
