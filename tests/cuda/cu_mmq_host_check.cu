@@ -7,7 +7,8 @@
  * the results are compared with the CPU reference dequantization dotted
  * with the same q8 activations; a second run reads the activations from
  * their lane-ordered copy (q8_perm, mq::perm4_at/perm6_at/perme_at) and
- * must give identical sums. A development tool, built by hand:
+ * must give identical sums. It also checks the one-token 64-element units
+ * (mq::unit) against the same reference. A development tool, built by hand:
  *
  *   nvcc -O1 -std=c++17 -DLMS_HAVE_CUDA=1 -Isrc -Iinclude -diag-suppress 20011 \
  *     -Xcompiler -fopenmp tests/cuda/cu_mmq_host_check.cu build-cuda/liblms_kernels.a \
@@ -217,9 +218,59 @@ template <int T, int NM> static int run(const char *name, int misalign, int n_to
     return ok ? 0 : 1;
 }
 
+/* The one-token 64-element units (mq::unit) against the reference: a row
+ * of random blocks (2-byte misaligned for Q6_K where asked) dotted with one
+ * q8 token, unit by unit in a scrambled order, as the mv1 kernels do. */
+template <int T> static int run_units(const char *name, int misalign)
+{
+    const int K = 1024, bb = T == LMS_TYPE_Q4_K ? 144 : 210, nsb = K / 256;
+    std::vector<uint8_t> buf((size_t)nsb * bb + 8);
+    uint8_t *row = buf.data() + misalign;
+    for (size_t i = 0; i < (size_t)nsb * bb; i++)
+        row[i] = (uint8_t)rand();
+    for (int b = 0; b < nsb; b++) {
+        const uint16_t d = f2h(0.01f + 0.02f * (rand() / (float)RAND_MAX));
+        const uint16_t m = f2h(0.005f + 0.01f * (rand() / (float)RAND_MAX));
+        memcpy(row + (size_t)b * bb + (T == LMS_TYPE_Q4_K ? 0 : 208), &d, 2);
+        if (T == LMS_TYPE_Q4_K)
+            memcpy(row + (size_t)b * bb + 2, &m, 2);
+    }
+    std::vector<float> wf(K), x(K);
+    lms_kernels_ref()->to_float[T](row, wf.data(), K);
+    std::vector<int8_t> xs(K);
+    std::vector<float2> xd(K / 32);
+    for (int i = 0; i < K; i++)
+        x[i] = (rand() / (float)RAND_MAX - 0.5f) * (i % 5 == 0 ? 6.f : 1.f);
+    for (int b = 0; b < K / 32; b++)
+        mq::quant_block_host(x.data() + 32 * b, xs.data() + 32 * b, xd.data() + b);
+    double ref = 0, mag = 0, got = 0;
+    for (int j = 0; j < K; j++) {
+        const double a = (double)xd[j / 32].x * xs[j];
+        ref += wf[j] * a;
+        mag += fabs(wf[j] * a);
+    }
+    const int nu = K / 64;
+    for (int i = 0; i < nu; i++) {
+        const int u = (i * 7 + 3) % nu; /* 7 is prime to nu: every unit once */
+        typename mq::unit<T>::raw r;
+        mq::unit<T>::load(row, u, r);
+        got += mq::unit<T>::dot(r, u, xs.data(), xd.data());
+    }
+    const double err = fabs(got - ref) / (mag + 1e-30);
+    const bool ok = err < 1e-5;
+    printf("%-5s units misalign %d: rel.err %.2e %s\n", name, misalign, err, ok ? "ok" : "FAIL");
+    return ok ? 0 : 1;
+}
+
 int main(void)
 {
     int f = 0;
+    for (int it = 0; it < 3; it++) {
+        f |= run_units<LMS_TYPE_Q4_K>("q4_K", 0);
+        f |= run_units<LMS_TYPE_Q6_K>("q6_K", 0);
+        f |= run_units<LMS_TYPE_Q6_K>("q6_K", 2);
+        f |= run_units<LMS_TYPE_Q6_K>("q6_K", 6);
+    }
     for (int it = 0; it < 2; it++) {
         f |= run<LMS_TYPE_Q4_K, 1>("q4_K", 0, 8);
         f |= run<LMS_TYPE_Q4_K, 2>("q4_K", 0, 5);

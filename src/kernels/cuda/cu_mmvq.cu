@@ -17,6 +17,9 @@
  * mmvq_glu_k: the same over RH rows of W_gate and the same RH rows of
  * W_up; writes h = silu(gate) * up.
  *
+ * mv1_k / mv1_glu_k: one token, rows of 64-element units, several rows a
+ * block (below); they take the Q4_K products of that shape.
+ *
  * mmq_k / mmq_glu_k: Q4_K and Q6_K batches of 3..8 tokens on the tensor
  * cores (mma.sync int8, see below); LMS_CUDA_MMA=N moves the threshold,
  * 0 turns them off.
@@ -298,6 +301,161 @@ __global__ void __launch_bounds__(MMVQ_THREADS, 6) mmvw_glu_k(mv_args a)
         if ((threadIdx.x & 31) == 0)
             a.y[0][t * nr + r0] = gv / (1.0f + expf(-gv)) * uv;
     }
+}
+
+/* ---- one token: 64-element units, TPR threads per row ------------------------------
+ * mv1_k / mv1_glu_k: a row's units (mq::unit: Q4_K, Q6_K; other types fall
+ * back to 32-element chunks) are spread over TPR threads (32, 64 or 128),
+ * a block holds 128 / TPR rows, and a thread loads its next unit's weights
+ * before it dots the current one. Why: the mmvq_k layout (every row spread
+ * over the whole block, one chunk of 32 per thread and row) spends most of
+ * its instructions on per-chunk scale decoding, addressing and the
+ * block-wide reduction. On an H200 (Llama-3-8B Q4_K_M, one token, ncu at
+ * the card's own clocks) the gate/up product took 16.1 M instructions and
+ * 26.2 us with mmvq_glu_k, 8.5 M and 22.8 us (2.9 TB/s) with mv1_glu_k;
+ * W_o 7.5 -> 6.6 us; the decode step 2.72 -> 2.61 ms. Q6_K units read
+ * their 2-byte aligned words one by one and were slower than mmvq_k
+ * (W_down 20.2 -> 26.4 us, the Q6_K head 150 -> 190 us), so by default
+ * only launches whose matrices are all Q4_K take these kernels
+ * (LMS_CUDA_MV1=2: any type, 0: none). blk0[] counts rows here. */
+template <int T, int TPR, bool GLU>
+__device__ __forceinline__ void mv1_units(const uint8_t *r0, const uint8_t *r1, int n_units,
+                                          const int8_t *__restrict__ xs,
+                                          const float2 *__restrict__ xd, float &s0, float &s1)
+{
+    typedef mq::unit<T> U;
+    int u = (int)(threadIdx.x % TPR);
+    typename U::raw w0, w1;
+    if (u < n_units) {
+        U::load(r0, u, w0);
+        if (GLU)
+            U::load(r1, u, w1);
+    }
+    pdl_wait();
+    while (u < n_units) {
+        const int un = u + TPR;
+        typename U::raw n0, n1;
+        if (un < n_units) {
+            U::load(r0, un, n0);
+            if (GLU)
+                U::load(r1, un, n1);
+        }
+        s0 += U::dot(w0, u, xs, xd);
+        if (GLU)
+            s1 += U::dot(w1, u, xs, xd);
+        w0 = n0;
+        if (GLU)
+            w1 = n1;
+        u = un;
+    }
+}
+
+/* The same over 32-element chunks (mq::ops), for the types without units. */
+template <int T, int TPR, bool GLU>
+__device__ __forceinline__ void mv1_chunks(const uint8_t *r0, const uint8_t *r1, int n_chunks,
+                                           const int8_t *__restrict__ xs,
+                                           const float2 *__restrict__ xd, float &s0, float &s1)
+{
+    typedef mq::ops<T> O;
+    pdl_wait();
+    for (int c = (int)(threadIdx.x % TPR); c < n_chunks; c += TPR) {
+        typename O::raw w;
+        typename O::prep p;
+        O::load(r0, c, w);
+        O::unpack(w, c, p);
+        s0 += O::dot(p, xs, xd, c);
+        if (GLU) {
+            O::load(r1, c, w);
+            O::unpack(w, c, p);
+            s1 += O::dot(p, xs, xd, c);
+        }
+    }
+}
+
+template <int TPR, bool GLU>
+__device__ __forceinline__ void mv1_any(int type, const uint8_t *r0, const uint8_t *r1,
+                                        int n_chunks, const int8_t *__restrict__ xs,
+                                        const float2 *__restrict__ xd, float &s0, float &s1)
+{
+    switch (type) {
+    case LMS_TYPE_Q4_K: mv1_units<LMS_TYPE_Q4_K, TPR, GLU>(r0, r1, n_chunks / 2, xs, xd, s0, s1); break;
+    case LMS_TYPE_Q6_K: mv1_units<LMS_TYPE_Q6_K, TPR, GLU>(r0, r1, n_chunks / 2, xs, xd, s0, s1); break;
+    case LMS_TYPE_Q5_K: mv1_chunks<LMS_TYPE_Q5_K, TPR, GLU>(r0, r1, n_chunks, xs, xd, s0, s1); break;
+    case LMS_TYPE_Q8_0: mv1_chunks<LMS_TYPE_Q8_0, TPR, GLU>(r0, r1, n_chunks, xs, xd, s0, s1); break;
+    case LMS_TYPE_Q4_0: mv1_chunks<LMS_TYPE_Q4_0, TPR, GLU>(r0, r1, n_chunks, xs, xd, s0, s1); break;
+    default: pdl_wait(); break; /* a row past the end */
+    }
+}
+
+/* TY: the one type every row has (its code alone is compiled: fewer
+ * registers), or -1 for any (the QKV launch may mix types). */
+template <int TPR, bool GLU, int TY>
+__device__ __forceinline__ void mv1_dispatch(int type, const uint8_t *r0, const uint8_t *r1,
+                                             int n_chunks, const int8_t *__restrict__ xs,
+                                             const float2 *__restrict__ xd, float &s0, float &s1)
+{
+    if constexpr (TY >= 0) {
+        if (type == TY)
+            mv1_units<TY, TPR, GLU>(r0, r1, n_chunks / 2, xs, xd, s0, s1);
+        else
+            pdl_wait();
+    } else {
+        mv1_any<TPR, GLU>(type, r0, r1, n_chunks, xs, xd, s0, s1);
+    }
+}
+
+/* Sums v over the TPR threads of each row; the row's first thread gets it. */
+template <int TPR> __device__ __forceinline__ float mv1_reduce(float v, float *red)
+{
+    v = warp_sum(v);
+    if (TPR > 32) {
+        const int warp = threadIdx.x >> 5;
+        if ((threadIdx.x & 31) == 0)
+            red[warp] = v;
+        __syncthreads();
+        if (threadIdx.x % TPR == 0)
+#pragma unroll
+            for (int w = 1; w < TPR / 32; w++)
+                v += red[warp + w];
+    }
+    return v;
+}
+
+template <int TPR, int TY>
+__global__ void __launch_bounds__(MMVQ_THREADS) mv1_k(mv_args a)
+{
+    pdl_trigger();
+    __shared__ float red[MMVQ_WARPS * 2];
+    const int row = (int)(blockIdx.x * (MMVQ_THREADS / TPR) + threadIdx.x / TPR);
+    const int m = row >= a.blk0[2] ? 2 : (row >= a.blk0[1] ? 1 : 0);
+    const int64_t r = row - a.blk0[m];
+    const bool ok = r < a.nr[m];
+    const uint8_t *w = a.w[m] + (size_t)(ok ? r : 0) * a.rb[m];
+    float s = 0.0f, unused = 0.0f;
+    mv1_dispatch<TPR, false, TY>(ok ? a.type[m] : -1, w, w, a.n_chunks, a.xs, a.xd, s, unused);
+    s = mv1_reduce<TPR>(s, red);
+    if (ok && threadIdx.x % TPR == 0) {
+        float *dst = a.y[m] + r;
+        *dst = a.accumulate ? *dst + s : s;
+    }
+}
+
+/* Row r of gate (w[0]) and of up (w[1]) per TPR threads; h = y[0]. */
+template <int TPR, int TY>
+__global__ void __launch_bounds__(MMVQ_THREADS) mv1_glu_k(mv_args a)
+{
+    pdl_trigger();
+    __shared__ float red[MMVQ_WARPS * 2];
+    const int64_t r = (int64_t)blockIdx.x * (MMVQ_THREADS / TPR) + threadIdx.x / TPR;
+    const bool ok = r < a.nr[0];
+    const uint8_t *wg = a.w[0] + (size_t)(ok ? r : 0) * a.rb[0];
+    const uint8_t *wu = a.w[1] + (size_t)(ok ? r : 0) * a.rb[1];
+    float g = 0.0f, u = 0.0f;
+    mv1_dispatch<TPR, true, TY>(ok ? a.type[0] : -1, wg, wu, a.n_chunks, a.xs, a.xd, g, u);
+    g = mv1_reduce<TPR>(g, red);
+    u = mv1_reduce<TPR>(u, red + MMVQ_WARPS);
+    if (ok && threadIdx.x % TPR == 0)
+        a.y[0][r] = g / (1.0f + expf(-g)) * u;
 }
 
 /* ---- tensor-core variant: 3..8 tokens of Q4_K / Q6_K -------------------------------
@@ -745,12 +903,13 @@ static void mmq_perm_args(const lcu *g, mv_args &a, const void *xq, int64_t n_to
     a.xpe = pm.pe;
 }
 
-static void mmq_launch(lcu *g, int n_mat, const lcu_mat *const *w, const void *xq, int64_t n_tok,
-                       float *const *y, bool acc)
+/* The arguments of a product of up to three matrices that read the same
+ * q8 input; blk0[m] counts groups of `per` rows. Returns the groups. */
+static int mv_args_set(mv_args &a, int n_mat, const lcu_mat *const *w, const void *xq,
+                       int64_t n_tok, float *const *y, bool acc, int per)
 {
-    mv_args a;
     memset(&a, 0, sizeof a);
-    int blocks = 0;
+    int groups = 0;
     for (int m = 0; m < 3; m++) {
         if (m < n_mat) {
             a.w[m] = (const uint8_t *)w[m]->data;
@@ -758,8 +917,8 @@ static void mmq_launch(lcu *g, int n_mat, const lcu_mat *const *w, const void *x
             a.y[m] = y[m];
             a.nr[m] = w[m]->n_rows;
             a.type[m] = w[m]->type;
-            a.blk0[m] = blocks;
-            blocks += (int)lcu_cdiv(w[m]->n_rows, MMQ_ROWS);
+            a.blk0[m] = groups;
+            groups += (int)lcu_cdiv(w[m]->n_rows, per);
         } else {
             a.blk0[m] = INT_MAX;
         }
@@ -770,6 +929,15 @@ static void mmq_launch(lcu *g, int n_mat, const lcu_mat *const *w, const void *x
     a.xd = q8_ds(xq, n_tok, k);
     a.ldq = k;
     a.accumulate = acc;
+    return groups;
+}
+
+static void mmq_launch(lcu *g, int n_mat, const lcu_mat *const *w, const void *xq, int64_t n_tok,
+                       float *const *y, bool acc)
+{
+    mv_args a;
+    const int blocks = mv_args_set(a, n_mat, w, xq, n_tok, y, acc, MMQ_ROWS);
+    const int64_t k = w[0]->n_cols;
     mmq_perm_args(g, a, xq, n_tok, k);
     mmq_run(g, false, w[0]->type, a, (unsigned)blocks, (int)n_tok);
 }
@@ -779,33 +947,86 @@ static bool use_warp(const lcu *g, int64_t n_tok)
     return n_tok <= 2 && g->mv_warp;
 }
 
+/* Threads per row for the one-token unit kernels, 0 where they are not
+ * used. Measured (H200, Llama-3-8B Q4_K_M) only for rows of 4096 columns
+ * (64 units, two per lane with 32 threads a row), so by default only rows
+ * of 64-96 units take them; LMS_CUDA_MV1_TPR=32|64|128 forces a width for
+ * every row length (tuning). */
+static int mv1_tpr(int64_t n_cols)
+{
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("LMS_CUDA_MV1_TPR");
+        env = e ? atoi(e) : 0;
+    }
+    if (env == 32 || env == 64 || env == 128)
+        return env;
+    const int64_t units = n_cols / 64;
+    return units >= 64 && units <= 96 ? 32 : 0;
+}
+
+/* Which launches take the unit kernels: LMS_CUDA_MV1=1 (default) those whose
+ * matrices are all Q4_K, 2 any types (Q6_K units measured slower), 0 none. */
+static bool mv1_types(const lcu_mat *const *w, int n_mat)
+{
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("LMS_CUDA_MV1");
+        v = e ? atoi(e) : 1;
+    }
+    if (v == 0)
+        return false;
+    for (int m = 0; m < n_mat; m++)
+        if (v == 1 && w[m]->type != LMS_TYPE_Q4_K)
+            return false;
+    return true;
+}
+
+template <int TY>
+static void mv1_go_t(lcu *g, bool glu, int tpr, const mv_args &a, unsigned nb)
+{
+    const dim3 th(MMVQ_THREADS);
+    if (glu)
+        switch (tpr) {
+        case 32: lcu_go(g, mv1_glu_k<32, TY>, dim3(nb), th, a); break;
+        case 64: lcu_go(g, mv1_glu_k<64, TY>, dim3(nb), th, a); break;
+        default: lcu_go(g, mv1_glu_k<128, TY>, dim3(nb), th, a); break;
+        }
+    else
+        switch (tpr) {
+        case 32: lcu_go(g, mv1_k<32, TY>, dim3(nb), th, a); break;
+        case 64: lcu_go(g, mv1_k<64, TY>, dim3(nb), th, a); break;
+        default: lcu_go(g, mv1_k<128, TY>, dim3(nb), th, a); break;
+        }
+}
+
+static void mv1_go(lcu *g, bool glu, int tpr, const mv_args &a, int64_t rows)
+{
+    const unsigned nb = (unsigned)lcu_cdiv(rows, MMVQ_THREADS / tpr);
+    const int n = glu ? 2 : 3;
+    bool q4 = true;
+    for (int m = 0; m < n; m++)
+        if ((glu || a.blk0[m] != INT_MAX) && a.type[m] != LMS_TYPE_Q4_K)
+            q4 = false;
+    if (q4)
+        mv1_go_t<LMS_TYPE_Q4_K>(g, glu, tpr, a, nb);
+    else
+        mv1_go_t<-1>(g, glu, tpr, a, nb);
+}
+
 static void mv_launch(lcu *g, int n_mat, const lcu_mat *const *w, const void *xq, int64_t n_tok,
                       float *const *y, bool acc)
 {
-    const bool wk = use_warp(g, n_tok);
-    const int rr = wk ? 1 : (n_tok <= 2 ? 2 : 4);
-    mv_args a;
-    memset(&a, 0, sizeof a);
-    int blocks = 0;
-    for (int m = 0; m < 3; m++) {
-        if (m < n_mat) {
-            a.w[m] = (const uint8_t *)w[m]->data;
-            a.rb[m] = w[m]->row_bytes;
-            a.y[m] = y[m];
-            a.nr[m] = w[m]->n_rows;
-            a.type[m] = w[m]->type;
-            a.blk0[m] = blocks;
-            blocks += (int)lcu_cdiv(w[m]->n_rows, rr);
-        } else {
-            a.blk0[m] = INT_MAX;
-        }
+    const int tpr = n_tok == 1 && mv1_types(w, n_mat) ? mv1_tpr(w[0]->n_cols) : 0;
+    if (tpr) {
+        mv_args a;
+        const int rows = mv_args_set(a, n_mat, w, xq, 1, y, acc, 1);
+        mv1_go(g, false, tpr, a, rows);
+        return;
     }
-    const int64_t k = w[0]->n_cols;
-    a.n_chunks = (int)(k / 32);
-    a.xs = q8_qs(xq);
-    a.xd = q8_ds(xq, n_tok, k);
-    a.ldq = k;
-    a.accumulate = acc;
+    const bool wk = use_warp(g, n_tok);
+    mv_args a;
+    const int blocks = mv_args_set(a, n_mat, w, xq, n_tok, y, acc, wk ? 1 : (n_tok <= 2 ? 2 : 4));
     if (wk) {
         const unsigned nb = (unsigned)lcu_cdiv(blocks, MMVQ_WARPS);
         if (n_tok == 1)
@@ -884,6 +1105,7 @@ extern "C" int lcu_ffn_gate_up(lcu *g, const lcu_mat *wg, const lcu_mat *wu, con
                                const void *xq, int64_t n_tok, float *h, float *up, void *hq)
 {
     const int64_t f = wg->n_rows;
+    const lcu_mat *ws[2] = {wg, wu};
     if (xq && q8_ok(g, wg, n_tok) && q8_ok(g, wu, n_tok) && wg->type == wu->type &&
         wg->n_cols == wu->n_cols && wg->n_rows == wu->n_rows) {
         mv_args a;
@@ -903,6 +1125,8 @@ extern "C" int lcu_ffn_gate_up(lcu *g, const lcu_mat *wg, const lcu_mat *wu, con
         if (mmq_ok(g, wg, n_tok) && mmq_ok(g, wu, n_tok)) {
             mmq_perm_args(g, a, xq, n_tok, wg->n_cols);
             mmq_run(g, true, wg->type, a, (unsigned)lcu_cdiv(f, MMQ_ROWS), (int)n_tok);
+        } else if (n_tok == 1 && mv1_types(ws, 2) && mv1_tpr(wg->n_cols)) {
+            mv1_go(g, true, mv1_tpr(wg->n_cols), a, f);
         } else if (use_warp(g, n_tok)) {
             const unsigned nb = (unsigned)lcu_cdiv(f, MMVQ_WARPS);
             if (n_tok == 1)
@@ -921,7 +1145,6 @@ extern "C" int lcu_ffn_gate_up(lcu *g, const lcu_mat *wg, const lcu_mat *wu, con
             default: launch_glu<8>(g, a, blocks); break;
             }
     } else {
-        const lcu_mat *ws[2] = {wg, wu};
         float *ys[2] = {h, up};
         int rc = lcu_matmul_q8(g, 2, ws, x, xq, n_tok, ys, false);
         if (rc)

@@ -408,6 +408,105 @@ template <> struct ops<LMS_TYPE_Q4_0> {
     }
 };
 
+/* ---- 64-element units for one token (mv1 kernels of cu_mmvq.cu) ----------------
+ * With a single token there is nothing to reuse an unpacked chunk for, so
+ * the per-chunk overhead (header loads, scale decoding, address arithmetic)
+ * is paid per 32 weights. A unit is the work of two chunks that share all
+ * of it: 64 elements whose scales come from one header, read as whole
+ * 16-byte runs, and whose q8 activations are 64 contiguous bytes.
+ *
+ *   Q4_K  unit u: super-block u/4, pair j = u%4: qs bytes [32j, 32j + 32);
+ *         low nibbles are elements 64j + [0,32) (sub-block 2j), high
+ *         nibbles 64j + 32 + [0,32) (sub-block 2j+1).
+ *   Q6_K  unit u: super-block u/4, half n = (u/2)%2, h = u%2: ql bytes
+ *         [64n + 16h, +16) and [64n + 32 + 16h, +16), qh bytes
+ *         [128 + 32n + 16h, +16) hold elements 128n + 16h + [0,16) + 32g,
+ *         g = 0..3, whose scales are sc[8n + 2g + h].
+ * load() reads only weights (the kernels issue it before waiting for the
+ * activations' producer); dot() returns the unit's float contribution. */
+template <int T> struct unit;
+
+template <> struct unit<LMS_TYPE_Q4_K> {
+    struct raw {
+        uint4 h, q0, q1;
+    };
+    static LCU_HD void load(const uint8_t *row, int u, raw &r)
+    {
+        const uint8_t *b = row + (size_t)(u >> 2) * 144 + 16 + 32 * (u & 3);
+        r.h = ld128(b - 16 - 32 * (u & 3));
+        r.q0 = ld128(b);
+        r.q1 = ld128(b + 16);
+    }
+    static LCU_HD float dot(const raw &r, int u, const int8_t *xs, const float2 *xd)
+    {
+        const int j = u & 3;
+        const int8_t *a = xs + (size_t)(u >> 2) * 256 + 64 * j;
+        const int4 a0 = ldi128(a), a1 = ldi128(a + 16), a2 = ldi128(a + 32), a3 = ldi128(a + 48);
+        const float4 e = ldf128(xd + (size_t)(u >> 2) * 8 + 2 * j);
+        const uint32_t q[8] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w, r.q1.x, r.q1.y, r.q1.z, r.q1.w};
+        const int lo[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+        const int hi[8] = {a2.x, a2.y, a2.z, a2.w, a3.x, a3.y, a3.z, a3.w};
+        int sa = 0, sb = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            sa = dp4a((int)(q[i] & 0x0F0F0F0Fu), lo[i], sa);
+            sb = dp4a((int)((q[i] >> 4) & 0x0F0F0F0Fu), hi[i], sb);
+        }
+        uint32_t sc, mn;
+        k4_pair(r.h.y, r.h.z, r.h.w, j, &sc, &mn);
+        const float d = hf(r.h.x & 0xFFFF), dmin = hf(r.h.x >> 16);
+        return d * (e.x * (float)(sc & 0xFF) * (float)sa + e.z * (float)(sc >> 8) * (float)sb) -
+               dmin * ((float)(mn & 0xFF) * e.y + (float)(mn >> 8) * e.w);
+    }
+};
+
+template <> struct unit<LMS_TYPE_Q6_K> {
+    struct raw {
+        uint32_t qa[4], qb[4], qh[4], sc[2], d;
+    };
+    static LCU_HD void load(const uint8_t *row, int u, raw &r)
+    {
+        const uint8_t *b = row + (size_t)(u >> 2) * 210;
+        const int n = (u >> 1) & 1, o = 16 * (u & 1);
+        ldw_a2<4>(b + 64 * n + o, r.qa);
+        ldw_a2<4>(b + 64 * n + 32 + o, r.qb);
+        ldw_a2<4>(b + 128 + 32 * n + o, r.qh);
+        ldw_a2<2>(b + 192 + 8 * n, r.sc);
+        r.d = ld16(b + 208);
+    }
+    static LCU_HD float dot(const raw &r, int u, const int8_t *xs, const float2 *xd)
+    {
+        const int n = (u >> 1) & 1, h = u & 1;
+        const int8_t *a = xs + (size_t)(u >> 2) * 256 + 128 * n + 16 * h;
+        const int4 a0 = ldi128(a), a1 = ldi128(a + 32), a2 = ldi128(a + 64), a3 = ldi128(a + 96);
+        const float4 e0 = ldf128(xd + (size_t)(u >> 2) * 8 + 4 * n);
+        const float4 e1 = ldf128(xd + (size_t)(u >> 2) * 8 + 4 * n + 2);
+        const int x0[4] = {a0.x, a0.y, a0.z, a0.w}, x1[4] = {a1.x, a1.y, a1.z, a1.w};
+        const int x2[4] = {a2.x, a2.y, a2.z, a2.w}, x3[4] = {a3.x, a3.y, a3.z, a3.w};
+        int s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint32_t qa = r.qa[k], qb = r.qb[k], qh = r.qh[k];
+            s0 = dp4a(sub32((qa & 0x0F0F0F0Fu) | ((qh << 4) & 0x30303030u)), x0[k], s0);
+            s1 = dp4a(sub32((qb & 0x0F0F0F0Fu) | ((qh << 2) & 0x30303030u)), x1[k], s1);
+            s2 = dp4a(sub32(((qa >> 4) & 0x0F0F0F0Fu) | (qh & 0x30303030u)), x2[k], s2);
+            s3 = dp4a(sub32(((qb >> 4) & 0x0F0F0F0Fu) | ((qh >> 2) & 0x30303030u)), x3[k], s3);
+        }
+        /* scale bytes h, h + 2 (word 0) and h, h + 2 (word 1) */
+        const int sh = 8 * h;
+        const float c0 = (float)(int8_t)(r.sc[0] >> sh), c1 = (float)(int8_t)(r.sc[0] >> (sh + 16));
+        const float c2 = (float)(int8_t)(r.sc[1] >> sh), c3 = (float)(int8_t)(r.sc[1] >> (sh + 16));
+        return hf(r.d) * (c0 * e0.x * (float)s0 + c1 * e0.z * (float)s1 + c2 * e1.x * (float)s2 +
+                          c3 * e1.z * (float)s3);
+    }
+};
+
+/* Whether a type has 64-element unit code (the others run chunk by chunk). */
+LCU_HD bool has_unit(int type)
+{
+    return type == LMS_TYPE_Q4_K || type == LMS_TYPE_Q6_K;
+}
+
 /* ---- tensor-core fragments (mma.sync m16n8k32 / m16n8k16, int8) -----------------
  * A warp multiplies 16 weight rows by 8 tokens. Lane (g = lane / 4,
  * t = lane % 4) supplies weight rows g and g + 8 (A), token g (B) and gets
