@@ -223,7 +223,7 @@ template <int T, int NM> static int run(const char *name, int misalign, int n_to
  * q8 token, unit by unit in a scrambled order, as the mv1 kernels do. */
 template <int T> static int run_units(const char *name, int misalign)
 {
-    const int K = 1024, bb = T == LMS_TYPE_Q4_K ? 144 : 210, nsb = K / 256;
+    const int K = 2048, bb = T == LMS_TYPE_Q4_K ? 144 : 210, nsb = K / 256; /* every offset mod 16 */
     std::vector<uint8_t> buf((size_t)nsb * bb + 8);
     uint8_t *row = buf.data() + misalign;
     for (size_t i = 0; i < (size_t)nsb * bb; i++)

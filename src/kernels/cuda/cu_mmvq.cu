@@ -313,11 +313,13 @@ __global__ void __launch_bounds__(MMVQ_THREADS, 6) mmvw_glu_k(mv_args a)
  * block-wide reduction. On an H200 (Llama-3-8B Q4_K_M, one token, ncu at
  * the card's own clocks) the gate/up product took 16.1 M instructions and
  * 26.2 us with mmvq_glu_k, 8.5 M and 22.8 us (2.9 TB/s) with mv1_glu_k;
- * W_o 7.5 -> 6.6 us; the decode step 2.72 -> 2.61 ms. Q6_K units read
- * their 2-byte aligned words one by one and were slower than mmvq_k
- * (W_down 20.2 -> 26.4 us, the Q6_K head 150 -> 190 us), so by default
- * only launches whose matrices are all Q4_K take these kernels
- * (LMS_CUDA_MV1=2: any type, 0: none). blk0[] counts rows here. */
+ * W_o 7.5 -> 6.6 us; the decode step 2.66-2.69 -> 2.53-2.54 ms. Q6_K
+ * units (2-byte aligned blocks) stay slower than mmvq_k even when read
+ * with aligned 16-byte loads: W_down 20.2 -> 22.2-25.2 us, the Q6_K head
+ * 150 -> 163 us; they are latency-bound (instructions issued on 39-48% of
+ * the cycles). So by default only launches whose matrices are all Q4_K
+ * take these kernels (LMS_CUDA_MV1=2: any type, 0: none). blk0[] counts
+ * rows here. */
 template <int T, int TPR, bool GLU>
 __device__ __forceinline__ void mv1_units(const uint8_t *r0, const uint8_t *r1, int n_units,
                                           const int8_t *__restrict__ xs,
@@ -1004,12 +1006,14 @@ static void mv1_go(lcu *g, bool glu, int tpr, const mv_args &a, int64_t rows)
 {
     const unsigned nb = (unsigned)lcu_cdiv(rows, MMVQ_THREADS / tpr);
     const int n = glu ? 2 : 3;
-    bool q4 = true;
-    for (int m = 0; m < n; m++)
-        if ((glu || a.blk0[m] != INT_MAX) && a.type[m] != LMS_TYPE_Q4_K)
-            q4 = false;
-    if (q4)
+    int ty = a.type[0];
+    for (int m = 1; m < n; m++)
+        if ((glu || a.blk0[m] != INT_MAX) && a.type[m] != ty)
+            ty = -1;
+    if (ty == LMS_TYPE_Q4_K)
         mv1_go_t<LMS_TYPE_Q4_K>(g, glu, tpr, a, nb);
+    else if (ty == LMS_TYPE_Q6_K)
+        mv1_go_t<LMS_TYPE_Q6_K>(g, glu, tpr, a, nb);
     else
         mv1_go_t<-1>(g, glu, tpr, a, nb);
 }
