@@ -13,6 +13,8 @@ run() { echo "+ $*"; "$@"; }
 [ -f "$W/l8b.gguf" ] || run "$B/lmserv" synth --shape llama-3-8b --type Q4_K_M "$W/l8b.gguf"
 [ -f "$W/l3b.gguf" ] || run "$B/lmserv" synth --shape llama-3.2-3b --type Q4_K_M "$W/l3b.gguf"
 run "$B/lmserv" bench -m "$W/l8b.gguf" --gpu-layers all -p 512 -n 128 -r 3
+# the one-token unit kernels off, for comparison
+LMS_CUDA_MV1=0 run "$B/lmserv" bench -m "$W/l8b.gguf" --gpu-layers all -p 0 -n 128 -r 3
 run "$B/tests/bench_batched_cuda" "$W/l8b.gguf" 128 128 1,8
 LMS_CUDA_PDL=0 run "$B/tests/bench_batched_cuda" "$W/l8b.gguf" 128 128 1,8
 run "$B/lmserv" bench -m "$W/l8b.gguf" --gpu-layers all -p 0 -n 0 --parallel 1,8
