@@ -25,9 +25,10 @@
  * per pair of 32-blocks), scaled in float lanes, summed horizontally once
  * per (row, token) and K chunk. Only the order of float additions differs,
  * which tests/kernels/test_gemm.c bounds. Measured with tools/kbench.c
- * (bench/kernels.sh): Zen 5 runs one zmm vpdpbusd/vpdpwssd/vpmaddubsw per
- * cycle (two ymm), so the K-quant inner step (4 vpdpbusd + 2 vpdpwssd per
- * token and super-block) is the bound to aim at.
+ * (bench/kernels.sh): the development machine's Zen 4 (family 19h, model
+ * 11h) runs one zmm vpdpbusd/vpdpwssd/vpmaddubsw per cycle (two ymm), so
+ * the K-quant inner step (4 vpdpbusd + 2 vpdpwssd per token and
+ * super-block) is the bound to aim at.
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -116,6 +117,13 @@ INLINE __m512i load512(const void *p) { return _mm512_loadu_si512(p); }
  * vpackssdw, vshufps, vshufi64x2, vpunpck*qdq, cvt and loads issue beside
  * it, until about one such op per two vpdpbusd. So the unpacking avoids
  * vpermt2q and the scaling keeps multiplies few.
+ *
+ * In the Q4_K loop for 8 tokens (batched decode: 32 vpdpbusd, 9 more
+ * multiply-pipe ops and ~40 others per row and super-block, ~53 cycles)
+ * removing or adding ops costs about a cycle per multiply-pipe op and a
+ * third of one per other op; register moves and zero idioms are free, and
+ * the activation loads are not what limits (with them gone: 2% less time;
+ * two rows sharing them: more time, as the registers run out and spill).
  *
  * Layouts (qword = 8 codes, slot j = qword j of a register, m = j / 2):
  *   Q4_K/Q5_K  R_k slot j: sub-block j, codes 8k..8k+7 (lane sub-block j/2
@@ -279,18 +287,19 @@ INLINE void kq_unpack(int kind, const uint8_t *blk, kq_w *o)
     const lms_block_q4_K *b = (const lms_block_q4_K *)blk;
     const uint8_t *qs = kind == 1 ? ((const lms_block_q5_K *)blk)->qs : b->qs;
     const __m512i lo = load512(qs), hi = load512(qs + 64);
-    const __m512i nib = _mm512_set_epi64(4, 0, 4, 0, 4, 0, 4, 0);
     /* 128-bit lanes 0, 2 (k = 0, 1) or 1, 3 (k = 2, 3) of lo and of hi: qwords
      * k, 4 + k, 8 + k, 12 + k in the even (k even) or odd slots. vshufi64x2 and
      * vpunpck*qdq rather than one vpermt2q per register: on Zen 4 vpermt2q
-     * takes the multiply pipes from vpdpbusd, these do not */
+     * takes the multiply pipes from vpdpbusd, these do not. The high nibbles
+     * are shifted down once per pair of registers (t >> 4) */
     const __m512i t01 = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(2, 0, 2, 0));
     const __m512i t23 = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(3, 1, 3, 1));
+    const __m512i s01 = _mm512_srli_epi64(t01, 4), s23 = _mm512_srli_epi64(t23, 4);
     for (int k = 0; k < 4; k++) {
         /* slot j <- qword 4 * (j / 2) + k, low nibbles in even slots, high in odd */
-        const __m512i t = k < 2 ? t01 : t23;
-        const __m512i v = k % 2 ? _mm512_unpackhi_epi64(t, t) : _mm512_unpacklo_epi64(t, t);
-        o->r[k] = _mm512_and_si512(_mm512_srlv_epi64(v, nib), m4);
+        const __m512i t = k < 2 ? t01 : t23, ts = k < 2 ? s01 : s23;
+        const __m512i v = k % 2 ? _mm512_unpackhi_epi64(t, ts) : _mm512_unpacklo_epi64(t, ts);
+        o->r[k] = _mm512_and_si512(v, m4);
         if (kind == 1) {
             /* bit j of qh byte 8k + i is bit 4 of code i of sub-block j */
             uint64_t h;
@@ -311,8 +320,12 @@ INLINE void kq_unpack(int kind, const uint8_t *blk, kq_w *o)
                                         13, 12, 13, 12, 13, 12, 13, 12, 9, 8, 9, 8, 9, 8, 9, 8);
     o->mn[0] = _mm512_permutexvar_epi16(i1, sm16);
     o->mn[1] = _mm512_permutexvar_epi16(_mm512_add_epi16(i1, _mm512_set1_epi16(2)), sm16);
-    o->dw = _mm512_set1_ps(x86_h2f(b->d));
-    o->dmin = _mm512_set1_ps(x86_h2f(b->dmin));
+    /* d and dmin (adjacent halves) converted at once: lanes d, dmin, d, ... */
+    uint32_t dd;
+    memcpy(&dd, &b->d, sizeof dd);
+    const __m512 f = _mm512_cvtph_ps(_mm256_set1_epi32((int)dd));
+    o->dw = _mm512_permute_ps(f, 0x00);
+    o->dmin = _mm512_permute_ps(f, 0x55);
 }
 
 /* One token's int32 accumulators for a super-block (x: its permuted codes). */
@@ -351,8 +364,37 @@ INLINE __m512i kq_fold4(const __m512i *ii)
                             _mm512_shuffle_i32x4(v[0], v[1], 0xDD));
 }
 
+/* The float step of one block: the folded integer sums ii (and for
+ * Q4_K/Q5_K the mins) scaled into acc[]. */
+INLINE void kq_float(int kind, const __m512i *ii, const kq_w *w, const kq_aux *ax, __m512 *acc,
+                     const int NG)
+{
+    for (int g = 0; g < NG; g++) {
+        const __m512 fi = _mm512_cvtepi32_ps(kq_fold4(ii + 4 * g));
+        if (kind == 2) {
+            acc[g] = _mm512_fmadd_ps(fi, _mm512_mul_ps(w->dw, ax->dx[g]), acc[g]);
+        } else {
+            /* the mins, exact: M = sum_s min_s * bs_s; then (d * I - dmin * M) * d_x */
+            const __m512i m = _mm512_dpwssd_epi32(_mm512_madd_epi16(ax->bs[g][0], w->mn[0]),
+                                                  ax->bs[g][1], w->mn[1]);
+            const __m512 v =
+                _mm512_fmsub_ps(fi, w->dw, _mm512_mul_ps(_mm512_cvtepi32_ps(m), w->dmin));
+            acc[g] = _mm512_fmadd_ps(v, ax->dx[g], acc[g]);
+        }
+    }
+}
+
 /* kind: 0 Q4_K, 1 Q5_K, 2 Q6_K. One weight row against NP token pairs over
- * blocks [b0, b0 + nb); stores (or adds) its 16 token sums into out[]. */
+ * blocks [b0, b0 + nb); stores (or adds) its 16 token sums into out[].
+ *
+ * Software-pipelined: block b + 1 is unpacked while block b's products
+ * run (in program order after them), so its loads and shuffles, which wait
+ * on nothing of b, are ready when its vpdpbusd come instead of holding
+ * them up. For Q4_K/Q5_K and up to 8 tokens the float step of block b
+ * also waits until after block b + 1's products (`defer`); with 16 tokens
+ * (more live registers) or Q6_K that did not pay. Hot, one thread, 8
+ * tokens: q4_K ~4%, q6_K ~3% less time; with the cheaper unpacking above,
+ * kbench -b (8 tokens from DRAM, 2 threads): q4_K 5-8%, q6_K 6-16%. */
 INLINE void kq_row(const uint8_t *wrow, int kind, int64_t b0, int64_t nb, const uint8_t *xp,
                    const kq_aux *aux, float *out, int add, const uint8_t *pf1,
                    const uint8_t *pf2, const int NP)
@@ -361,18 +403,23 @@ INLINE void kq_row(const uint8_t *wrow, int kind, int64_t b0, int64_t nb, const 
                       : kind == 1 ? sizeof(lms_block_q5_K) : sizeof(lms_block_q6_K);
     const int ng = kind == 0 ? 1 : 2;
     const int NG = (NP + 3) / 4;
+    const int defer = kind != 2 && NP <= 4;
     __m512 acc[KQ_PAIRS / 4];
     for (int g = 0; g < KQ_PAIRS / 4; g++)
         acc[g] = _mm512_setzero_ps();
+    kq_w wn; /* block b + 1, unpacked ahead */
+    kq_unpack(kind, wrow + (size_t)b0 * bw, &wn);
+    kq_w wq = wn; /* with defer: block b - 1, and its integer sums iq */
+    __m512i iq[KQ_PAIRS];
+    for (int p = 0; p < KQ_PAIRS; p++)
+        iq[p] = _mm512_setzero_si512();
     for (int64_t b = 0; b < nb; b++) {
         /* this block of a row ahead, into L1 (pf1) and L2 (pf2): see kq_gemm */
         for (size_t i = 0; pf1 && i < bw; i += 64)
             _mm_prefetch((const char *)pf1 + (size_t)b * bw + i, _MM_HINT_T0);
         for (size_t i = 0; pf2 && i < bw; i += 64)
             _mm_prefetch((const char *)pf2 + (size_t)b * bw + i, _MM_HINT_T1);
-        kq_w w;
-        kq_unpack(kind, wrow + (size_t)(b0 + b) * bw, &w);
-        const kq_aux *ax = aux + b;
+        const kq_w w = wn;
         const uint8_t *xb = xp + (size_t)b * 2 * NP * KQ_XB;
         __m512i ii[KQ_PAIRS];
         for (int p = 0; p < 4 * NG; p++) {
@@ -388,26 +435,53 @@ INLINE void kq_row(const uint8_t *wrow, int kind, int64_t b0, int64_t nb, const 
             if (ng == 2)
                 ii[p] = _mm512_dpwssd_epi32(ii[p], _mm512_packs_epi32(ta[1], tb[1]), w.sc[1]);
         }
-        for (int g = 0; g < NG; g++) {
-            const __m512 fi = _mm512_cvtepi32_ps(kq_fold4(ii + 4 * g));
-            if (kind == 2) {
-                acc[g] = _mm512_fmadd_ps(fi, _mm512_mul_ps(w.dw, ax->dx[g]), acc[g]);
-            } else {
-                /* the mins, exact: M = sum_s min_s * bs_s; then (d * I - dmin * M) * d_x */
-                const __m512i m = _mm512_dpwssd_epi32(_mm512_madd_epi16(ax->bs[g][0], w.mn[0]),
-                                                      ax->bs[g][1], w.mn[1]);
-                const __m512 v =
-                    _mm512_fmsub_ps(fi, w.dw, _mm512_mul_ps(_mm512_cvtepi32_ps(m), w.dmin));
-                acc[g] = _mm512_fmadd_ps(v, ax->dx[g], acc[g]);
-            }
+        if (defer && b > 0)
+            kq_float(kind, iq, &wq, aux + b - 1, acc, NG);
+        if (b + 1 < nb)
+            kq_unpack(kind, wrow + (size_t)(b0 + b + 1) * bw, &wn);
+        if (defer) {
+            wq = w;
+            for (int p = 0; p < 4 * NG; p++)
+                iq[p] = ii[p];
+        } else {
+            kq_float(kind, ii, &w, aux + b, acc, NG);
         }
     }
+    if (defer)
+        kq_float(kind, iq, &wq, aux + nb - 1, acc, NG);
     /* tokens 0..3 in 128-bit lanes 0 (and 1), 4..7 in 2 (and 3) of each acc[g] */
     __m512 h[2];
     for (int g = 0; g < 2; g++)
         h[g] = _mm512_add_ps(acc[g], _mm512_shuffle_f32x4(acc[g], acc[g], 0xB1));
     const __m512 v = _mm512_shuffle_f32x4(h[0], h[1], 0x88);
     _mm512_store_ps(out, add ? _mm512_add_ps(_mm512_load_ps(out), v) : v);
+}
+
+/* Tokens 0..nt-1 (nt <= 8) of 8 rows' sums (sums[r][t], rows 16 floats
+ * apart) to s[t * lds + r], 8 floats a store. */
+INLINE void kq_store8x8(const float *sums, float *s, size_t lds, int nt)
+{
+    __m256 v[8], u[8];
+    for (int r = 0; r < 8; r++)
+        v[r] = _mm256_load_ps(sums + 2 * KQ_PAIRS * r);
+    for (int r = 0; r < 8; r += 2) {
+        u[r] = _mm256_unpacklo_ps(v[r], v[r + 1]);
+        u[r + 1] = _mm256_unpackhi_ps(v[r], v[r + 1]);
+    }
+    /* u[r], u[r + 1] (r even): rows r and r + 1 interleaved, tokens 0, 1 and
+     * 2, 3 in the low 128 bits (4, 5 and 6, 7 in the high) */
+    for (int q = 0; q < 2; q++)
+        for (int i = 0; i < 2; i++) {
+            v[4 * q + 2 * i] = _mm256_shuffle_ps(u[4 * q + i], u[4 * q + 2 + i], 0x44);
+            v[4 * q + 2 * i + 1] = _mm256_shuffle_ps(u[4 * q + i], u[4 * q + 2 + i], 0xEE);
+        }
+    /* v[4q + j]: token j (and j + 4 in the high 128 bits) of rows 4q..4q+3 */
+    for (int t = 0; t < nt; t++) {
+        const int j = t % 4;
+        const __m256 c = t < 4 ? _mm256_permute2f128_ps(v[j], v[4 + j], 0x20)
+                               : _mm256_permute2f128_ps(v[j], v[4 + j], 0x31);
+        _mm256_storeu_ps(s + (size_t)t * lds, c);
+    }
 }
 
 #define KQ_AHEAD 2    /* rows between a row's prefetch into L1 and its use */
@@ -471,9 +545,14 @@ INLINE void kq_gemm(int kind, int64_t n, int64_t n_rows, int64_t n_tok, const vo
 #undef KQ_ROW
                 }
             }
+            /* up to 8 tokens: 8 x 8 transposes, scalar for the last rows */
+            int64_t rt = 0;
+            if (nt <= 8)
+                for (; rt + 8 <= nr; rt += 8)
+                    kq_store8x8(sums[rt], s + (size_t)t0 * lds + r0 + rt, lds, nt);
             for (int t = 0; t < nt; t++) {
                 float *st = s + (size_t)(t0 + t) * lds + r0;
-                for (int64_t r = 0; r < nr; r++)
+                for (int64_t r = rt; r < nr; r++)
                     st[r] = sums[r][t];
             }
         }
