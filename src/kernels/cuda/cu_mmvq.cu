@@ -427,7 +427,7 @@ template <int TPR, int TY>
 __global__ void __launch_bounds__(MMVQ_THREADS) mv1_k(mv_args a)
 {
     pdl_trigger();
-    __shared__ float red[MMVQ_WARPS * 2];
+    __shared__ float red[MMVQ_WARPS];
     const int row = (int)(blockIdx.x * (MMVQ_THREADS / TPR) + threadIdx.x / TPR);
     const int m = row >= a.blk0[2] ? 2 : (row >= a.blk0[1] ? 1 : 0);
     const int64_t r = row - a.blk0[m];
@@ -1005,10 +1005,9 @@ static void mv1_go_t(lcu *g, bool glu, int tpr, const mv_args &a, unsigned nb)
 static void mv1_go(lcu *g, bool glu, int tpr, const mv_args &a, int64_t rows)
 {
     const unsigned nb = (unsigned)lcu_cdiv(rows, MMVQ_THREADS / tpr);
-    const int n = glu ? 2 : 3;
     int ty = a.type[0];
-    for (int m = 1; m < n; m++)
-        if ((glu || a.blk0[m] != INT_MAX) && a.type[m] != ty)
+    for (int m = 1; m < 3; m++)
+        if (a.blk0[m] != INT_MAX && a.type[m] != ty)
             ty = -1;
     if (ty == LMS_TYPE_Q4_K)
         mv1_go_t<LMS_TYPE_Q4_K>(g, glu, tpr, a, nb);
@@ -1110,27 +1109,19 @@ extern "C" int lcu_ffn_gate_up(lcu *g, const lcu_mat *wg, const lcu_mat *wu, con
 {
     const int64_t f = wg->n_rows;
     const lcu_mat *ws[2] = {wg, wu};
+    float *ys[2] = {h, up};
     if (xq && q8_ok(g, wg, n_tok) && q8_ok(g, wu, n_tok) && wg->type == wu->type &&
         wg->n_cols == wu->n_cols && wg->n_rows == wu->n_rows) {
+        /* the glu kernels read w[0..1], rb[0..1], nr[0], type[0] and write y[0] = h */
         mv_args a;
-        memset(&a, 0, sizeof a);
-        a.w[0] = (const uint8_t *)wg->data;
-        a.w[1] = (const uint8_t *)wu->data;
-        a.rb[0] = wg->row_bytes;
-        a.rb[1] = wu->row_bytes;
-        a.y[0] = h;
-        a.nr[0] = a.nr[1] = f;
-        a.type[0] = a.type[1] = wg->type;
-        a.n_chunks = (int)(wg->n_cols / 32);
-        a.xs = q8_qs(xq);
-        a.xd = q8_ds(xq, n_tok, wg->n_cols);
-        a.ldq = wg->n_cols;
+        mv_args_set(a, 2, ws, xq, n_tok, ys, false, 1);
         const int rh = n_tok <= 2 ? 1 : 2, blocks = (int)lcu_cdiv(f, rh);
+        const int tpr = n_tok == 1 && mv1_types(ws, 2) ? mv1_tpr(wg->n_cols) : 0;
         if (mmq_ok(g, wg, n_tok) && mmq_ok(g, wu, n_tok)) {
             mmq_perm_args(g, a, xq, n_tok, wg->n_cols);
             mmq_run(g, true, wg->type, a, (unsigned)lcu_cdiv(f, MMQ_ROWS), (int)n_tok);
-        } else if (n_tok == 1 && mv1_types(ws, 2) && mv1_tpr(wg->n_cols)) {
-            mv1_go(g, true, mv1_tpr(wg->n_cols), a, f);
+        } else if (tpr) {
+            mv1_go(g, true, tpr, a, f);
         } else if (use_warp(g, n_tok)) {
             const unsigned nb = (unsigned)lcu_cdiv(f, MMVQ_WARPS);
             if (n_tok == 1)
@@ -1149,7 +1140,6 @@ extern "C" int lcu_ffn_gate_up(lcu *g, const lcu_mat *wg, const lcu_mat *wu, con
             default: launch_glu<8>(g, a, blocks); break;
             }
     } else {
-        float *ys[2] = {h, up};
         int rc = lcu_matmul_q8(g, 2, ws, x, xq, n_tok, ys, false);
         if (rc)
             return rc;
