@@ -13,14 +13,16 @@
  * BF16 gives the reference's bytes, NaN and infinity included. Checked by
  * tests/kernels/test_simd.c, under qemu on x86 hosts (tools/check-neon).
  *
- * Chosen by kernels.c when getauxval(AT_HWCAP) has HWCAP_ASIMDDP, or with
- * LMS_ISA=neon.
+ * The multi-row kernels (gemv for decode, gemm tiles for prompts) are in
+ * gemm_neon.c. Chosen by kernels.c when getauxval(AT_HWCAP) has
+ * HWCAP_ASIMDDP, or with LMS_ISA=neon.
  */
 #include <arm_neon.h>
 #include <math.h>
 #include <string.h>
 
 #include "base/fp16.h"
+#include "kernels/cpu/arm/gemm_neon.h"
 #include "kernels/kernels_impl.h"
 #include "kernels/qtypes.h"
 
@@ -650,6 +652,16 @@ static const lms_kernel_table k_neon = {
     .to_float = {
         [LMS_TYPE_F16] = to_float_f16_neon,
         [LMS_TYPE_BF16] = to_float_bf16_neon,
+    },
+    .gemm = {
+        [LMS_TYPE_Q8_0] = gemm_q8_0_q8_0_neon,
+        [LMS_TYPE_Q4_K] = gemm_q4_K_q8_K_neon,
+        [LMS_TYPE_Q6_K] = gemm_q6_K_q8_K_neon,
+    },
+    .gemv = {
+        [LMS_TYPE_Q8_0] = gemv_q8_0_q8_0_neon,
+        [LMS_TYPE_Q4_K] = gemv_q4_K_q8_K_neon,
+        [LMS_TYPE_Q6_K] = gemv_q6_K_q8_K_neon,
     },
 };
 /* clang-format on */
