@@ -307,22 +307,35 @@ static void matmul(lms_ctx *c, const lms_weight *w, const float *x, int64_t n, f
 }
 
 /* Element-wise work over the rows of a batch is split over the threads
- * from this many values (below it the team's wake-up costs more). */
+ * from this many values (below it the team's wake-up costs more). Below
+ * it the loops do not enter OpenMP at all: even a `parallel if (0)`
+ * region costs ~0.3 us in libgomp, and decode runs several a layer. */
 #define ROWS_PAR_MIN 65536
+
+/* Row t of add_norm_rows. */
+static void add_norm_row(float *x, const float *d, const float *w, float *out, int64_t t,
+                         int64_t e, float eps)
+{
+    float *xt = x + t * e;
+    if (d)
+        for (int64_t i = 0; i < e; i++)
+            xt[i] += d[t * e + i];
+    rms_norm(xt, w, out + t * e, e, eps);
+}
 
 /* For each of n rows of e values: x += d (when d is not NULL), then
  * out = rms_norm(x) * w. out may be d. */
 static void add_norm_rows(float *x, const float *d, const float *w, float *out, int64_t n,
                           int64_t e, float eps)
 {
-#pragma omp parallel for schedule(static) if (n * e >= ROWS_PAR_MIN)
-    for (int64_t t = 0; t < n; t++) {
-        float *xt = x + t * e;
-        if (d)
-            for (int64_t i = 0; i < e; i++)
-                xt[i] += d[t * e + i];
-        rms_norm(xt, w, out + t * e, e, eps);
+    if (n * e < ROWS_PAR_MIN) {
+        for (int64_t t = 0; t < n; t++)
+            add_norm_row(x, d, w, out, t, e, eps);
+        return;
     }
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < n; t++)
+        add_norm_row(x, d, w, out, t, e, eps);
 }
 
 /* ---- one layer ------------------------------------------------------------ */
@@ -344,32 +357,54 @@ static void qkv(lms_ctx *c, const lms_layer *l, int il, const lms_batch *b)
     fwd_qkv_post(c, il, b);
 }
 
-void fwd_qkv_post(lms_ctx *c, int il, const lms_batch *b)
+/* fwd_qkv_post for token t of b. The token's K and V cache rows are cold
+ * (the weights streamed since evicted whatever was there): they are
+ * fetched for writing first, so that the misses overlap the norms and RoPE
+ * rather than stall the conversion's stores (Qwen3-0.6B decode: the two
+ * 2 KiB rows took 3-7 us a layer to write without it, 1-5 with). */
+static void qkv_post_token(lms_ctx *c, const lms_layer *l, int il, const lms_batch *b,
+                           int64_t t, lms_from_float_fn to_cache)
 {
     const lms_hparams *hp = &c->m->hp;
+    const int64_t hd = hp->head_dim, q = hp->n_head * hd, kv = hp->n_head_kv * hd;
+    float *qt = c->qb + t * q, *kt = c->kb + t * kv;
+    uint8_t *kc = lms_kv_k(&c->kv, b->seq[t], il - c->n_gpu, b->pos[t]);
+    uint8_t *vc = lms_kv_v(&c->kv, b->seq[t], il - c->n_gpu, b->pos[t]);
+    const size_t row_bytes = lms_row_size(c->kv.type, kv);
+    for (size_t o = 0; o < row_bytes; o += 64) {
+        __builtin_prefetch(kc + o, 1, 3);
+        __builtin_prefetch(vc + o, 1, 3);
+    }
+    float cosv[ROPE_MAX_PAIRS], sinv[ROPE_MAX_PAIRS];
+    if (l->q_norm.data)
+        for (int h = 0; h < hp->n_head; h++)
+            rms_norm(qt + h * hd, l->q_norm.data, qt + h * hd, hd, hp->rms_eps);
+    if (l->k_norm.data)
+        for (int h = 0; h < hp->n_head_kv; h++)
+            rms_norm(kt + h * hd, l->k_norm.data, kt + h * hd, hd, hp->rms_eps);
+    rope_angles(hp, c->m->rope_freqs.data, b->pos[t], cosv, sinv);
+    rope(hp, cosv, sinv, qt, hp->n_head);
+    rope(hp, cosv, sinv, kt, hp->n_head_kv);
+    to_cache(kt, kc, kv);
+    to_cache(c->vb + t * kv, vc, kv);
+}
+
+void fwd_qkv_post(lms_ctx *c, int il, const lms_batch *b)
+{
     const lms_layer *l = &c->m->layers[il];
-    const int64_t n = b->n_tokens, hd = hp->head_dim;
-    const int64_t q = hp->n_head * hd, kv = hp->n_head_kv * hd;
-    const float *ff = c->m->rope_freqs.data;
+    const int64_t n = b->n_tokens;
     /* the cache's type: f16 (the same rounding as lms_f32_to_f16) or q8_0 */
     const lms_from_float_fn to_cache = lms_kernels_get()->from_float[c->kv.type];
-    /* tokens are independent here; a prompt's are split over the threads */
-#pragma omp parallel for schedule(static) if (n >= 8)
-    for (int64_t t = 0; t < n; t++) {
-        float *qt = c->qb + t * q, *kt = c->kb + t * kv;
-        float cosv[ROPE_MAX_PAIRS], sinv[ROPE_MAX_PAIRS];
-        if (l->q_norm.data)
-            for (int h = 0; h < hp->n_head; h++)
-                rms_norm(qt + h * hd, l->q_norm.data, qt + h * hd, hd, hp->rms_eps);
-        if (l->k_norm.data)
-            for (int h = 0; h < hp->n_head_kv; h++)
-                rms_norm(kt + h * hd, l->k_norm.data, kt + h * hd, hd, hp->rms_eps);
-        rope_angles(hp, ff, b->pos[t], cosv, sinv);
-        rope(hp, cosv, sinv, qt, hp->n_head);
-        rope(hp, cosv, sinv, kt, hp->n_head_kv);
-        to_cache(kt, lms_kv_k(&c->kv, b->seq[t], il - c->n_gpu, b->pos[t]), kv);
-        to_cache(c->vb + t * kv, lms_kv_v(&c->kv, b->seq[t], il - c->n_gpu, b->pos[t]), kv);
+    /* tokens are independent here; a prompt's are split over the threads
+     * (a few tokens stay out of OpenMP, see ROWS_PAR_MIN) */
+    if (n < 8) {
+        for (int64_t t = 0; t < n; t++)
+            qkv_post_token(c, l, il, b, t, to_cache);
+        return;
     }
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < n; t++)
+        qkv_post_token(c, l, il, b, t, to_cache);
 }
 
 static void layer(lms_ctx *c, int il, const lms_batch *b)
@@ -391,9 +426,14 @@ static void layer(lms_ctx *c, int il, const lms_batch *b)
     const lms_mat *ws[2] = {&mg, &mu};
     float *ys[2] = {c->ga, c->up};
     lms_matmul_n(ws, ys, 2, c->xn, n, c->qbuf);
-#pragma omp parallel for schedule(static) if (n * f >= ROWS_PAR_MIN)
-    for (int64_t t = 0; t < n; t++)
-        swiglu(c->ga + t * f, c->up + t * f, f);
+    if (n * f < ROWS_PAR_MIN) {
+        for (int64_t t = 0; t < n; t++)
+            swiglu(c->ga + t * f, c->up + t * f, f);
+    } else {
+#pragma omp parallel for schedule(static)
+        for (int64_t t = 0; t < n; t++)
+            swiglu(c->ga + t * f, c->up + t * f, f);
+    }
     matmul(c, &l->w_down, c->ga, n, c->xn);
     for (int64_t i = 0; i < n * e; i++)
         c->x[i] += c->xn[i];

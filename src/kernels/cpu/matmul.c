@@ -10,10 +10,10 @@
  *     the job list into one contiguous segment per thread holding an equal
  *     share of the bytes (a Q6_K row costs more than a Q4_K row). Each thread
  *     streams its own segment front to back and then takes the jobs left in
- *     the others' (see decode_par): two threads of a VM rarely stream at
- *     the same speed, and with equal static shares the faster one waited
- *     ~15% of each product at the join. Job bounds depend on the shapes
- *     only, so which thread runs a job never changes a result;
+ *     the others' from their back ends (see decode_par): two threads of a
+ *     VM rarely stream at the same speed, and with equal static shares the
+ *     faster one waited ~15% of each product at the join. Job bounds depend
+ *     on the shapes only, so which thread runs a job never changes a result;
  *   - prompt (n_tok >= GEMM_MIN_TOK): jobs of a block of rows of one
  *     matrix (sized to stay in L2) times every token, taken dynamically;
  *     each job calls the ISA's tile kernel (kernels.h, lms_gemm_fn), which
@@ -37,8 +37,12 @@ static int omp_get_thread_num(void) { return 0; }
 
 /* Decode: weight bytes of a job (rows rounded to a multiple of
  * DECODE_ROW_ALIGN, which keeps the gemv kernels' row groups whole), and
- * the most threads that get a segment of their own. */
-#define DECODE_JOB_BYTES (24 * 1024)
+ * the most threads that get a segment of their own. 48 KiB rather than 24:
+ * whole-model decode on 2 threads with the two sizes alternating token by
+ * token in one process, Qwen3-0.6B and Llama-3.2-1B Q4_K_M 4-5% faster a
+ * token while the memory ran fast (~40 GB/s), the same within 0.3% while
+ * it ran slow (~28 GB/s); 32 KiB was ~1% slower than 48, 96 the same. */
+#define DECODE_JOB_BYTES (48 * 1024)
 #define DECODE_ROW_ALIGN 16
 #define DECODE_MAX_SEGS 64
 /* Below this many multiply-adds a product runs on the calling thread: the
@@ -95,9 +99,16 @@ static void prepare(const lms_mat *const *ws, int n, const float *x, int64_t n_t
             uint8_t *q = scratch + used;
             used += xrow * (size_t)n_tok;
             lms_from_float_fn conv = k->from_float[vt];
-#pragma omp parallel for schedule(static) if (n_tok > 4)
-            for (int64_t t = 0; t < n_tok; t++)
-                conv(x + t * nc, q + (size_t)t * xrow, nc);
+            /* a few rows stay out of OpenMP: even a `parallel if (0)`
+             * region costs ~0.3 us, and decode converts several a layer */
+            if (n_tok <= 4) {
+                for (int64_t t = 0; t < n_tok; t++)
+                    conv(x + t * nc, q + (size_t)t * xrow, nc);
+            } else {
+#pragma omp parallel for schedule(static)
+                for (int64_t t = 0; t < n_tok; t++)
+                    conv(x + t * nc, q + (size_t)t * xrow, nc);
+            }
             done_type[n_done] = vt;
             done_buf[n_done++] = q;
         }
@@ -142,17 +153,26 @@ static int64_t job_rows(const lms_mat *w, int64_t total_rows, int64_t n_tok, int
     return r < 16 ? 16 : r > GEMM_MAX_ROWS ? GEMM_MAX_ROWS : r;
 }
 
+/* Job j's matrix and rows [*r0, *r1). */
+static int job_span(const mm_call *mc, int64_t j, int64_t *r0, int64_t *r1)
+{
+    int m = 0;
+    while (j >= mc->first[m + 1])
+        m++;
+    const int64_t n_rows = mc->ws[m]->n_rows;
+    *r0 = (j - mc->first[m]) * mc->rows_per_job[m];
+    *r1 = *r0 + mc->rows_per_job[m] < n_rows ? *r0 + mc->rows_per_job[m] : n_rows;
+    return m;
+}
+
 /* Job j: rows [r0, r1) of one matrix times every token, through the tile
  * kernel where the ISA has one for the type (prompts), the gemv kernel
  * (decode), else vec_dot row by row. */
 static void run_job(const mm_call *mc, int64_t j)
 {
-    int m = 0;
-    while (j >= mc->first[m + 1])
-        m++;
+    int64_t r0, r1;
+    const int m = job_span(mc, j, &r0, &r1);
     const lms_mat *w = mc->ws[m];
-    const int64_t r0 = (j - mc->first[m]) * mc->rows_per_job[m];
-    const int64_t r1 = r0 + mc->rows_per_job[m] < w->n_rows ? r0 + mc->rows_per_job[m] : w->n_rows;
     const uint8_t *wr = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
     const uint8_t *xq = mc->prep[m];
     float *y = mc->ys[m];
@@ -173,12 +193,33 @@ static void run_job(const mm_call *mc, int64_t j)
     }
 }
 
-/* A thread's share of the decode jobs: [next, end), claimed one job at a
- * time; a cache line each so that owners do not contend. */
+/* A thread's share of the decode jobs, [next, end) packed in one word
+ * (end in the high half; a decode job is at least DECODE_ROW_ALIGN rows,
+ * so job indices fit 32 bits) so that its owner can claim from the front
+ * and the others from the back with one compare-and-swap each; a cache
+ * line each so that owners do not contend. */
 typedef struct decode_seg {
-    alignas(64) int64_t next;
-    int64_t end;
+    alignas(64) uint64_t range;
 } decode_seg;
+
+#define SEG_PACK(next, end) ((uint64_t)(end) << 32 | (uint64_t)(next))
+
+/* Claims the front job of sg (front) or its back job (!front); -1 when
+ * none is left. Relaxed: the jobs' inputs were published before the
+ * parallel region and their outputs are read after its closing barrier. */
+static int64_t seg_claim(decode_seg *sg, bool front)
+{
+    uint64_t r = __atomic_load_n(&sg->range, __ATOMIC_RELAXED);
+    for (;;) {
+        const uint32_t next = (uint32_t)r, end = (uint32_t)(r >> 32);
+        if (next >= end)
+            return -1;
+        const uint64_t nr = front ? SEG_PACK(next + 1, end) : SEG_PACK(next, end - 1);
+        if (__atomic_compare_exchange_n(&sg->range, &r, nr, true, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED))
+            return front ? next : end - 1;
+    }
+}
 
 /* Index of the job in which byte `at` of the call's weights (matrices in
  * order, each cut into jobs of rows_per_job rows) falls, rounded to the
@@ -197,11 +238,37 @@ static int64_t job_at_byte(const mm_call *mc, double at)
     return mc->first[mc->n];
 }
 
-/* Decode over the team: segment s (of n_seg, equal bytes each) starts
- * thread s's work; a thread that finishes its own segment helps with the
- * others', in order. The claim is a relaxed fetch-add: the jobs' inputs
- * were published before the region and their outputs are read after its
- * closing barrier. */
+/* Bytes a thread fetches ahead of a job that does not continue the bytes
+ * of its previous one (its first job, a job taken from another's segment,
+ * the next matrix): the gemv kernels prefetch ahead of their own progress
+ * and, past their rows, into the rows that follow, so only such a start
+ * begins cold. 8 KiB as their lead (cpu/x86/quant_avx512.c): whole-model
+ * decode, Qwen3-0.6B Q4_K_M on 2 threads, with and without it alternating
+ * token by token, 0-1.7% faster a token. */
+#define DECODE_LEAD_BYTES 8192
+
+/* Runs job j on the calling thread; *expect: where its previous job's
+ * bytes ended (prefetch when j does not start there). */
+static void run_decode_job(const mm_call *mc, int64_t j, const uint8_t **expect)
+{
+    int64_t r0, r1;
+    const lms_mat *w = mc->ws[job_span(mc, j, &r0, &r1)];
+    const uint8_t *p = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+    const size_t bytes = (size_t)(r1 - r0) * w->row_bytes;
+    if (p != *expect) {
+        const size_t lead = bytes < DECODE_LEAD_BYTES ? bytes : DECODE_LEAD_BYTES;
+        for (size_t o = 0; o < lead; o += 64)
+            __builtin_prefetch(p + o, 0, 2);
+    }
+    *expect = p + bytes;
+    run_job(mc, j);
+}
+
+/* Decode over the team: segment s (of n_seg, equal bytes each) is thread
+ * s's work, taken front to back; a thread that finishes its own segment
+ * helps with the others', in order, taking their jobs from the back (so
+ * that the owner's stream of addresses, and the prefetch ahead of it, go
+ * on undisturbed). */
 static void decode_par(const mm_call *mc)
 {
     const int n_threads = omp_get_max_threads();
@@ -210,20 +277,24 @@ static void decode_par(const mm_call *mc)
     double total = 0;
     for (int i = 0; i < mc->n; i++)
         total += (double)mc->ws[i]->n_rows * (double)mc->ws[i]->row_bytes;
+    int64_t from = 0;
     for (int s = 0; s < n_seg; s++) {
-        seg[s].next = s == 0 ? 0 : seg[s - 1].end;
-        seg[s].end = s == n_seg - 1 ? mc->first[mc->n] : job_at_byte(mc, total * (s + 1) / n_seg);
+        const int64_t to =
+            s == n_seg - 1 ? mc->first[mc->n] : job_at_byte(mc, total * (s + 1) / n_seg);
+        seg[s].range = SEG_PACK(from, to);
+        from = to;
     }
 #pragma omp parallel
     {
         const int tid = omp_get_thread_num();
+        const uint8_t *expect = NULL;
         for (int k = 0; k < n_seg; k++) {
             decode_seg *sg = &seg[(tid + k) % n_seg];
             for (;;) {
-                const int64_t j = __atomic_fetch_add(&sg->next, 1, __ATOMIC_RELAXED);
-                if (j >= sg->end)
+                const int64_t j = seg_claim(sg, k == 0);
+                if (j < 0)
                     break;
-                run_job(mc, j);
+                run_decode_job(mc, j, &expect);
             }
         }
     }
