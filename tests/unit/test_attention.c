@@ -3,10 +3,12 @@
  * (attention.c): the per-row path in portable C and in AVX-512 (where the CPU
  * and head size allow) against the reference tiled path, for f16 and q8_0
  * caches; and, within each path, a decode step of single-token tiles
- * scheduled by chunk (threads sharing each tile) or by group (a tile per
- * thread, with at least two tiles a thread) bit-identical to the same rows
- * scheduled by head (a step that also holds a multi-token tile), which is
- * what keeps batched generation equal to solo generation.
+ * scheduled by chunk (threads sharing each tile), by heads (threads taking
+ * whole KV heads of the tiles: the default below LMS_ATT_HEADS_MAX cached
+ * bytes, which the runs here set to 0 or leave alone) or by group (a tile
+ * per thread, with at least two tiles a thread) bit-identical to the same
+ * rows scheduled by head (a step that also holds a multi-token tile), which
+ * is what keeps batched generation equal to solo generation.
  *
  * Contexts are long enough that the prompts cross several ATT_CHUNKs.
  * Token ids are random (fixed seed); the models are the synthetic ones of
@@ -31,7 +33,7 @@
 #define N_CTX 400
 #define P0 300 /* seq 0's prompt: past two chunks */
 #define P1 45  /* seq 1's prompt */
-#define N_ROWS 5
+#define N_ROWS 6
 
 typedef struct att_case {
     const char *model;
@@ -88,10 +90,11 @@ static void prefill(lms_ctx *c, lms_kv_seq *s, const int32_t *toks, int32_t from
 }
 
 /* Rows: seq 0's prompt end; a decode step of seqs 0 and 1 (single-token
- * tiles: by chunk, or by group with one thread); then a step with seq 0's
- * next token and seq 1's next, plus (split: false) seq 1's one after, a
- * two-token tile that sends the whole step by head, or (split: true) seq
- * 2's first, so the step goes by chunk (by group). */
+ * tiles: by chunk or by heads, or by group with one thread); then a step
+ * with seq 0's next token and seq 1's next, plus (split: false) seq 1's one
+ * after, a two-token tile that sends the whole step by head, or (split:
+ * true) seq 2's first, so the step goes by chunk, by heads or by group; then
+ * seq 0's next token alone (one tile: by chunk or by heads). */
 static void run(const lms_model *m, int kv_type, int impl, bool split, int n_threads, float *rows)
 {
     const int32_t nv = m->hp.n_vocab;
@@ -103,12 +106,12 @@ static void run(const lms_model *m, int kv_type, int impl, bool split, int n_thr
     assert_int_equal(fwd_set_attention(c, impl), 0);
     lms_kv_cache *kv = lms_ctx_kv(c);
     lms_kv_seq s0 = {0}, s1 = {0}, s2 = {0};
-    assert_int_equal(lms_kv_seq_reserve(kv, &s0, P0 + 2), 0);
+    assert_int_equal(lms_kv_seq_reserve(kv, &s0, P0 + 3), 0);
     assert_int_equal(lms_kv_seq_reserve(kv, &s1, P1 + 3), 0);
     assert_int_equal(lms_kv_seq_reserve(kv, &s2, 1), 0);
-    int32_t toks[P0 + 2];
+    int32_t toks[P0 + 3];
     uint32_t rs = 12345;
-    for (int32_t i = 0; i < P0 + 2; i++)
+    for (int32_t i = 0; i < P0 + 3; i++)
         toks[i] = (int32_t)(rng_next(&rs) % (uint32_t)nv);
     prefill(c, &s0, toks, 0, P0, rows, nv);
     prefill(c, &s1, toks, 0, P1, rows + nv, nv); /* overwritten below */
@@ -125,6 +128,10 @@ static void run(const lms_model *m, int kv_type, int impl, bool split, int n_thr
     step(c, seqs, pos, tk, 3, lg);
     memcpy(rows + (size_t)3 * nv, lg, (size_t)2 * nv * sizeof *lg);
     free(lg);
+    {
+        int32_t p2 = P0 + 2;
+        step(c, seqs, &p2, toks + P0 + 2, 1, rows + (size_t)5 * nv);
+    }
     lms_kv_seq_release(kv, &s0);
     lms_kv_seq_release(kv, &s1);
     lms_kv_seq_release(kv, &s2);
@@ -170,14 +177,22 @@ static void test_case(void **state)
         }
         run(m, ac->kv_type, impls[k], false, 2, a);
         /* by chunk (2 threads: a remainder chunk split by KV heads; 3: given
-         * whole), by group (1 thread) and by head: the same arithmetic */
-        const int threads[] = {2, 3, 1};
-        for (int i = 0; i < 3; i++) {
+         * whole), by heads (2 threads; 1: on the calling thread, for the
+         * one-tile steps), by group (1 thread) and by head: the same
+         * arithmetic */
+        const int threads[] = {2, 3, 1, 2, 1};
+        const char *heads_max[] = {"0", "0", "0", NULL, NULL};
+        for (int i = 0; i < 5; i++) {
+            if (heads_max[i])
+                setenv("LMS_ATT_HEADS_MAX", heads_max[i], 1);
+            else
+                unsetenv("LMS_ATT_HEADS_MAX");
             run(m, ac->kv_type, impls[k], true, threads[i], b);
+            unsetenv("LMS_ATT_HEADS_MAX");
             if (memcmp(a, b, n * sizeof *a))
-                fail_msg("%s: decode by %s (%d threads) differs from by head (max %g)",
-                         ac->model, threads[i] > 1 ? "chunk" : "group", threads[i],
-                         tu_max_diff(a, b, n));
+                fail_msg("%s: decode by %s (%d threads) differs from by head (max %g)", ac->model,
+                         heads_max[i] ? threads[i] > 1 ? "chunk" : "group" : "heads",
+                         threads[i], tu_max_diff(a, b, n));
         }
         float d = tu_max_diff(a, ref, n);
         printf("attention %-16s kv %-4s hd %3d %-6s vs reference: max |logit diff| %.3g of %.3g\n",
