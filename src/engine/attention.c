@@ -1355,37 +1355,53 @@ static void att_prefetch_rows(const att_src *s, int32_t j0, int32_t j1, size_t b
             __builtin_prefetch(att_row(s, j) + o, 0, 2);
 }
 
-/* Thread t's share (of nt) of tile ti's chunk sums: the (chunk, KV head)
+/* Thread t's share (of nt) of a tile's chunk sums: the (chunk, KV head)
  * items in chunk-major order, each weighing its chunk's positions, cut into
  * nt contiguous runs of equal weight: mostly whole chunks (whole cached
  * rows), and an even split whatever the chunk count (a last chunk shorter
- * than the others, or fewer chunks than threads). pf: only prefetch the
- * share's first V rows (its heads of them) instead. */
-static void att_chunk_share(lms_ctx *c, int il, const att_kernels *k, const att_tile *a,
-                            const att_step_layout *l, int32_t ti, int t, int nt, bool pf)
+ * than the others, or fewer chunks than threads). Sets the share's KV heads
+ * [*h0, *h1) of chunk ci; false when it has none there. */
+static bool att_share_heads(const lms_ctx *c, const att_tile *a, int32_t ci, int t, int nt,
+                            int *h0, int *h1)
 {
     const int nkv = c->m->hp.n_head_kv;
     const int32_t n = a->pos0 + 1;
     const int64_t total = (int64_t)n * nkv, w0 = total * t / nt, w1 = total * (t + 1) / nt;
-    for (int32_t ci = 0; (int64_t)ci * ATT_CHUNK < n; ci++) {
-        /* head h of chunk ci starts at weight base + h * len (the chunks
-         * before it are whole); it is this thread's if that is in [w0, w1) */
-        const int64_t base = (int64_t)ci * ATT_CHUNK * nkv;
-        const int64_t len = n - ci * ATT_CHUNK < ATT_CHUNK ? n - ci * ATT_CHUNK : ATT_CHUNK;
-        const int64_t h0 = w0 <= base ? 0 : (w0 - base + len - 1) / len;
-        const int64_t h1 = w1 <= base ? 0 : (w1 - base + len - 1) / len;
-        if (h0 >= h1 || h0 >= nkv)
-            continue;
-        if (pf) {
+    /* head h of chunk ci starts at weight base + h * len (the chunks before
+     * it are whole); it is this thread's if that is in [w0, w1) */
+    const int64_t base = (int64_t)ci * ATT_CHUNK * nkv;
+    const int64_t len = n - ci * ATT_CHUNK < ATT_CHUNK ? n - ci * ATT_CHUNK : ATT_CHUNK;
+    const int64_t lo = w0 <= base ? 0 : (w0 - base + len - 1) / len;
+    const int64_t hi = w1 <= base ? 0 : (w1 - base + len - 1) / len;
+    if (lo >= hi || lo >= nkv)
+        return false;
+    *h0 = (int)lo;
+    *h1 = (int)(hi < nkv ? hi : nkv);
+    return true;
+}
+
+/* Thread t's share of tile ti's chunk sums (att_share_heads). */
+static void att_chunk_share(lms_ctx *c, int il, const att_kernels *k, const att_tile *a,
+                            const att_step_layout *l, int32_t ti, int t, int nt)
+{
+    int h0, h1;
+    for (int32_t ci = 0; (int64_t)ci * ATT_CHUNK <= a->pos0; ci++)
+        if (att_share_heads(c, a, ci, t, nt, &h0, &h1))
+            att_chunk_sums(c, il, k, a, l, ti, ci, h0, h1);
+}
+
+/* Prefetches the first V rows (its heads of them) of thread t's share. */
+static void att_chunk_share_prefetch(lms_ctx *c, int il, const att_tile *a, int t, int nt)
+{
+    int h0, h1;
+    for (int32_t ci = 0; (int64_t)ci * ATT_CHUNK <= a->pos0; ci++)
+        if (att_share_heads(c, a, ci, t, nt, &h0, &h1)) {
             att_src ks, vs;
-            att_srcs(c, il, a->seq, (int)h0, &ks, &vs);
-            att_prefetch_rows(&vs, ci * ATT_CHUNK, n,
-                              lms_row_size(c->kv.type, (int64_t)((h1 < nkv ? h1 : nkv) - h0) *
-                                                           c->m->hp.head_dim));
+            att_srcs(c, il, a->seq, h0, &ks, &vs);
+            att_prefetch_rows(&vs, ci * ATT_CHUNK, a->pos0 + 1,
+                              lms_row_size(c->kv.type, (int64_t)(h1 - h0) * c->m->hp.head_dim));
             return;
         }
-        att_chunk_sums(c, il, k, a, l, ti, ci, (int)h0, (int)(h1 < nkv ? h1 : nkv));
-    }
 }
 
 /* out = chunk 0 + chunk 1 + ..., left to right, for row r of tile ti */
@@ -1448,14 +1464,14 @@ static bool attention_by_chunk(lms_ctx *c, int il, const att_tile *tiles, int32_
                             j1 < n ? j1 : n, n, c->dec + (size_t)ti * l.per_tile, l.ws, &heads);
         }
         for (int32_t ti = 0; ti < n_tiles; ti++)
-            att_chunk_share(c, il, &k, &tiles[ti], &l, ti, t, nt, true);
+            att_chunk_share_prefetch(c, il, &tiles[ti], t, nt);
 #pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < (int64_t)n_tiles * nh; r++)
             att_softmax(c, c->dec + (size_t)(r / nh) * l.per_tile + (size_t)(r % nh) * l.ws,
                         tiles[r / nh].pos0 + 1, 1.0f / sqrtf((float)hd));
         for (int32_t ti = 0; ti < n_tiles; ti++)
-            att_chunk_share(c, il, &k, &tiles[ti], &l, ti, t, nt, false);
+            att_chunk_share(c, il, &k, &tiles[ti], &l, ti, t, nt);
 #pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < (int64_t)n_tiles * nh; r++)

@@ -85,16 +85,6 @@ INLINE void store_rows(float *s, int64_t r0, int64_t n_rows, __m128 v)
     memcpy(s + r0, t, (size_t)nr * sizeof *t);
 }
 
-/* prefetcht0 (l2 == 0) or prefetcht1 of the line holding p: an asm
- * statement, since GCC may delete a loop of nothing but prefetch builtins. */
-INLINE void prefetch(const void *p, int l2)
-{
-    if (l2)
-        __asm__ volatile("prefetcht1 %0" : : "m"(*(const char *)p));
-    else
-        __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *)p));
-}
-
 /* Four halves as floats, gathered in a general register (the integer
  * ports are idle in these loops; vpinsrw would take the vector ones). */
 INLINE __m128 halves4(uint16_t a, uint16_t b, uint16_t c, uint16_t d)
@@ -112,7 +102,7 @@ INLINE __m128 q8_block4(const lms_block_q8_0 *const b[4], const lms_block_q8_0 *
     const __m256i a = x86_load(x->qs);
     __m256i p[4];
     for (int r = 0; r < 4; r++) {
-        prefetch(b[r]->qs + Q8_PF_L1_BYTES, 0);
+        x86_prefetch_l1(b[r]->qs + Q8_PF_L1_BYTES);
         p[r] = x86_dot_i8(_mm256_setzero_si256(), x86_load(b[r]->qs), a);
     }
     const __m128 d = halves4(b[0]->d, b[1]->d, b[2]->d, b[3]->d);
@@ -141,7 +131,7 @@ void gemv_q8_0_q8_0_avx2(int64_t n, int64_t n_rows, const void *w, size_t ldw, c
             /* 4 * 34 bytes of the group a step: a line every 64 from its start */
             const uint8_t *pf = row[0] + Q8_PF_L2_BYTES + GEMV_ROWS * (size_t)i * sizeof *x;
             for (int l = 0; l < GEMV_ROWS * (int)sizeof *x; l += 64)
-                prefetch(pf + l, 1);
+                x86_prefetch_l2(pf + l);
             acc = q8_block4(b, &x[i], acc);
         }
         store_rows(s, r0, n_rows, acc);

@@ -317,14 +317,6 @@ static inline __m512i q4k_row_sum(const uint8_t *q, __m512i sc, __m512i a0, __m5
 #define GEMV_PF_BYTES 8192
 #define GEMV_MAX_ROW_BYTES 2304
 
-/* prefetcht1 of the line holding p. An asm statement rather than
- * _mm_prefetch: GCC takes the builtin for free of effects and deletes a
- * loop of nothing else unless it unrolls the loop completely. */
-static inline void prefetch_l2(const void *p)
-{
-    __asm__ volatile("prefetcht1 %0" : : "m"(*(const char *)p));
-}
-
 /* Prefetch for a group of four rows at w0 whose first `off` bytes (of
  * each row) have been read; blk bytes of each are read next. A line every
  * 64 bytes from each step's start covers every line of the contiguous
@@ -333,7 +325,7 @@ static inline void gemv_prefetch4(const uint8_t *w0, size_t off, size_t blk)
 {
     const uint8_t *pf = w0 + GEMV_PF_BYTES + 4 * off;
     for (size_t l = 0; l < 4 * blk; l += 64)
-        prefetch_l2(pf + l);
+        x86_prefetch_l2(pf + l);
 }
 
 /* The activation side of a super-block, in the order q4k_row_sum takes it:
