@@ -514,6 +514,22 @@ __device__ __forceinline__ void mmq_sb(const uint8_t *const (&ra)[NM],
         mq::mmq_q6k_sb<NM, PL>(mma, ra, rb, sb, t, xg, xd0, xd1, acc, lane);
 }
 
+/* A warp's super-blocks sb = warp, warp + W, ... The activation pointers
+ * come in as restrict parameters of this loop rather than through the
+ * kernel's arguments: with the same work per super-block, the code nvcc
+ * makes of this ran the 8-token step 3-5% faster (H200, Llama-3-8B Q4_K_M,
+ * alternating in one call: 3.93-3.97 ms against 4.05-4.11). */
+template <int T, int NM, int W, bool PL>
+__device__ __forceinline__ void mmq_loop(const uint8_t *const (&ra)[NM],
+                                         const uint8_t *const (&rb)[NM], int n_sb, int t,
+                                         const int8_t *__restrict__ xg,
+                                         const float2 *__restrict__ xd0,
+                                         const float2 *__restrict__ xd1, float (&acc)[NM][2][2])
+{
+    for (int sb = threadIdx.x >> 5; sb < n_sb; sb += W)
+        mmq_sb<T, NM, PL>(ra, rb, sb, t, xg, xd0, xd1, acc);
+}
+
 /* Sums acc[NM][2][2] of the block's warps; returns the totals in warp 0's
  * lanes (other warps get garbage). red: [W][32][NM * 4] floats. */
 template <int W, int NM>
@@ -561,12 +577,11 @@ __global__ void __launch_bounds__(W * 32) mmq_k(mv_args a, int n_tok)
     const float2 *xd0 = a.xd + (size_t)u0 * (a.ldq / 32), *xd1 = a.xd + (size_t)u1 * (a.ldq / 32);
     float acc[1][2][2] = {{{0.0f, 0.0f}, {0.0f, 0.0f}}};
     const int n_sb = a.n_chunks / 8;
-    for (int sb = warp; sb < n_sb; sb += W)
-        if (PL)
-            mmq_sb<T, 1, true>(ra, rb, sb, t, T == LMS_TYPE_Q4_K ? a.xp4 : a.xp6, a.xpe, a.xpe,
-                               acc);
-        else
-            mmq_sb<T, 1, false>(ra, rb, sb, t, xg, xd0, xd1, acc);
+    if (PL)
+        mmq_loop<T, 1, W, true>(ra, rb, n_sb, t, T == LMS_TYPE_Q4_K ? a.xp4 : a.xp6, a.xpe, a.xpe,
+                                acc);
+    else
+        mmq_loop<T, 1, W, false>(ra, rb, n_sb, t, xg, xd0, xd1, acc);
     mmq_reduce<W, 1>(acc, red);
     if (warp != 0)
         return;
@@ -600,12 +615,11 @@ __global__ void __launch_bounds__(W * 32) mmq_glu_k(mv_args a, int n_tok)
     const int n_sb = a.n_chunks / 8;
     const uint8_t *const ra[2] = {a.w[0] + (size_t)rg * a.rb[0], a.w[1] + (size_t)rg * a.rb[1]};
     const uint8_t *const rb[2] = {a.w[0] + (size_t)rh * a.rb[0], a.w[1] + (size_t)rh * a.rb[1]};
-    for (int sb = warp; sb < n_sb; sb += W)
-        if (PL)
-            mmq_sb<T, 2, true>(ra, rb, sb, t, T == LMS_TYPE_Q4_K ? a.xp4 : a.xp6, a.xpe, a.xpe,
-                               acc);
-        else
-            mmq_sb<T, 2, false>(ra, rb, sb, t, xg, xd0, xd1, acc);
+    if (PL)
+        mmq_loop<T, 2, W, true>(ra, rb, n_sb, t, T == LMS_TYPE_Q4_K ? a.xp4 : a.xp6, a.xpe, a.xpe,
+                                acc);
+    else
+        mmq_loop<T, 2, W, false>(ra, rb, n_sb, t, xg, xd0, xd1, acc);
     mmq_reduce<W, 2>(acc, red);
     if (warp != 0)
         return;

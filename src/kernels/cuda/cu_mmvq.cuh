@@ -587,26 +587,41 @@ LCU_HD void mmq_perm_ld(const int8_t *xp, int sb, int lane, uint4 (&v)[4])
         v[i] = ld128(xp + (((size_t)sb * 4 + i) * 32 + lane) * 16);
 }
 
-template <int NM, bool PL = false, class MMA>
-LCU_HD void mmq_q4k_sb(MMA &mma, const uint8_t *const (&ra)[NM], const uint8_t *const (&rb)[NM],
-                       int sb, int t, const int8_t *xg, const float2 *xd0, const float2 *xd1,
-                       float (&acc)[NM][2][2], int lane = 0)
-{
+/* The mmq_*_sb functions are a load of the lane's weight words (mmq_*_load,
+ * into a struct the kernels can hold while the previous super-block's
+ * math runs) followed by the math (mmq_*_math), which loads the
+ * activations and accumulates. */
+template <int NM> struct q4k_w {
     uint4 ha[NM], hb[NM];
     uint2 qa[NM][4], qb[NM][4];
-    int2 xv[8];
-    float4 e0[4], e1[4];
+};
+
+template <int NM>
+LCU_HD void mmq_q4k_load(const uint8_t *const (&ra)[NM], const uint8_t *const (&rb)[NM], int sb,
+                         int t, q4k_w<NM> &w)
+{
 #pragma unroll
     for (int k = 0; k < NM; k++) {
         const uint8_t *pa = ra[k] + (size_t)sb * 144, *pb = rb[k] + (size_t)sb * 144;
-        ha[k] = ld128(pa);
-        hb[k] = ld128(pb);
+        w.ha[k] = ld128(pa);
+        w.hb[k] = ld128(pb);
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            qa[k][j] = ldu64(pa + 16 + 32 * j + 8 * t);
-            qb[k][j] = ldu64(pb + 16 + 32 * j + 8 * t);
+            w.qa[k][j] = ldu64(pa + 16 + 32 * j + 8 * t);
+            w.qb[k][j] = ldu64(pb + 16 + 32 * j + 8 * t);
         }
     }
+}
+
+template <int NM, bool PL = false, class MMA>
+LCU_HD void mmq_q4k_math(MMA &mma, const q4k_w<NM> &w, int sb, int t, const int8_t *xg,
+                         const float2 *xd0, const float2 *xd1, float (&acc)[NM][2][2],
+                         int lane = 0)
+{
+    const uint4(&ha)[NM] = w.ha, (&hb)[NM] = w.hb;
+    const uint2(&qa)[NM][4] = w.qa, (&qb)[NM][4] = w.qb;
+    int2 xv[8];
+    float4 e0[4], e1[4];
     mmq_scales<PL>(sb, t, xd0, xd1, e0, e1);
     if (PL) {
         uint4 v[4];
@@ -662,6 +677,16 @@ LCU_HD void mmq_q4k_sb(MMA &mma, const uint8_t *const (&ra)[NM], const uint8_t *
     }
 }
 
+template <int NM, bool PL = false, class MMA>
+LCU_HD void mmq_q4k_sb(MMA &mma, const uint8_t *const (&ra)[NM], const uint8_t *const (&rb)[NM],
+                       int sb, int t, const int8_t *xg, const float2 *xd0, const float2 *xd1,
+                       float (&acc)[NM][2][2], int lane = 0)
+{
+    q4k_w<NM> w;
+    mmq_q4k_load<NM>(ra, rb, sb, t, w);
+    mmq_q4k_math<NM, PL>(mma, w, sb, t, xg, xd0, xd1, acc, lane);
+}
+
 /* Six-bit quants of Q6_K group g' (0..3) from the ql words w0 (g' 0, 2),
  * w1 (g' 1, 3) and the qh word, as signed bytes q - 32. */
 LCU_HD int q6_group(uint32_t w0, uint32_t w1, uint32_t qh, int gq)
@@ -698,15 +723,16 @@ LCU_HD void q6_words(const uint8_t *p, int t, uint32_t (&w0)[2][2], uint32_t (&w
     d = ld16(p + 208);
 }
 
-template <int NM, bool PL = false, class MMA>
-LCU_HD void mmq_q6k_sb(MMA &mma, const uint8_t *const (&ra)[NM], const uint8_t *const (&rb)[NM],
-                       int sb, int t, const int8_t *xg, const float2 *xd0, const float2 *xd1,
-                       float (&acc)[NM][2][2], int lane = 0)
-{
-    /* [matrix][row A/B][n][h]: ql words (g' 0/2 and 1/3) and the qh word */
+/* [matrix][row A/B][n][h]: ql words (g' 0/2 and 1/3) and the qh word;
+ * the scale words and d per matrix and row */
+template <int NM> struct q6k_w {
     uint32_t w0[NM][2][2][2], w1[NM][2][2][2], qh[NM][2][2][2], sc[NM][2][4], dd[NM][2];
-    int xv[2][2][4];
-    float4 e0[4], e1[4];
+};
+
+template <int NM>
+LCU_HD void mmq_q6k_load(const uint8_t *const (&ra)[NM], const uint8_t *const (&rb)[NM], int sb,
+                         int t, q6k_w<NM> &w)
+{
 #pragma unroll
     for (int k = 0; k < NM; k++)
 #pragma unroll
@@ -714,10 +740,21 @@ LCU_HD void mmq_q6k_sb(MMA &mma, const uint8_t *const (&ra)[NM], const uint8_t *
             /* rows of a multiple of 4 bytes: the branch is uniform over the warp */
             const uint8_t *p = (r ? rb[k] : ra[k]) + (size_t)sb * 210;
             if ((uintptr_t)p & 3)
-                q6_words<true>(p, t, w0[k][r], w1[k][r], qh[k][r], sc[k][r], dd[k][r]);
+                q6_words<true>(p, t, w.w0[k][r], w.w1[k][r], w.qh[k][r], w.sc[k][r], w.dd[k][r]);
             else
-                q6_words<false>(p, t, w0[k][r], w1[k][r], qh[k][r], sc[k][r], dd[k][r]);
+                q6_words<false>(p, t, w.w0[k][r], w.w1[k][r], w.qh[k][r], w.sc[k][r], w.dd[k][r]);
         }
+}
+
+template <int NM, bool PL = false, class MMA>
+LCU_HD void mmq_q6k_math(MMA &mma, const q6k_w<NM> &w, int sb, int t, const int8_t *xg,
+                         const float2 *xd0, const float2 *xd1, float (&acc)[NM][2][2],
+                         int lane = 0)
+{
+    const uint32_t(&w0)[NM][2][2][2] = w.w0, (&w1)[NM][2][2][2] = w.w1, (&qh)[NM][2][2][2] = w.qh;
+    const uint32_t(&sc)[NM][2][4] = w.sc, (&dd)[NM][2] = w.dd;
+    int xv[2][2][4];
+    float4 e0[4], e1[4];
     mmq_scales<PL>(sb, t, xd0, xd1, e0, e1);
     if (PL) {
         uint4 v[4];
@@ -776,6 +813,16 @@ LCU_HD void mmq_q6k_sb(MMA &mma, const uint8_t *const (&ra)[NM], const uint8_t *
         acc[k][1][0] += db * m[1][0];
         acc[k][1][1] += db * m[1][1];
     }
+}
+
+template <int NM, bool PL = false, class MMA>
+LCU_HD void mmq_q6k_sb(MMA &mma, const uint8_t *const (&ra)[NM], const uint8_t *const (&rb)[NM],
+                       int sb, int t, const int8_t *xg, const float2 *xd0, const float2 *xd1,
+                       float (&acc)[NM][2][2], int lane = 0)
+{
+    q6k_w<NM> w;
+    mmq_q6k_load<NM>(ra, rb, sb, t, w);
+    mmq_q6k_math<NM, PL>(mma, w, sb, t, xg, xd0, xd1, acc, lane);
 }
 
 /* Where token u's q8 value k (and, at a sub-block's first value, its
