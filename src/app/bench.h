@@ -21,8 +21,13 @@ typedef struct bench_opts {
     app_gpu_opts gpu;
 } bench_opts;
 
+/* Read bandwidth of a 1 GiB buffer with the OpenMP team of the calling
+ * thread, GB/s (the ceiling of a CPU decode; it drifts from run to run). */
+double bench_bandwidth(void);
+
 /* Aggregate decode speed and TTFT of N concurrent requests (128 prompt +
- * 64 generated tokens each) through the scheduler, for each level. */
+ * 64 generated tokens each) through the scheduler, for each level; on the
+ * CPU, with the bandwidth measured just before it. */
 int bench_parallel(lms_model *m, const bench_opts *o);
 
 /* TTFT of a request whose o->prefix-token prefix is not cached, then of

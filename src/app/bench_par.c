@@ -81,7 +81,7 @@ static int cmp_d(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static int run_level(lms_sched *s, int n, const bench_opts *o, const char *model)
+static int run_level(lms_sched *s, int n, const bench_opts *o, const char *model, double peak)
 {
     static par_state st;
     static par_req reqs[256];
@@ -112,8 +112,12 @@ static int run_level(lms_sched *s, int n, const bench_opts *o, const char *model
     if (o->json)
         printf("{\"test\":\"parallel\",\"model\":\"%s\",\"sequences\":%d,\"prompt\":%d,\"gen\":%d,"
                "\"decode_tokens_per_s\":%.2f,\"total_tokens_per_s\":%.2f,\"ttft_ms\":{\"p50\":%.1f,"
-               "\"p99\":%.1f}}\n",
-               model, n, PAR_PROMPT, PAR_GEN, dec, total, p50, p99);
+               "\"p99\":%.1f},\"peak_gb_per_s\":%.2f}\n",
+               model, n, PAR_PROMPT, PAR_GEN, dec, total, p50, p99, peak);
+    else if (peak > 0)
+        printf("parallel %3d: decode %8.2f t/s aggregate, %8.2f t/s incl. prompts, TTFT p50 %.1f ms "
+               "p99 %.1f ms (peak %.2f GB/s just before)\n",
+               n, dec, total, p50, p99, peak);
     else
         printf("parallel %3d: decode %8.2f t/s aggregate, %8.2f t/s incl. prompts, TTFT p50 %.1f ms "
                "p99 %.1f ms\n",
@@ -155,9 +159,16 @@ int bench_parallel(lms_model *m, const bench_opts *o)
         fprintf(stderr, "lmserv bench: %s\n", err);
         return -1;
     }
+    /* The memory bandwidth swings between runs (and within one): each
+     * level is reported with the peak measured just before it, so that it
+     * compares with a tg of the same mode. The scheduler's thread has given
+     * its team back while idle, so the measurement's team is the only one. */
     int rc = 0;
-    for (int i = 0; i < o->n_par && rc == 0; i++)
-        rc = run_level(s, o->par[i], o, m->name);
+    for (int i = 0; i < o->n_par && rc == 0; i++) {
+        double peak = o->gpu.gpu_layers == 0 ? bench_bandwidth() : 0.0;
+        release_team();
+        rc = run_level(s, o->par[i], o, m->name, peak);
+    }
     lms_sched_destroy(s);
     return rc;
 }

@@ -42,7 +42,7 @@ static int cmp_d(const void *a, const void *b)
 }
 
 /* Read bandwidth of a 1 GiB buffer with the compute threads, GB/s. */
-static double measure_bandwidth(void)
+double bench_bandwidth(void)
 {
     size_t n = (size_t)1 << 27; /* uint64 words: 1 GiB */
     uint64_t *buf = malloc(n * sizeof *buf);
@@ -280,7 +280,7 @@ int cmd_bench(int argc, char **argv)
     const lms_gpu_plan *pl = lms_ctx_gpu_plan(c);
     double peak = 0.0;
     if (!pl)
-        peak = measure_bandwidth();
+        peak = bench_bandwidth();
 #ifdef LMS_HAVE_CUDA
     else if (pl->n_layer_gpu == pl->n_layer && pl->output_gpu)
         peak = lcu_peak_gbs(-1);

@@ -1,7 +1,8 @@
 /*
  * test_sched.c - the serving engine: batched greedy equals solo greedy,
- * prefix reuse, aborts in every state, pool exhaustion, queue limits, and
- * block accounting (every block back in the pool when all work is done).
+ * prefix reuse, aborts in every state, pool exhaustion, queue limits,
+ * block accounting (every block back in the pool when all work is done),
+ * and two schedulers taking turns.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -147,6 +148,28 @@ static void test_batched_equals_solo(void **state)
     }
     assert_idle_pool(s);
     lms_sched_destroy(s);
+}
+
+/* Two schedulers of one model take turns, each giving its OpenMP team
+ * back when it goes idle (sched_main) and starting a new one for the next
+ * request: the same greedy tokens every time. */
+static void test_schedulers_take_turns(void **state)
+{
+    static result r[4];
+    int32_t toks[64];
+    int n = tokenize(prompts[2], toks, 64);
+    lms_sched *s[2] = {make_sched(2, 0, 8), make_sched(2, 0, 8)};
+    for (int i = 0; i < 4; i++) {
+        submit(s[i % 2], toks, n, 16, &r[i]);
+        wait_done(&r[i]);
+        assert_int_equal(r[i].end_type, LMS_EV_END);
+        assert_int_equal(r[i].n_tok, 16);
+        assert_memory_equal(r[i].toks, r[0].toks, sizeof(int32_t) * 16);
+    }
+    for (int i = 0; i < 2; i++) {
+        assert_idle_pool(s[i]);
+        lms_sched_destroy(s[i]);
+    }
 }
 
 /* A long shared prefix is computed once. */
@@ -397,6 +420,7 @@ int main(void)
         cmocka_unit_test(test_abort_every_state),   cmocka_unit_test(test_pool_exhaustion),
         cmocka_unit_test(test_refusals),            cmocka_unit_test(test_embeddings_and_stop),
         cmocka_unit_test(test_watchdog_restart),
+        cmocka_unit_test(test_schedulers_take_turns),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
