@@ -8,7 +8,7 @@
  *                [--log-level debug|info|warn|error] [--log-prompts]
  *                [--thermal-limit C] [--stall-ms MS] [--min-tps T]
  *                [--gpu-layers auto|N|all] [--vram-margin-mb N] [--vram-budget-mb N]
- *                [--kv-type f16|q8_0] [--kv-budget MIB] [--batch-tokens N] [--timeout S]
+ *                [--kv-type f16|q8_0|q4_0] [--kv-budget MIB] [--batch-tokens N] [--timeout S]
  *
  * Environment (flags win): INFERENCE_MODEL_NAME (model path),
  * INFERENCE_HOST, INFERENCE_PORT, LMSERV_API_KEY.
@@ -157,8 +157,8 @@ static int parse(int argc, char **argv, serve_opts *o)
         if (!ok)
             return -1;
     }
-    if (o->kv_type && strcasecmp(o->kv_type, "f16") && strcasecmp(o->kv_type, "q8_0")) {
-        fprintf(stderr, "lmserv serve: --kv-type '%s': use f16 or q8_0\n", o->kv_type);
+    if (o->kv_type && app_kv_type(o->kv_type) < 0) {
+        fprintf(stderr, "lmserv serve: --kv-type '%s': use " APP_KV_TYPES "\n", o->kv_type);
         return -1;
     }
     return 0;
@@ -268,7 +268,7 @@ static void *load_main(void *arg)
                                .watchdog = g_ops.watchdog, .stall_ms = (int)o->stall_ms,
                                .on_stall = on_stall, .stall_ud = &g_ops,
                                .gpu_layers = o->gpu.gpu_layers,
-                               .kv_type = o->kv_type && !strcasecmp(o->kv_type, "q8_0") ? LMS_TYPE_Q8_0 : 0,
+                               .kv_type = o->kv_type ? app_kv_type(o->kv_type) : 0,
                                .kv_budget_bytes = o->kv_budget_mb << 20,
                                .vram_margin_mb = o->gpu.vram_margin_mb,
                                .vram_budget_mb = o->gpu.vram_budget_mb};

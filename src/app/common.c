@@ -8,10 +8,22 @@
 #include <stdlib.h>
 
 #include <string.h>
+#include <strings.h>
 
 #include "app/args.h"
 #include "base/err.h"
 #include "kernels/kernels.h"
+
+int app_kv_type(const char *name)
+{
+    if (!strcasecmp(name, "f16"))
+        return 0;
+    if (!strcasecmp(name, "q8_0"))
+        return LMS_TYPE_Q8_0;
+    if (!strcasecmp(name, "q4_0"))
+        return LMS_TYPE_Q4_0;
+    return -1;
+}
 
 int app_gpu_arg(int argc, char **argv, int *i, app_gpu_opts *o)
 {
@@ -24,11 +36,12 @@ int app_gpu_arg(int argc, char **argv, int *i, app_gpu_opts *o)
     if (!(v = args_value(argc, argv, i)))
         return -1;
     if (kv) {
-        if (strcmp(v, "f16") && strcmp(v, "q8_0")) {
-            fprintf(stderr, "lmserv: --kv-type '%s': use f16 or q8_0\n", v);
+        const int t = app_kv_type(v);
+        if (t < 0) {
+            fprintf(stderr, "lmserv: --kv-type '%s': use " APP_KV_TYPES "\n", v);
             return -1;
         }
-        o->kv_type = strcmp(v, "q8_0") ? 0 : LMS_TYPE_Q8_0;
+        o->kv_type = t;
         return 1;
     }
     if (layers && !strcmp(v, "auto"))

@@ -17,15 +17,25 @@ int app_load(const char *path, int32_t n_ctx, int32_t n_batch, int32_t n_threads
 
 /* Context options shared by run, bench, eval and info:
  *   --gpu-layers auto|all|N   --vram-margin-mb MB   --vram-budget-mb MB
- *   --kv-type f16|q8_0 */
+ *   --kv-type f16|q8_0|q4_0 */
 typedef struct app_gpu_opts {
     int32_t gpu_layers; /* 0 = CPU, N, LMS_GPU_LAYERS_AUTO, LMS_GPU_LAYERS_ALL */
     int32_t vram_margin_mb, vram_budget_mb;
-    int kv_type;        /* 0 (F16) or LMS_TYPE_Q8_0 */
+    int kv_type;        /* 0 (F16), LMS_TYPE_Q8_0 or LMS_TYPE_Q4_0 */
 } app_gpu_opts;
 
+/* The KV cache types --kv-type takes (as Ollama's OLLAMA_KV_CACHE_TYPE and
+ * llama.cpp's -ctk/-ctv): f16 (default), q8_0 (53% of f16's bytes), q4_0
+ * (28%; its rounding error is several times q8_0's). */
+#define APP_KV_TYPES "f16, q8_0 or q4_0"
+
 #define APP_GPU_USAGE \
-    "[--gpu-layers auto|all|N] [--vram-margin-mb MB] [--vram-budget-mb MB] [--kv-type f16|q8_0]"
+    "[--gpu-layers auto|all|N] [--vram-margin-mb MB] [--vram-budget-mb MB] " \
+    "[--kv-type f16|q8_0|q4_0]"
+
+/* The cache type named by a --kv-type value (case-insensitive): 0 for f16
+ * (the context's default), LMS_TYPE_Q8_0 or LMS_TYPE_Q4_0; -1 if unknown. */
+int app_kv_type(const char *name);
 
 /* If argv[*i] is one of the GPU options, parses it and its value (advancing
  * *i): 1 when taken, 0 when not a GPU option, -1 (message printed) on a bad

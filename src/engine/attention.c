@@ -2,7 +2,7 @@
  * attention.c - the attention of the CPU layers over the paged KV cache:
  * the reference path (tiled gemm scores) and the per-row path (portable C
  * and AVX-512), with the by-head, by-group, by-heads and by-chunk schedules
- * described below.
+ * described below, over an f16, q8_0 or q4_0 cache.
  * forward.c calls fwd_attention once per layer.
  */
 #include <math.h>
@@ -101,6 +101,20 @@ LMS_CLONES static void axpy_q8_0(int n, float a, const lms_block_q8_0 *x, float 
     }
 }
 
+/* q4_0: value i of a block is (its nibble - 8) * d; qs[i] holds values i
+ * (low nibble) and i + 16 (high nibble). */
+LMS_CLONES static void axpy_q4_0(int n, float a, const lms_block_q4_0 *x, float *restrict y)
+{
+    for (int b = 0; b < n / LMS_QK4_0; b++) {
+        const float s = a * lms_f16_to_f32(x[b].d);
+        float *yb = y + b * LMS_QK4_0;
+        for (int i = 0; i < LMS_QK4_0 / 2; i++) {
+            yb[i] += s * (float)((x[b].qs[i] & 15) - 8);
+            yb[i + LMS_QK4_0 / 2] += s * (float)((x[b].qs[i] >> 4) - 8);
+        }
+    }
+}
+
 /* A Q8_0 V row to floats (vectorized here: the reference converter is
  * scalar). Exact like the reference: d * q in float. */
 LMS_CLONES static void deq_q8_0(const lms_block_q8_0 *x, float *restrict y, int n)
@@ -112,19 +126,26 @@ LMS_CLONES static void deq_q8_0(const lms_block_q8_0 *x, float *restrict y, int 
     }
 }
 
+/* The type the reference takes queries in for dot products with the
+ * cache's K rows: f16 for f16, q8_0 for q8_0 and q4_0 (their vec_dot type). */
+static int query_type(int kv_type)
+{
+    return lms_type_get(kv_type)->vec_dot_type;
+}
+
 /* Converts n query vectors (hd floats each, q_stride apart in groups) to
  * the cache type's dot-product form, packed qrow bytes apart. */
 static void prepare_queries(lms_ctx *c, const float *q, int n, uint8_t *qc)
 {
-    const int hd = c->m->hp.head_dim, type = c->kv.type;
-    const size_t qrow = lms_row_size(type, hd);
+    const int hd = c->m->hp.head_dim, qt = query_type(c->kv.type);
+    const size_t qrow = lms_row_size(qt, hd);
     for (int i = 0; i < n; i++) {
-        if (type == LMS_TYPE_F16) {
+        if (qt == LMS_TYPE_F16) {
             uint16_t *h = (uint16_t *)(qc + i * qrow);
             for (int d = 0; d < hd; d++)
                 h[d] = lms_f32_to_f16(q[i * hd + d]);
         } else {
-            lms_kernels_get()->from_float[type](q + i * hd, qc + i * qrow, hd);
+            lms_kernels_get()->from_float[qt](q + i * hd, qc + i * qrow, hd);
         }
     }
 }
@@ -138,7 +159,8 @@ static void tile_scores(lms_ctx *c, int il_host, const att_tile *a, int kvh, con
 {
     const int hd = c->m->hp.head_dim, type = c->kv.type;
     const int32_t n_max = a->pos0 + a->n_tok, stride = c->p.n_ctx;
-    const size_t off = lms_row_size(type, (int64_t)kvh * hd), qrow = lms_row_size(type, hd);
+    const size_t off = lms_row_size(type, (int64_t)kvh * hd);
+    const size_t qrow = lms_row_size(query_type(type), hd);
     const lms_kernel_table *k = lms_kernels_get();
     for (int32_t j0 = 0; j0 < n_max; j0 += LMS_KV_BLOCK) {
         int32_t nr = n_max - j0 < LMS_KV_BLOCK ? n_max - j0 : LMS_KV_BLOCK;
@@ -205,8 +227,10 @@ static void accumulate_v(lms_ctx *c, int il_host, const lms_kv_seq *seq, size_t 
         const uint8_t *vr = lms_kv_v(&c->kv, seq, il_host, j) + off;
         if (c->kv.type == LMS_TYPE_F16)
             axpy_f16(hd, w[j], (const half_t *)vr, out);
-        else
+        else if (c->kv.type == LMS_TYPE_Q8_0)
             axpy_q8_0(hd, w[j], (const lms_block_q8_0 *)vr, out);
+        else
+            axpy_q4_0(hd, w[j], (const lms_block_q4_0 *)vr, out);
     }
 }
 
@@ -230,7 +254,8 @@ static void attend_tile_ref(lms_ctx *c, int il, const att_tile *a, int kvh, int 
     const int hd = hp->head_dim, type = c->kv.type, group = hp->n_head / hp->n_head_kv;
     const int64_t q_stride = (int64_t)hp->n_head * hd;
     const int32_t stride = c->p.n_ctx, n_q = a->n_tok * group;
-    const size_t off = lms_row_size(type, (int64_t)kvh * hd), qrow = lms_row_size(type, hd);
+    const size_t off = lms_row_size(type, (int64_t)kvh * hd);
+    const size_t qrow = lms_row_size(query_type(type), hd);
     float *w = c->scores + (size_t)tid * ATT_TILE * group * stride;
     uint8_t *qc = (uint8_t *)(c->qh + (size_t)tid * ATT_TILE * group * hd);
     const int il_host = il - c->n_gpu;
@@ -349,11 +374,13 @@ enum {
 };
 
 /* A query row in the form the kernels take (qrow = hd + hd/32 floats of
- * room). f16 cache: the row rounded to f16, as floats. q8_0 cache: the row
- * quantized as the reference does, packed as bytes (att_q8q): its hd int8
- * values; per group of 4 values, -128 times their sum as an int32 (what
- * the +128 offset of the VNNI product adds); per block, its scale 8 times
- * (one per int32 lane of the block). */
+ * room). f16 cache: the row rounded to f16, as floats. q8_0 and q4_0
+ * caches: the row quantized to q8_0 as the reference does, packed as bytes
+ * (att_q8q): its hd int8 values; per group of 4 values, an int32 offset:
+ * the unsigned K operand of the VNNI product is K + 128 for q8_0, and q4_0's
+ * nibble is K + 8, so the offset is -128 (q8_0) or -8 (q4_0) times the 4
+ * values' sum; per block, its scale 8 times (one per int32 lane of the
+ * block). */
 typedef struct att_q8q {
     const int8_t *qs;
     const int32_t *corr; /* hd/4 */
@@ -379,6 +406,7 @@ static void load_query(int type, int hd, const float *q, float *qf)
         round_row_f16(q, qf, hd);
         return;
     }
+    const int32_t bias = type == LMS_TYPE_Q4_0 ? 8 : 128;
     const lms_from_float_fn quant = lms_kernels_get()->from_float[LMS_TYPE_Q8_0];
     uint8_t *p = (uint8_t *)qf;
     int8_t *qs = (int8_t *)p;
@@ -390,7 +418,7 @@ static void load_query(int type, int hd, const float *q, float *qf)
         memcpy(qs + b * LMS_QK8_0, blk.qs, LMS_QK8_0);
         for (int g = 0; g < LMS_QK8_0 / 4; g++) {
             const int8_t *x = blk.qs + 4 * g;
-            corr[b * 8 + g] = -128 * (x[0] + x[1] + x[2] + x[3]);
+            corr[b * 8 + g] = -bias * (x[0] + x[1] + x[2] + x[3]);
             dd[b * 8 + g] = lms_f16_to_f32(blk.d);
         }
     }
@@ -427,25 +455,42 @@ LMS_CLONES static void scores_f16_c(const att_src *s, int hd, int nq, const floa
         }
 }
 
+/* Blocks of a q8_0 (q4 false) or q4_0 (q4 true) row: block b's scale, and
+ * its value i as an integer (q4_0: the nibble minus 8; qs[i] holds values
+ * i, low nibble, and i + 16, high nibble). */
+static inline __attribute__((always_inline)) float blk_d(const uint8_t *row, int b, bool q4)
+{
+    return lms_f16_to_f32(q4 ? ((const lms_block_q4_0 *)row)[b].d
+                             : ((const lms_block_q8_0 *)row)[b].d);
+}
+
+static inline __attribute__((always_inline)) int blk_q(const uint8_t *row, int b, int i, bool q4)
+{
+    if (!q4)
+        return ((const lms_block_q8_0 *)row)[b].qs[i];
+    const uint8_t *qs = ((const lms_block_q4_0 *)row)[b].qs;
+    return (i < LMS_QK4_0 / 2 ? qs[i] & 15 : qs[i - LMS_QK4_0 / 2] >> 4) - 8;
+}
+
 /* Per 16 lanes as the AVX-512 kernel: lane (b % 2) * 8 + g adds block b's
  * group g of 4 products (an exact integer) times the two scales. */
-LMS_CLONES static void scores_q8_0_c(const att_src *s, int hd, int nq, const float *qf, size_t qrow,
-                                     int32_t j0, int32_t j1, int32_t n, float *w, size_t ws,
-                                     const att_heads *hs)
+static inline __attribute__((always_inline)) void
+scores_blk_c(const att_src *s, int hd, int nq, const float *qf, size_t qrow, int32_t j0,
+             int32_t j1, float *w, size_t ws, const att_heads *hs, bool q4)
 {
-    (void)n;
     for (int32_t j = j0; j < j1; j++)
         for (int h = 0; h < hs->n; h++) {
-            const lms_block_q8_0 *k = (const lms_block_q8_0 *)(att_row(s, j) + h * hs->k_bytes);
+            const uint8_t *k = att_row(s, j) + h * hs->k_bytes;
             for (int q = 0; q < nq; q++) {
                 const att_q8q x = att_q8_query(qf + h * hs->q_floats + q * qrow, hd);
                 float acc[16] = {0}, sum = 0.0f;
                 for (int b = 0; b < hd / LMS_QK8_0; b++) {
-                    const float kd = lms_f16_to_f32(k[b].d);
+                    const float kd = blk_d(k, b, q4);
                     for (int g = 0; g < 8; g++) {
-                        const int8_t *xq = x.qs + b * LMS_QK8_0 + 4 * g, *kq = k[b].qs + 4 * g;
-                        const int32_t p =
-                            xq[0] * kq[0] + xq[1] * kq[1] + xq[2] * kq[2] + xq[3] * kq[3];
+                        const int8_t *xq = x.qs + b * LMS_QK8_0 + 4 * g;
+                        int32_t p = 0;
+                        for (int i = 0; i < 4; i++)
+                            p += xq[i] * blk_q(k, b, 4 * g + i, q4);
                         acc[(b % 2) * 8 + g] += (float)p * (kd * x.d[b * 8 + g]);
                     }
                 }
@@ -454,6 +499,22 @@ LMS_CLONES static void scores_q8_0_c(const att_src *s, int hd, int nq, const flo
                 w[h * hs->w_floats + q * ws + (size_t)j] = sum;
             }
         }
+}
+
+LMS_CLONES static void scores_q8_0_c(const att_src *s, int hd, int nq, const float *qf, size_t qrow,
+                                     int32_t j0, int32_t j1, int32_t n, float *w, size_t ws,
+                                     const att_heads *hs)
+{
+    (void)n;
+    scores_blk_c(s, hd, nq, qf, qrow, j0, j1, w, ws, hs, false);
+}
+
+LMS_CLONES static void scores_q4_0_c(const att_src *s, int hd, int nq, const float *qf, size_t qrow,
+                                     int32_t j0, int32_t j1, int32_t n, float *w, size_t ws,
+                                     const att_heads *hs)
+{
+    (void)n;
+    scores_blk_c(s, hd, nq, qf, qrow, j0, j1, w, ws, hs, true);
 }
 
 /* 64 columns of one row at a time, in a local accumulator */
@@ -479,11 +540,10 @@ LMS_CLONES static void values_f16_c_one(const att_src *s, int hd, int nq, const 
         }
 }
 
-LMS_CLONES static void values_q8_0_c_one(const att_src *s, int hd, int nq, const float *w,
-                                         size_t ws, int32_t j0, int32_t j1, int32_t n,
-                                         float *restrict out, int mode)
+static inline __attribute__((always_inline)) void
+values_blk_c_one(const att_src *s, int hd, int nq, const float *w, size_t ws, int32_t j0,
+                 int32_t j1, float *restrict out, int mode, bool q4)
 {
-    (void)n;
     for (int q = 0; q < nq; q++)
         for (int c0 = 0; c0 < hd; c0 += 64) {
             const int nc = hd - c0 < 64 ? hd - c0 : 64; /* a multiple of 32 */
@@ -491,17 +551,34 @@ LMS_CLONES static void values_q8_0_c_one(const att_src *s, int hd, int nq, const
             for (int d = 0; d < nc; d++)
                 acc[d] = mode == ATT_V_CONT ? y[d] : 0.0f;
             for (int32_t j = j0; j < j1; j++) {
-                const lms_block_q8_0 *v = (const lms_block_q8_0 *)att_row(s, j) + c0 / LMS_QK8_0;
+                const uint8_t *v = att_row(s, j);
                 const float a = w[q * ws + (size_t)j];
                 for (int b = 0; b < nc / LMS_QK8_0; b++) {
-                    const float e = a * lms_f16_to_f32(v[b].d); /* as the AVX-512 kernels */
+                    const int vb = c0 / LMS_QK8_0 + b;
+                    const float e = a * blk_d(v, vb, q4); /* as the AVX-512 kernels */
                     for (int i = 0; i < LMS_QK8_0; i++)
-                        acc[b * LMS_QK8_0 + i] += e * (float)v[b].qs[i];
+                        acc[b * LMS_QK8_0 + i] += e * (float)blk_q(v, vb, i, q4);
                 }
             }
             for (int d = 0; d < nc; d++)
                 y[d] = mode == ATT_V_ADD ? y[d] + acc[d] : acc[d];
         }
+}
+
+LMS_CLONES static void values_q8_0_c_one(const att_src *s, int hd, int nq, const float *w,
+                                         size_t ws, int32_t j0, int32_t j1, int32_t n,
+                                         float *restrict out, int mode)
+{
+    (void)n;
+    values_blk_c_one(s, hd, nq, w, ws, j0, j1, out, mode, false);
+}
+
+LMS_CLONES static void values_q4_0_c_one(const att_src *s, int hd, int nq, const float *w,
+                                         size_t ws, int32_t j0, int32_t j1, int32_t n,
+                                         float *restrict out, int mode)
+{
+    (void)n;
+    values_blk_c_one(s, hd, nq, w, ws, j0, j1, out, mode, true);
 }
 
 /* the C values kernels over a call's heads, one after another */
@@ -522,6 +599,12 @@ static void values_q8_0_c(const att_src *s, int hd, int nq, const float *w, size
                           int32_t j1, int32_t n, float *out, int mode, const att_heads *hs)
 {
     ATT_EACH_HEAD(values_q8_0_c_one)
+}
+
+static void values_q4_0_c(const att_src *s, int hd, int nq, const float *w, size_t ws, int32_t j0,
+                          int32_t j1, int32_t n, float *out, int mode, const att_heads *hs)
+{
+    ATT_EACH_HEAD(values_q4_0_c_one)
 }
 
 /* -- AVX-512 kernels (hd a multiple of 64): the rows of a pass live in
@@ -593,29 +676,79 @@ ATT_INLINE __m512 q8_lanes(const int8_t *qs)
 }
 
 /*
- * q8_0 scores as integers: per pair of blocks, the 64 K bytes in one
- * register, each int32 lane the exact sum of 4 products with the query's
- * int8 values, then scaled by the two blocks' scales (lanes 0-7: block b,
- * 8-15: block b + 1) into a float accumulator. With AVX512-VNNI the products
- * are one vpdpbusd, which takes one operand unsigned: K + 128 (an xor), the
- * lane starting from -128 times the query's 4 values (att_q8q.corr).
- * Without it, |K| times the query with K's sign (vpmaddubsw, no saturation
- * at |values| <= 128 since each pair is <= 2 * 128 * 127) then vpmaddwd with
- * ones. The lanes are the same exact integers either way.
+ * q8_0 and q4_0 scores as integers: per pair of blocks, the 64 K values in
+ * one register, each int32 lane the exact sum of 4 products with the
+ * query's int8 values, then scaled by the two blocks' scales (lanes 0-7:
+ * block b, 8-15: block b + 1) into a float accumulator. With AVX512-VNNI the
+ * products are one vpdpbusd, which takes one operand unsigned: K + 128 for
+ * q8_0 (an xor), q4_0's nibbles (K + 8) as they are, the lane starting from
+ * -128 or -8 times the query's 4 values (att_q8q.corr). Without it, q8_0:
+ * |K| times the query with K's sign (vpmaddubsw, no saturation at |values|
+ * <= 128 since each pair is <= 2 * 128 * 127) then vpmaddwd with ones;
+ * q4_0: the nibbles times the query (pairs <= 2 * 15 * 128), vpmaddwd, plus
+ * the offset. The lanes are the same exact integers either way.
+ *
+ * Q4 (a constant in each inlined copy) picks q4_0 blocks, else q8_0; kb
+ * points at the pair's first block.
  */
-ATT_INLINE __m512 q8_pair_scales(const lms_block_q8_0 *k)
+#define ATT_BLK_BYTES(Q4) ((Q4) ? sizeof(lms_block_q4_0) : sizeof(lms_block_q8_0))
+
+ATT_INLINE __m512 blk_pair_scales(const uint8_t *kb, const int Q4)
 {
-    /* k[0]'s scale in lanes 0-7, then k[1]'s merged into 8-15: a shuffle
-     * fewer than two broadcasts and an insert (scores 2% faster) */
-    return _mm512_cvtph_ps(
-        _mm256_mask_set1_epi16(_mm256_set1_epi16((short)k[0].d), 0xFF00, (short)k[1].d));
+    /* the first block's scale in lanes 0-7, then the second's merged into
+     * 8-15: a shuffle fewer than two broadcasts and an insert (scores 2%
+     * faster) */
+    uint16_t d0, d1;
+    memcpy(&d0, kb, sizeof d0);
+    memcpy(&d1, kb + ATT_BLK_BYTES(Q4), sizeof d1);
+    return _mm512_cvtph_ps(_mm256_mask_set1_epi16(_mm256_set1_epi16((short)d0), 0xFF00, (short)d1));
 }
 
-ATT_INLINE __m512i q8_pair_qs(const lms_block_q8_0 *k)
+/* q8_0: the two blocks' 32 int8 values each. q4_0: their nibbles (0-15) in
+ * value order: each block's 16 bytes twice (128-bit lanes b, b, b+1, b+1),
+ * the second copy shifted down a nibble (values 16-31). */
+ATT_INLINE __m512i blk_pair_qs(const uint8_t *kb, const int Q4)
 {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)k[0].qs)),
-                              _mm256_loadu_si256((const __m256i *)k[1].qs), 1);
+    const size_t qs = offsetof(lms_block_q8_0, qs), bs = ATT_BLK_BYTES(Q4);
+    if (!Q4)
+        return _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(kb + qs))),
+            _mm256_loadu_si256((const __m256i *)(kb + bs + qs)), 1);
+    _Static_assert(offsetof(lms_block_q4_0, qs) == offsetof(lms_block_q8_0, qs), "block layouts");
+    const __m256i t = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(kb + qs))),
+        _mm_loadu_si128((const __m128i *)(kb + bs + qs)), 1);
+    const __m512i v =
+        _mm512_shuffle_i64x2(_mm512_castsi256_si512(t), _mm512_castsi256_si512(t), 0x50);
+    /* words of lanes 1 and 3 shifted */
+    return _mm512_and_si512(_mm512_mask_srli_epi16(v, (__mmask32)0xFF00FF00u, v, 4),
+                            _mm512_set1_epi8(0x0F));
 }
+
+/* Declares a K pair's operands: kd its scales, ku the unsigned VNNI
+ * operand, ka and kneg q8_0's magnitudes and signs (left unused, and
+ * dropped, elsewhere). */
+#define ATT_KPAIR(kb, Q4)                                                                  \
+    const __m512i kq = blk_pair_qs(kb, Q4);                                                \
+    const __m512 kd = blk_pair_scales(kb, Q4);                                             \
+    const __m512i ku = (Q4) ? kq : _mm512_xor_si512(kq, _mm512_set1_epi8((char)0x80));      \
+    const __m512i ka = _mm512_abs_epi8(kq);                                                \
+    const __mmask64 kneg = _mm512_movepi8_mask(kq);                                        \
+    (void)ka;                                                                              \
+    (void)kneg;
+
+/* p = the integer lanes of the K pair (ATT_KPAIR) with query values xq and
+ * offsets corr */
+#define ATT_KDOT(p, VNNI, Q4, xq, corr)                                                    \
+    if (VNNI)                                                                              \
+        p = ATT_DPBUSD(corr, ku, xq);                                                      \
+    else if (Q4)                                                                           \
+        p = _mm512_add_epi32(                                                              \
+            _mm512_madd_epi16(_mm512_maddubs_epi16(ku, xq), _mm512_set1_epi16(1)), corr);  \
+    else                                                                                   \
+        p = _mm512_madd_epi16(                                                             \
+            _mm512_maddubs_epi16(ka, _mm512_mask_sub_epi8(xq, kneg, _mm512_setzero_si512(), xq)), \
+            _mm512_set1_epi16(1));
 
 /* The sums of the 16 lanes of a, b, c and d, in that order; each sum by
  * the same tree whatever the other three hold. */
@@ -661,7 +794,7 @@ static inline att_units att_step(const att_heads *hs, int32_t j, int32_t j1, int
     for (int32_t j = j0; j < j1; j += (hs)->n > 1 ? 1 : (U))                         \
         for (int h = 0; h < (hs)->n; h += (hs)->n > 1 ? (U) : (hs)->n)
 
-#define ATT_SCORES_Q8(name, TARGET, VNNI)                                                         \
+#define ATT_SCORES_Q8(name, TARGET, VNNI, Q4)                                                     \
     static inline __attribute__((always_inline)) TARGET void name(                                \
         const att_src *s, int hd, const float *qf, size_t qrow, int32_t j0, int32_t j1,           \
         int32_t n, float *w, size_t ws, const att_heads *hs, const int NQ)                        \
@@ -673,11 +806,11 @@ static inline att_units att_step(const att_heads *hs, int32_t j, int32_t j1, int
             if (h == 0)                                                                           \
                 for (int u = 0; u < (hs->n > 1 ? 1 : un.n); u++)                                  \
                     prefetch_ahead(s, j + u, n, 0, (int64_t)hs->n * (int64_t)hs->k_bytes);       \
-            const lms_block_q8_0 *k[4];                                                           \
+            const uint8_t *k[4];                                                                  \
             att_q8q x[4][ATT_ROWS];                                                               \
             _Pragma("GCC unroll 4") for (int u = 0; u < U; u++)                                   \
             {                                                                                     \
-                k[u] = (const lms_block_q8_0 *)(att_row(s, un.j[u]) + un.h[u] * hs->k_bytes);     \
+                k[u] = att_row(s, un.j[u]) + un.h[u] * hs->k_bytes;                               \
                 _Pragma("GCC unroll 4") for (int q = 0; q < NQ; q++) x[u][q] =                    \
                     att_q8_query(qf + un.h[u] * hs->q_floats + q * qrow, hd);                     \
             }                                                                                     \
@@ -687,22 +820,13 @@ static inline att_units att_step(const att_heads *hs, int32_t j, int32_t j1, int
             for (int b = 0; b < hd / LMS_QK8_0; b += 2) {                                         \
                 _Pragma("GCC unroll 4") for (int u = 0; u < U; u++)                               \
                 {                                                                                 \
-                    const __m512i kq = q8_pair_qs(k[u] + b);                                      \
-                    const __m512 kd = q8_pair_scales(k[u] + b);                                   \
-                    const __m512i ku = _mm512_xor_si512(kq, _mm512_set1_epi8((char)0x80));        \
-                    const __m512i ka = _mm512_abs_epi8(kq);                                       \
-                    const __mmask64 kneg = _mm512_movepi8_mask(kq);                               \
+                    ATT_KPAIR(k[u] + b * ATT_BLK_BYTES(Q4), Q4)                                   \
                     _Pragma("GCC unroll 4") for (int q = 0; q < NQ; q++)                          \
                     {                                                                             \
                         const __m512i xq = _mm512_loadu_si512(x[u][q].qs + b * LMS_QK8_0);        \
+                        const __m512i xc = _mm512_loadu_si512(x[u][q].corr + b * 8);              \
                         __m512i p;                                                                \
-                        if (VNNI)                                                                 \
-                            p = ATT_DPBUSD(_mm512_loadu_si512(x[u][q].corr + b * 8), ku, xq);     \
-                        else                                                                      \
-                            p = _mm512_madd_epi16(                                                \
-                                _mm512_maddubs_epi16(ka, _mm512_mask_sub_epi8(                    \
-                                                             xq, kneg, _mm512_setzero_si512(), xq)), \
-                                _mm512_set1_epi16(1));                                            \
+                        ATT_KDOT(p, VNNI, Q4, xq, xc)                                             \
                         acc[u * NQ + q] = _mm512_fmadd_ps(                                        \
                             _mm512_cvtepi32_ps(p),                                                \
                             _mm512_mul_ps(kd, _mm512_loadu_ps(x[u][q].d + b * 8)),                \
@@ -818,18 +942,20 @@ ATT_INLINE void scores_f16_pairs_x(const att_src *s, const float *qf, size_t qro
 
 #define ATT_TARGET_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
 #define ATT_DPBUSD(acc, u, s) _mm512_dpbusd_epi32(acc, u, s)
-ATT_SCORES_Q8(scores_q8_0_x, ATT_TARGET, 0)
-ATT_SCORES_Q8(scores_q8_0_vnni_x, ATT_TARGET_VNNI, 1)
+ATT_SCORES_Q8(scores_q8_0_x, ATT_TARGET, 0, 0)
+ATT_SCORES_Q8(scores_q8_0_vnni_x, ATT_TARGET_VNNI, 1, 0)
+ATT_SCORES_Q8(scores_q4_0_x, ATT_TARGET, 0, 1)
+ATT_SCORES_Q8(scores_q4_0_vnni_x, ATT_TARGET_VNNI, 1, 1)
 
 /*
- * q8_0 scores of a decode step with two query rows a head and HD = 64 or
+ * q8_0 (q4_0) scores of a decode step with two query rows a head and HD = 64 or
  * 128, as scores_f16_pairs_x: per head, both rows' int8 values, VNNI
  * offsets and scales held in registers (6 * HD / 64 of them) while the
  * block's K slices pass, two positions a step. Each dot product is the
  * same integer lanes, FMA chain and att_hsum4 tree as ATT_SCORES_Q8's, so
  * the scores are identical.
  */
-#define ATT_SCORES_Q8_PAIRS(name, TARGET, VNNI)                                                   \
+#define ATT_SCORES_Q8_PAIRS(name, TARGET, VNNI, Q4)                                               \
     static inline __attribute__((always_inline)) TARGET void name(                                \
         const att_src *s, const float *qf, size_t qrow, int32_t j0, int32_t j1, int32_t n,        \
         float *w, size_t ws, const att_heads *hs, const int HD)                                   \
@@ -856,27 +982,13 @@ ATT_SCORES_Q8(scores_q8_0_vnni_x, ATT_TARGET_VNNI, 1)
                     prefetch_run(s, &ru, jn, n, off, (int64_t)hs->k_bytes);                       \
                     __m512 acc[4];                                                                \
                     for (int u = 0; u < 2; u++) {                                                 \
-                        const lms_block_q8_0 *k =                                                 \
-                            (const lms_block_q8_0 *)(run_row(s, &ru, u ? jn : j) + off);          \
+                        const uint8_t *k = run_row(s, &ru, u ? jn : j) + off;                     \
                         acc[2 * u] = acc[2 * u + 1] = _mm512_setzero_ps();                        \
                         for (int p = 0; p < HD / 64; p++) {                                       \
-                            const __m512i kq = q8_pair_qs(k + 2 * p);                             \
-                            const __m512 kd = q8_pair_scales(k + 2 * p);                          \
-                            const __m512i ku =                                                    \
-                                _mm512_xor_si512(kq, _mm512_set1_epi8((char)0x80));               \
-                            const __m512i ka = _mm512_abs_epi8(kq);                               \
-                            const __mmask64 kneg = _mm512_movepi8_mask(kq);                       \
+                            ATT_KPAIR(k + 2 * p * ATT_BLK_BYTES(Q4), Q4)                          \
                             for (int q = 0; q < 2; q++) {                                         \
                                 __m512i pr;                                                       \
-                                if (VNNI)                                                         \
-                                    pr = ATT_DPBUSD(xc[q][p], ku, xq[q][p]);                      \
-                                else                                                              \
-                                    pr = _mm512_madd_epi16(                                       \
-                                        _mm512_maddubs_epi16(                                     \
-                                            ka, _mm512_mask_sub_epi8(xq[q][p], kneg,              \
-                                                                     _mm512_setzero_si512(),      \
-                                                                     xq[q][p])),                  \
-                                        _mm512_set1_epi16(1));                                    \
+                                ATT_KDOT(pr, VNNI, Q4, xq[q][p], xc[q][p])                        \
                                 acc[2 * u + q] =                                                  \
                                     _mm512_fmadd_ps(_mm512_cvtepi32_ps(pr),                       \
                                                     _mm512_mul_ps(kd, xd[q][p]), acc[2 * u + q]); \
@@ -895,8 +1007,10 @@ ATT_SCORES_Q8(scores_q8_0_vnni_x, ATT_TARGET_VNNI, 1)
         }                                                                                         \
     }
 
-ATT_SCORES_Q8_PAIRS(scores_q8_0_pairs_x, ATT_TARGET, 0)
-ATT_SCORES_Q8_PAIRS(scores_q8_0_vnni_pairs_x, ATT_TARGET_VNNI, 1)
+ATT_SCORES_Q8_PAIRS(scores_q8_0_pairs_x, ATT_TARGET, 0, 0)
+ATT_SCORES_Q8_PAIRS(scores_q8_0_vnni_pairs_x, ATT_TARGET_VNNI, 1, 0)
+ATT_SCORES_Q8_PAIRS(scores_q4_0_pairs_x, ATT_TARGET, 0, 1)
+ATT_SCORES_Q8_PAIRS(scores_q4_0_vnni_pairs_x, ATT_TARGET_VNNI, 1, 1)
 
 /* 64 columns at a time: NQ x 4 accumulators; V64 loads a row's 64 values */
 #define ATT_VALUES_X(name, V64, COL_BYTES)                                                       \
@@ -988,34 +1102,55 @@ ATT_INLINE void values_f16_pairs_x(const att_src *s, const float *w, size_t ws, 
 }
 
 /*
- * q8_0 values: a row's weight times each block's scale first (one scalar
- * product per row and block, w * d rounded to f32), then one FMA per 16
- * values: acc += (w * d) * q. Folding the scale into the weight leaves the
- * FMA pipes one product per value and row (the q values are converted once
- * and shared by the rows of a pass). Every kernel below and the portable
- * twin use this order.
+ * q8_0 and q4_0 values: a row's weight times each block's scale first (one
+ * scalar product per row and block, w * d rounded to f32), then one FMA per
+ * 16 values: acc += (w * d) * q. Folding the scale into the weight leaves
+ * the FMA pipes one product per value and row (the q values are converted
+ * once and shared by the rows of a pass). Every kernel below and the
+ * portable twin use this order.
  */
 ATT_INLINE __m512 q8_weight(const float *w, int32_t j, float d)
 {
     return _mm512_set1_ps(w[j] * d);
 }
 
-/* 64 columns (two blocks) at a time, NQ x 4 accumulators */
-ATT_INLINE void values_q8_0_x(const att_src *s, int hd, const float *w, size_t ws, int32_t j0,
-                              int32_t j1, int32_t n, float *out, int mode, const int NQ)
+/* Block b of a V row (q8_0, or q4_0 where Q4): its scale, and its values
+ * 0-15 and 16-31 as floats (q4_0: each nibble minus 8, exact). */
+ATT_INLINE float blk_lanes(const uint8_t *row, int b, const int Q4, __m512 *x0, __m512 *x1)
 {
+    const uint8_t *blk = row + b * ATT_BLK_BYTES(Q4), *qs = blk + offsetof(lms_block_q8_0, qs);
+    uint16_t d;
+    memcpy(&d, blk, sizeof d);
+    if (!Q4) {
+        *x0 = q8_lanes((const int8_t *)qs);
+        *x1 = q8_lanes((const int8_t *)qs + 16);
+    } else {
+        const __m128i v = _mm_loadu_si128((const __m128i *)qs), m = _mm_set1_epi8(0x0F);
+        const __m128i lo = _mm_sub_epi8(_mm_and_si128(v, m), _mm_set1_epi8(8));
+        const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_set1_epi8(8));
+        *x0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo));
+        *x1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi));
+    }
+    return _cvtsh_ss(d);
+}
+
+/* 64 columns (two blocks) at a time, NQ x 4 accumulators */
+ATT_INLINE void values_blk_x(const att_src *s, int hd, const float *w, size_t ws, int32_t j0,
+                             int32_t j1, int32_t n, float *out, int mode, const int Q4,
+                             const int NQ)
+{
+    const int64_t bs = (int64_t)ATT_BLK_BYTES(Q4);
     for (int c0 = 0; c0 < hd; c0 += 64) {
         __m512 acc[ATT_ROWS][4];
         for (int q = 0; q < NQ; q++)
             for (int i = 0; i < 4; i++)
                 acc[q][i] = acc_start(out + q * hd + c0 + 16 * i, mode);
         for (int32_t j = j0; j < j1; j++) {
-            prefetch_ahead(s, j, n, (int64_t)c0 / LMS_QK8_0 * (int64_t)sizeof(lms_block_q8_0),
-                           2 * (int64_t)sizeof(lms_block_q8_0));
-            const lms_block_q8_0 *v = (const lms_block_q8_0 *)att_row(s, j) + c0 / LMS_QK8_0;
+            prefetch_ahead(s, j, n, (int64_t)c0 / LMS_QK8_0 * bs, 2 * bs);
+            const uint8_t *v = att_row(s, j);
             for (int b = 0; b < 2; b++) {
-                const float d = _cvtsh_ss(v[b].d);
-                const __m512 x0 = q8_lanes(v[b].qs), x1 = q8_lanes(v[b].qs + 16);
+                __m512 x0, x1;
+                const float d = blk_lanes(v, c0 / LMS_QK8_0 + b, Q4, &x0, &x1);
                 for (int q = 0; q < NQ; q++) {
                     const __m512 e = q8_weight(w + q * ws, j, d);
                     acc[q][2 * b] = _mm512_fmadd_ps(e, x0, acc[q][2 * b]);
@@ -1032,23 +1167,24 @@ ATT_INLINE void values_q8_0_x(const att_src *s, int hd, const float *w, size_t w
     }
 }
 
-/* Two rows of q8_0 values with HD = 64 or 128 in one pass, as
+/* Two rows of q8_0 (q4_0) values with HD = 64 or 128 in one pass, as
  * values_f16_pairs_x: all accumulators in registers, each V slice read
- * once; per output element the same FMA chain as values_q8_0_x. */
-ATT_INLINE void values_q8_0_pairs_x(const att_src *s, const float *w, size_t ws, int32_t j0,
-                                    int32_t j1, int32_t n, float *out, int mode, const int HD)
+ * once; per output element the same FMA chain as values_blk_x. */
+ATT_INLINE void values_blk_pairs_x(const att_src *s, const float *w, size_t ws, int32_t j0,
+                                   int32_t j1, int32_t n, float *out, int mode, const int Q4,
+                                   const int HD)
 {
     __m512 a0[8], a1[8];
     pairs_start(out, mode, HD, a0, a1);
     for (int32_t jb = j0; jb < j1;) {
         const att_run ru = att_run_at(s, jb, j1, n);
         for (int32_t j = jb; j < ru.je; j++) {
-            prefetch_run(s, &ru, j, n, 0, HD / LMS_QK8_0 * (int64_t)sizeof(lms_block_q8_0));
-            const lms_block_q8_0 *v = (const lms_block_q8_0 *)run_row(s, &ru, j);
+            prefetch_run(s, &ru, j, n, 0, HD / LMS_QK8_0 * (int64_t)ATT_BLK_BYTES(Q4));
+            const uint8_t *v = run_row(s, &ru, j);
             for (int b = 0; b < HD / LMS_QK8_0; b++) {
-                const float d = _cvtsh_ss(v[b].d);
+                __m512 x0, x1;
+                const float d = blk_lanes(v, b, Q4, &x0, &x1);
                 const __m512 ea = q8_weight(w, j, d), eb = q8_weight(w + ws, j, d);
-                const __m512 x0 = q8_lanes(v[b].qs), x1 = q8_lanes(v[b].qs + 16);
                 a0[2 * b] = _mm512_fmadd_ps(ea, x0, a0[2 * b]);
                 a0[2 * b + 1] = _mm512_fmadd_ps(ea, x1, a0[2 * b + 1]);
                 a1[2 * b] = _mm512_fmadd_ps(eb, x0, a1[2 * b]);
@@ -1069,47 +1205,28 @@ ATT_INLINE void values_q8_0_pairs_x(const att_src *s, const float *w, size_t ws,
     default: fn(__VA_ARGS__, 4); break;     \
     }
 
-ATT_TARGET static void scores_f16_avx512(const att_src *s, int hd, int nq, const float *qf,
-                                         size_t qrow, int32_t j0, int32_t j1, int32_t n, float *w,
-                                         size_t ws, const att_heads *hs)
-{
-    if (hs->n > 1 && nq == 2 && (hd == 64 || hd == 128)) {
-        if (hd == 64)
-            scores_f16_pairs_x(s, qf, qrow, j0, j1, n, w, ws, hs, 64);
-        else
-            scores_f16_pairs_x(s, qf, qrow, j0, j1, n, w, ws, hs, 128);
-        return;
+/* A scores entry point: the GQA-pair kernel `pairs` for decode steps with
+ * two rows a head and head sizes 64 and 128, else `rows` by row count. */
+#define ATT_SCORES_AVX512(name, TARGET, pairs, rows)                                          \
+    TARGET static void name(const att_src *s, int hd, int nq, const float *qf, size_t qrow,   \
+                            int32_t j0, int32_t j1, int32_t n, float *w, size_t ws,           \
+                            const att_heads *hs)                                              \
+    {                                                                                         \
+        if (hs->n > 1 && nq == 2 && (hd == 64 || hd == 128)) {                                \
+            if (hd == 64)                                                                     \
+                pairs(s, qf, qrow, j0, j1, n, w, ws, hs, 64);                                 \
+            else                                                                              \
+                pairs(s, qf, qrow, j0, j1, n, w, ws, hs, 128);                                \
+            return;                                                                           \
+        }                                                                                     \
+        ATT_BY_ROWS(rows, nq, s, hd, qf, qrow, j0, j1, n, w, ws, hs)                          \
     }
-    ATT_BY_ROWS(scores_f16_x, nq, s, hd, qf, qrow, j0, j1, n, w, ws, hs)
-}
 
-ATT_TARGET static void scores_q8_0_avx512(const att_src *s, int hd, int nq, const float *qf,
-                                          size_t qrow, int32_t j0, int32_t j1, int32_t n, float *w,
-                                          size_t ws, const att_heads *hs)
-{
-    if (hs->n > 1 && nq == 2 && (hd == 64 || hd == 128)) {
-        if (hd == 64)
-            scores_q8_0_pairs_x(s, qf, qrow, j0, j1, n, w, ws, hs, 64);
-        else
-            scores_q8_0_pairs_x(s, qf, qrow, j0, j1, n, w, ws, hs, 128);
-        return;
-    }
-    ATT_BY_ROWS(scores_q8_0_x, nq, s, hd, qf, qrow, j0, j1, n, w, ws, hs)
-}
-
-ATT_TARGET_VNNI static void scores_q8_0_vnni(const att_src *s, int hd, int nq, const float *qf,
-                                             size_t qrow, int32_t j0, int32_t j1, int32_t n,
-                                             float *w, size_t ws, const att_heads *hs)
-{
-    if (hs->n > 1 && nq == 2 && (hd == 64 || hd == 128)) {
-        if (hd == 64)
-            scores_q8_0_vnni_pairs_x(s, qf, qrow, j0, j1, n, w, ws, hs, 64);
-        else
-            scores_q8_0_vnni_pairs_x(s, qf, qrow, j0, j1, n, w, ws, hs, 128);
-        return;
-    }
-    ATT_BY_ROWS(scores_q8_0_vnni_x, nq, s, hd, qf, qrow, j0, j1, n, w, ws, hs)
-}
+ATT_SCORES_AVX512(scores_f16_avx512, ATT_TARGET, scores_f16_pairs_x, scores_f16_x)
+ATT_SCORES_AVX512(scores_q8_0_avx512, ATT_TARGET, scores_q8_0_pairs_x, scores_q8_0_x)
+ATT_SCORES_AVX512(scores_q8_0_vnni, ATT_TARGET_VNNI, scores_q8_0_vnni_pairs_x, scores_q8_0_vnni_x)
+ATT_SCORES_AVX512(scores_q4_0_avx512, ATT_TARGET, scores_q4_0_pairs_x, scores_q4_0_x)
+ATT_SCORES_AVX512(scores_q4_0_vnni, ATT_TARGET_VNNI, scores_q4_0_vnni_pairs_x, scores_q4_0_vnni_x)
 
 /* The values of a call's heads in turn, inlined into one function (a
  * decode step makes a call per cache block: per head, it would cost an
@@ -1146,12 +1263,28 @@ ATT_TARGET static void values_f16_avx512(const att_src *s, int hd, int nq, const
     ATT_VALUES_BLOCK(values_f16_pairs_x, values_f16_x)
 }
 
-ATT_TARGET static void values_q8_0_avx512(const att_src *s, int hd, int nq, const float *w,
-                                          size_t ws, int32_t j0, int32_t j1, int32_t n, float *out,
-                                          int mode, const att_heads *hs)
-{
-    ATT_VALUES_BLOCK(values_q8_0_pairs_x, values_q8_0_x)
-}
+/* The q8_0 and q4_0 values kernels with the type fixed, as
+ * ATT_VALUES_BLOCK takes them, and their entry points. */
+#define ATT_VALUES_BLK(name, Q4)                                                              \
+    ATT_INLINE void name##_pairs_x(const att_src *s, const float *w, size_t ws, int32_t j0,   \
+                                   int32_t j1, int32_t n, float *out, int mode, const int HD) \
+    {                                                                                         \
+        values_blk_pairs_x(s, w, ws, j0, j1, n, out, mode, Q4, HD);                           \
+    }                                                                                         \
+    ATT_INLINE void name##_x(const att_src *s, int hd, const float *w, size_t ws, int32_t j0, \
+                             int32_t j1, int32_t n, float *out, int mode, const int NQ)       \
+    {                                                                                         \
+        values_blk_x(s, hd, w, ws, j0, j1, n, out, mode, Q4, NQ);                             \
+    }                                                                                         \
+    ATT_TARGET static void name##_avx512(const att_src *s, int hd, int nq, const float *w,    \
+                                         size_t ws, int32_t j0, int32_t j1, int32_t n,        \
+                                         float *out, int mode, const att_heads *hs)           \
+    {                                                                                         \
+        ATT_VALUES_BLOCK(name##_pairs_x, name##_x)                                            \
+    }
+
+ATT_VALUES_BLK(values_q8_0, 0)
+ATT_VALUES_BLK(values_q4_0, 1)
 
 /* w[j] = w[j] * inv rounded to f16 (to nearest even, as ROUND_F16), as floats */
 ATT_TARGET static void round_f16_avx512(float *w, int32_t n, float inv)
@@ -1185,15 +1318,21 @@ typedef struct att_kernels {
 
 static att_kernels att_pick(const lms_ctx *c)
 {
-    const bool q8 = c->kv.type == LMS_TYPE_Q8_0;
-    att_kernels k = {q8 ? scores_q8_0_c : scores_f16_c, q8 ? values_q8_0_c : values_f16_c};
+    const int t = c->kv.type;
+    att_kernels k = {scores_f16_c, values_f16_c};
+    if (t == LMS_TYPE_Q8_0)
+        k = (att_kernels){scores_q8_0_c, values_q8_0_c};
+    else if (t == LMS_TYPE_Q4_0)
+        k = (att_kernels){scores_q4_0_c, values_q4_0_c};
 #ifdef ATT_AVX512
     if (c->att_impl == FWD_ATT_AVX512) {
         /* LMS_ATT_NO_VNNI=1: the AVX512BW products instead (the same integers) */
-        k.scores = !q8                                                                  ? scores_f16_avx512
-                   : __builtin_cpu_supports("avx512vnni") && !getenv("LMS_ATT_NO_VNNI") ? scores_q8_0_vnni
-                                                                                         : scores_q8_0_avx512;
-        k.values = q8 ? values_q8_0_avx512 : values_f16_avx512;
+        const bool vnni = __builtin_cpu_supports("avx512vnni") && !getenv("LMS_ATT_NO_VNNI");
+        k = (att_kernels){scores_f16_avx512, values_f16_avx512};
+        if (t == LMS_TYPE_Q8_0)
+            k = (att_kernels){vnni ? scores_q8_0_vnni : scores_q8_0_avx512, values_q8_0_avx512};
+        else if (t == LMS_TYPE_Q4_0)
+            k = (att_kernels){vnni ? scores_q4_0_vnni : scores_q4_0_avx512, values_q4_0_avx512};
     }
 #endif
     return k;
@@ -1319,7 +1458,7 @@ static bool att_layout(const lms_ctx *c, const att_tile *tiles, int32_t n_tiles,
  * the whole chunk (fewer, longer kernel calls: faster on cached rows) reads
  * each row in head slices far apart in time, and was 10-15% slower on an
  * f16 cache at depth 1024 (rows from DRAM), prefetching however. q8_0
- * cache: one call for the chunk (a pass per head over it). Its kernels
+ * and q4_0 caches: one call for the chunk (a pass per head over it). Their kernels
  * are bound by their arithmetic more than by memory (a values pass over
  * rows in L2 takes about as long as one over rows from DRAM), and the
  * fewer calls (the accumulators started and stored once a head and chunk,
@@ -1332,7 +1471,7 @@ static void att_chunk_sums(lms_ctx *c, int il, const att_kernels *k, const att_t
     const lms_hparams *hp = &c->m->hp;
     const int hd = hp->head_dim, nh = hp->n_head, group = nh / hp->n_head_kv;
     const int32_t n = a->pos0 + 1, j0 = ci * ATT_CHUNK;
-    const int32_t step = c->kv.type == LMS_TYPE_Q8_0 ? ATT_CHUNK : LMS_KV_BLOCK;
+    const int32_t step = c->kv.type != LMS_TYPE_F16 ? ATT_CHUNK : LMS_KV_BLOCK;
     const float *w = c->dec + (size_t)ti * l->per_tile + (size_t)h0 * group * l->ws;
     float *sum = c->dec + (size_t)ti * l->per_tile + (size_t)nh * l->ws + (size_t)ci * nh * hd +
                  (size_t)h0 * group * hd;
@@ -1569,10 +1708,16 @@ static void att_heads_share(lms_ctx *c, int il, const att_kernels *k, const att_
  * 0-128, 12-24% less at 128-288, even at 320-384 (f16) and 448-512
  * (q8_0), 17% more at 1024 (f16): its threads read parts of each row,
  * which streams worse than by chunk's whole rows. 576 KiB: 288 positions
- * of that model's f16 cache, 542 of its q8_0 cache.
+ * of that model's f16 cache, 542 of its q8_0 cache. A q4_0 cache goes by
+ * heads up to 1 MiB (1820 positions there): its kernels cost about what
+ * q8_0's do per position on half the bytes, and by heads was 10% faster
+ * at depth 1024, 5% at 1536 and even at 2048 (attention alone, 16 MiB
+ * read between layers as the weights would; the same runs: q8_0 by chunk
+ * 7-11% faster at 768-1024, f16 20% at 1024).
  */
 #define ATT_HEADS_MAX_BYTES ((int64_t)576 << 10)
-static int64_t att_heads_max = ATT_HEADS_MAX_BYTES;
+#define ATT_HEADS_MAX_BYTES_Q4 ((int64_t)1 << 20)
+static int64_t att_heads_max = -1; /* -1: by the cache type, as above */
 
 /* The by-heads schedule (see the top of this section); false when the step
  * is not for it. */
@@ -1582,7 +1727,10 @@ static bool attention_by_heads(lms_ctx *c, int il, const att_tile *tiles, int32_
     int64_t n_pos = 0;
     for (int32_t ti = 0; ti < n_tiles; ti++)
         n_pos += tiles[ti].pos0 + 1;
-    if (c->m->hp.n_head_kv < c->n_threads || n_pos * (int64_t)c->kv.row_bytes > att_heads_max ||
+    const int64_t max = att_heads_max >= 0                 ? att_heads_max
+                        : c->kv.type == LMS_TYPE_Q4_0 ? ATT_HEADS_MAX_BYTES_Q4
+                                                      : ATT_HEADS_MAX_BYTES;
+    if (c->m->hp.n_head_kv < c->n_threads || n_pos * (int64_t)c->kv.row_bytes > max ||
         !att_layout(c, tiles, n_tiles, &l))
         return false;
     const att_kernels k = att_pick(c);
@@ -1613,7 +1761,7 @@ int fwd_set_attention(lms_ctx *c, int impl)
 #endif
     const char *env = getenv("LMS_ATTENTION"); /* ref | c: for A/B timings */
     const char *heads = getenv("LMS_ATT_HEADS_MAX");
-    att_heads_max = heads ? strtoll(heads, NULL, 10) : ATT_HEADS_MAX_BYTES;
+    att_heads_max = heads ? strtoll(heads, NULL, 10) : -1;
     if (impl == FWD_ATT_AUTO && env && (!strcmp(env, "ref") || !strcmp(env, "c")))
         impl = env[0] == 'r' ? FWD_ATT_REF : FWD_ATT_C;
     /* The kernel ISA (LMS_ISA) caps it. Without AVX-512 the reference

@@ -96,9 +96,11 @@ int lms_ctx_create(const lms_model *m, const lms_ctx_params *p, lms_ctx **out, c
         return lms_errf(err, errsz, LMS_ERR_INVAL, "context: n_ctx %d, n_batch %d, n_seq %d invalid",
                         p->n_ctx, p->n_batch, p->n_seq);
     int kvt = p->kv_type ? p->kv_type : LMS_TYPE_F16;
-    if ((kvt != LMS_TYPE_F16 && kvt != LMS_TYPE_Q8_0) || (kvt == LMS_TYPE_Q8_0 && hp->head_dim % 32))
+    const bool kv_blocked = kvt == LMS_TYPE_Q8_0 || kvt == LMS_TYPE_Q4_0;
+    if ((kvt != LMS_TYPE_F16 && !kv_blocked) || (kv_blocked && hp->head_dim % 32))
         return lms_errf(err, errsz, LMS_ERR_UNSUPPORTED,
-                        "context: KV cache type must be f16, or q8_0 with head_dim a multiple of 32");
+                        "context: KV cache type must be f16, or q8_0/q4_0 with head_dim a multiple "
+                        "of 32");
     lms_ctx *c = calloc(1, sizeof *c);
     if (!c)
         return lms_errf(err, errsz, LMS_ERR_NOMEM, "context: out of memory");
@@ -393,8 +395,8 @@ void fwd_qkv_post(lms_ctx *c, int il, const lms_batch *b)
 {
     const lms_layer *l = &c->m->layers[il];
     const int64_t n = b->n_tokens;
-    /* the cache's type: f16 (the same rounding as lms_f32_to_f16) or q8_0 */
-    const lms_from_float_fn to_cache = lms_kernels_get()->from_float[c->kv.type];
+    /* the cache row writer (kv_cache.h): f16, q8_0 or q4_0 */
+    const lms_from_float_fn to_cache = lms_kv_row_writer(c->kv.type);
     /* tokens are independent here; a prompt's are split over the threads
      * (a few tokens stay out of OpenMP, see ROWS_PAR_MIN) */
     if (n < 8) {

@@ -24,7 +24,7 @@ typedef struct lms_ctx_params {
     int32_t n_seq;     /* sequences the KV pool is sized for */
     int32_t n_threads; /* compute threads (0 = all cores) */
     int32_t kv_blocks; /* KV pool size in blocks; 0 = n_seq full contexts */
-    int kv_type;       /* cache type: 0 or LMS_TYPE_F16 (default), LMS_TYPE_Q8_0 */
+    int kv_type;       /* cache type: 0 or LMS_TYPE_F16 (default), LMS_TYPE_Q8_0, LMS_TYPE_Q4_0 */
     /* GPU placement (CUDA builds; see forward_int.h). The first gpu_layers
      * layers and their K/V go to the GPU, the rest stay on the CPU. */
     int32_t gpu_layers;     /* 0 = CPU only, N, or LMS_GPU_LAYERS_AUTO / _ALL */

@@ -4,6 +4,7 @@
  */
 #include "engine/kv_cache.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #ifdef __linux__
@@ -12,6 +13,7 @@
 
 #include "base/ckd.h"
 #include "base/err.h"
+#include "base/fp16.h"
 #include "kernels/kernels.h"
 
 /* A K or V pool: 2 MiB aligned and, on Linux, on transparent huge pages
@@ -30,6 +32,46 @@ static void *pool_alloc(size_t bytes)
         madvise(p, n, MADV_HUGEPAGE); /* a hint: failure only costs speed */
 #endif
     return p;
+}
+
+/* ---- row writers -------------------------------------------------------------- */
+
+/*
+ * q4_0 rows by the format's own rounding rule: the block's value of largest
+ * magnitude m maps to code 0 (scale d = m / -8), every value to the code
+ * nearest x / d + 8 (halves up), at most 15. The kernels' from_float for
+ * q4_0 is the weight quantizer, a least-squares fit of each block's scale:
+ * about 59 us a 1024-value row (this AMD EPYC), 3.3 ms of every
+ * Qwen3-0.6B token for its 56 rows; this takes about 1 us. Its error is a
+ * little larger (no fitted scale): at most half a step, a whole step for
+ * values of the sign opposite to the largest that round past code 15.
+ */
+static void kv_q4_0_row(const float *x, void *y, int64_t n)
+{
+    lms_block_q4_0 *b = y;
+    for (int64_t i = 0; i < n / LMS_QK4_0; i++) {
+        const float *xb = x + i * LMS_QK4_0;
+        float m = 0.0f, am = 0.0f;
+        for (int j = 0; j < LMS_QK4_0; j++)
+            if (fabsf(xb[j]) > am) {
+                am = fabsf(xb[j]);
+                m = xb[j];
+            }
+        const float d = m / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        b[i].d = lms_f32_to_f16(d);
+        for (int j = 0; j < LMS_QK4_0 / 2; j++) {
+            const float lo = xb[j] * id + 8.5f, hi = xb[j + LMS_QK4_0 / 2] * id + 8.5f;
+            /* in [0.5, 16.5] (NaN: code 0) */
+            const int ql = lo >= 0.0f ? (lo < 15.0f ? (int)lo : 15) : 0;
+            const int qh = hi >= 0.0f ? (hi < 15.0f ? (int)hi : 15) : 0;
+            b[i].qs[j] = (uint8_t)(ql | qh << 4);
+        }
+    }
+}
+
+lms_from_float_fn lms_kv_row_writer(int type)
+{
+    return type == LMS_TYPE_Q4_0 ? kv_q4_0_row : lms_kernels_get()->from_float[type];
 }
 
 /* ---- LRU free list ----------------------------------------------------------- */
@@ -126,7 +168,8 @@ int lms_kv_cache_init(lms_kv_cache *c, int32_t n_layer, int32_t n_kv_dim, int32_
                       int type)
 {
     memset(c, 0, sizeof *c);
-    size_t row = (type == LMS_TYPE_F16 || type == LMS_TYPE_Q8_0) ? lms_row_size(type, n_kv_dim) : 0;
+    const bool ok_type = type == LMS_TYPE_F16 || type == LMS_TYPE_Q8_0 || type == LMS_TYPE_Q4_0;
+    size_t row = ok_type ? lms_row_size(type, n_kv_dim) : 0;
     size_t per_layer, bytes;
     if (n_layer <= 0 || n_kv_dim <= 0 || n_blocks <= 0 || n_blocks > (1 << 24) || row == 0 ||
         lms_ckd_mul(&per_layer, (size_t)n_blocks * LMS_KV_BLOCK, row) ||

@@ -4,7 +4,9 @@
  *
  * Cell layout: k[layer][block][slot][row], v alike, where a row holds the
  * n_kv_head * head_dim values of one position in the cache type: F16
- * (default) or Q8_0 (half the memory; each head's values are whole blocks).
+ * (default), Q8_0 (34 bytes per 32 values: 53% of F16) or Q4_0 (18 bytes
+ * per 32 values: 28% of F16); in the quantized types each head's values
+ * are whole blocks.
  * Position p of a sequence lives in block seq->blocks[p / LMS_KV_BLOCK],
  * slot p % LMS_KV_BLOCK.
  *
@@ -30,6 +32,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/kernels.h"
+
 #define LMS_KV_BLOCK 16
 
 typedef struct lms_kv_block_meta {
@@ -46,7 +50,7 @@ typedef struct lms_kv_cache {
     int32_t n_layer;
     int32_t n_kv_dim;      /* n_head_kv * head_dim */
     int32_t n_blocks;
-    int type;              /* LMS_TYPE_F16 or LMS_TYPE_Q8_0 */
+    int type;              /* LMS_TYPE_F16, LMS_TYPE_Q8_0 or LMS_TYPE_Q4_0 */
     size_t row_bytes;      /* one position's K (or V) row */
     size_t layer_stride;   /* bytes per layer: n_blocks * BLOCK * row_bytes */
     uint8_t *k;            /* [n_layer][n_blocks][BLOCK][row] */
@@ -66,10 +70,17 @@ typedef struct lms_kv_seq {
     int32_t n_pos;         /* positions whose K/V are written */
 } lms_kv_seq;
 
-/* type: LMS_TYPE_F16 or LMS_TYPE_Q8_0 (n_kv_dim a multiple of 32). */
+/* type: LMS_TYPE_F16, LMS_TYPE_Q8_0 or LMS_TYPE_Q4_0 (n_kv_dim a multiple
+ * of 32 for the last two). */
 int lms_kv_cache_init(lms_kv_cache *c, int32_t n_layer, int32_t n_kv_dim, int32_t n_blocks,
                       int type);
 void lms_kv_cache_deinit(lms_kv_cache *c);
+
+/* The function that writes a row of n floats into the cache type: f16 and
+ * q8_0 the kernels' from_float; q4_0 round to nearest with the block's
+ * largest value as scale (fast, unlike the kernels' least-squares weight
+ * quantizer). */
+lms_from_float_fn lms_kv_row_writer(int type);
 
 /* Makes seq able to hold n_pos positions, taking blocks from the pool.
  * LMS_ERR_LIMIT (nothing taken) when the pool lacks blocks. */

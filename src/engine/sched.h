@@ -46,7 +46,7 @@ typedef struct lms_sched_params {
     int64_t kv_budget_bytes;  /* KV pool size; 0 = n_ctx * n_parallel cells */
     int32_t n_threads;        /* compute threads; 0 = all cores */
     bool no_prefix_cache;     /* disable prefix reuse */
-    int kv_type;              /* KV cache type: 0 = F16, or LMS_TYPE_Q8_0 */
+    int kv_type;              /* KV cache type: 0 = F16, LMS_TYPE_Q8_0 or LMS_TYPE_Q4_0 */
     int32_t gpu_layers;       /* GPU placement, as lms_ctx_params (0 = CPU only) */
     int32_t vram_margin_mb, vram_budget_mb;
     lms_thermal *thermal;     /* borrowed: slow down / pause steps when hot (NULL: off) */

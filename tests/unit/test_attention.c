@@ -1,20 +1,24 @@
 /*
  * test_attention.c - the forward pass's attention paths against each other
  * (attention.c): the per-row path in portable C and in AVX-512 (where the CPU
- * and head size allow) against the reference tiled path, for f16 and q8_0
- * caches; and, within each path, a decode step of single-token tiles
+ * and head size allow) against the reference tiled path, for f16, q8_0 and
+ * q4_0 caches; and, within each path, a decode step of single-token tiles
  * scheduled by chunk (threads sharing each tile), by heads (threads taking
  * whole KV heads of the tiles: the default below LMS_ATT_HEADS_MAX cached
  * bytes, which the runs here set to 0 or leave alone) or by group (a tile
  * per thread, with at least two tiles a thread) bit-identical to the same
  * rows scheduled by head (a step that also holds a multi-token tile), which
- * is what keeps batched generation equal to solo generation.
+ * is what keeps batched generation equal to solo generation. The AVX-512
+ * path's quantized-cache scores are also checked equal with and without
+ * AVX512-VNNI (LMS_ATT_NO_VNNI).
  *
  * Contexts are long enough that the prompts cross several ATT_CHUNKs.
  * Token ids are random (fixed seed); the models are the synthetic ones of
  * the shared test data, and one written here (lms_synth_write) with the
  * head size of the benchmark models (128; the shared ones have 64 and 8),
- * for the AVX-512 kernels specialized per head size (f16 and q8_0 caches).
+ * for the AVX-512 kernels specialized per head size (f16, q8_0 and q4_0
+ * caches). The q8_0 and q4_0 caches need head sizes of a multiple of 32
+ * (not stories260K's 8).
  */
 #include <math.h>
 #include <stdio.h>
@@ -46,11 +50,20 @@ static const lms_synth_shape hd128 = {"qwen3-hd128", "qwen3", 256, 2, 4, 2, 128,
                                       N_CTX, 1000000.0f, 1e-6f, 1, 0};
 
 static const att_case cases[] = {
-    {"llama-synth-f32", 0, NULL}, {"llama-synth-f32", LMS_TYPE_Q8_0, NULL},
-    {"qwen3-synth-f16", 0, NULL}, {"qwen3-synth-f16", LMS_TYPE_Q8_0, NULL},
-    {"stories260K", 0, NULL},     {"qwen3-hd128", 0, &hd128},
-    {"qwen3-hd128", LMS_TYPE_Q8_0, &hd128},
+    {"llama-synth-f32", 0, NULL},          {"llama-synth-f32", LMS_TYPE_Q8_0, NULL},
+    {"llama-synth-f32", LMS_TYPE_Q4_0, NULL}, {"qwen3-synth-f16", 0, NULL},
+    {"qwen3-synth-f16", LMS_TYPE_Q8_0, NULL}, {"qwen3-synth-f16", LMS_TYPE_Q4_0, NULL},
+    {"stories260K", 0, NULL},              {"qwen3-hd128", 0, &hd128},
+    {"qwen3-hd128", LMS_TYPE_Q8_0, &hd128}, {"qwen3-hd128", LMS_TYPE_Q4_0, &hd128},
 };
+
+#define N_CASES (sizeof cases / sizeof cases[0])
+
+/* "f16", "q8_0", "q4_0" */
+static const char *kv_name(int kv_type)
+{
+    return lms_type_get(kv_type ? kv_type : LMS_TYPE_F16)->name;
+}
 
 static uint32_t rng_next(uint32_t *s)
 {
@@ -138,6 +151,53 @@ static void run(const lms_model *m, int kv_type, int impl, bool split, int n_thr
     lms_ctx_destroy(c);
 }
 
+/*
+ * End to end: the logits of a quantized cache (reference path, rows q)
+ * against the f16 cache's (into f): finite, and their mean difference a
+ * small part of the logits' spread. The error follows the cache's step:
+ * q8_0 rounds each value to 1/127 of its block's largest, q4_0 to 1/8 of
+ * it (nearly 16 times coarser). Measured on these random-weight models:
+ * mean |diff| 0.5-0.9% of the logits' standard deviation with q8_0 (top-1
+ * unchanged), 7-12% with q4_0. The bounds are about twice the worst of
+ * those (2% and 25%); a cache read wrongly (a swapped nibble half, a
+ * wrong scale) gives differences as large as the logits themselves.
+ */
+static void check_vs_f16(const lms_model *m, int kv_type, const float *q, float *f)
+{
+    const int32_t nv = m->hp.n_vocab;
+    run(m, 0, FWD_ATT_REF, false, 2, f);
+    double sum = 0, sum2 = 0, mean_diff = 0;
+    float max_diff = 0;
+    int top1 = 0;
+    for (int r = 0; r < N_ROWS; r++) {
+        const float *qr = q + (size_t)r * nv, *fr = f + (size_t)r * nv;
+        int aq = 0, af = 0;
+        for (int32_t i = 0; i < nv; i++) {
+            if (!isfinite(qr[i]))
+                fail_msg("kv %s: logit %d of row %d is %g", kv_name(kv_type), i, r, qr[i]);
+            const float d = fabsf(qr[i] - fr[i]);
+            max_diff = d > max_diff ? d : max_diff;
+            mean_diff += d;
+            sum += fr[i];
+            sum2 += (double)fr[i] * fr[i];
+            aq = qr[i] > qr[aq] ? i : aq;
+            af = fr[i] > fr[af] ? i : af;
+        }
+        top1 += aq == af;
+    }
+    const double n = (double)N_ROWS * nv, sd = sqrt(sum2 / n - (sum / n) * (sum / n));
+    mean_diff /= n;
+    printf("kv %-4s vs f16 cache (%s): max |logit diff| %.3g, mean %.3g, logit sd %.3g, "
+           "same top-1 %d/%d\n",
+           kv_name(kv_type), m->hp.arch, max_diff, mean_diff, sd, top1, N_ROWS);
+    const double bound = (kv_type == LMS_TYPE_Q4_0 ? 0.25 : 0.02) * sd;
+    if (!(mean_diff <= bound))
+        fail_msg("kv %s: mean |logit diff| %g from the f16 cache's, over %g", kv_name(kv_type),
+                 mean_diff, bound);
+    if (kv_type == LMS_TYPE_Q8_0 && top1 != N_ROWS)
+        fail_msg("kv q8_0: top-1 token differs from the f16 cache's in %d rows", N_ROWS - top1);
+}
+
 static void test_case(void **state)
 {
     const att_case *ac = *state;
@@ -172,7 +232,7 @@ static void test_case(void **state)
         lms_ctx_destroy(probe);
         if (!ok) {
             printf("attention %-16s kv %-4s hd %3d: %s path not available here\n", ac->model,
-                   ac->kv_type ? "q8_0" : "f16", m->hp.head_dim, k ? "avx512" : "c");
+                   kv_name(ac->kv_type), m->hp.head_dim, k ? "avx512" : "c");
             continue;
         }
         run(m, ac->kv_type, impls[k], false, 2, a);
@@ -194,14 +254,31 @@ static void test_case(void **state)
                          heads_max[i] ? threads[i] > 1 ? "chunk" : "group" : "heads",
                          threads[i], tu_max_diff(a, b, n));
         }
+        /* the AVX512BW integer products instead of VNNI's: the same lanes */
+        if (k && ac->kv_type) {
+            setenv("LMS_ATT_NO_VNNI", "1", 1);
+            run(m, ac->kv_type, impls[k], false, 2, b);
+            unsetenv("LMS_ATT_NO_VNNI");
+            if (memcmp(a, b, n * sizeof *a))
+                fail_msg("%s: scores without VNNI differ (max %g)", ac->model,
+                         tu_max_diff(a, b, n));
+        }
         float d = tu_max_diff(a, ref, n);
         printf("attention %-16s kv %-4s hd %3d %-6s vs reference: max |logit diff| %.3g of %.3g\n",
-               ac->model, ac->kv_type ? "q8_0" : "f16", m->hp.head_dim, k ? "avx512" : "c", d,
+               ac->model, kv_name(ac->kv_type), m->hp.head_dim, k ? "avx512" : "c", d,
                scale);
-        if (!(d <= 1e-3f * scale + 1e-4f))
+        /* The paths agree to float rounding in each layer; a q4_0 cache
+         * turns such a difference in a layer's K or V, where a value sits
+         * at a rounding boundary, into a whole step (1/8 of its block's
+         * largest) for the layers after it: seen up to 1.3e-3 of the
+         * logits' scale, against 0.5-1.7 of it for a cache read wrongly. */
+        const float tol = ac->kv_type == LMS_TYPE_Q4_0 ? 1e-2f : 1e-3f;
+        if (!(d <= tol * scale + 1e-4f))
             fail_msg("%s: %s path differs from the reference by %g", ac->model,
                      k ? "avx512" : "c", d);
     }
+    if (ac->kv_type)
+        check_vs_f16(m, ac->kv_type, ref, b);
     free(ref);
     free(a);
     free(b);
@@ -210,10 +287,12 @@ static void test_case(void **state)
 
 int main(void)
 {
-    struct CMUnitTest tests[sizeof cases / sizeof cases[0]];
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        tests[i] = (struct CMUnitTest){.name = cases[i].kv_type ? "q8_0 cache" : cases[i].model,
-                                       .test_func = test_case,
-                                       .initial_state = (void *)&cases[i]};
+    struct CMUnitTest tests[N_CASES];
+    static char names[N_CASES][64];
+    for (size_t i = 0; i < N_CASES; i++) {
+        snprintf(names[i], sizeof names[i], "%s kv %s", cases[i].model, kv_name(cases[i].kv_type));
+        tests[i] = (struct CMUnitTest){
+            .name = names[i], .test_func = test_case, .initial_state = (void *)&cases[i]};
+    }
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
