@@ -5,8 +5,10 @@
 #include "engine/kv_cache.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #ifdef __linux__
 #include <sys/mman.h>
 #endif
@@ -72,6 +74,35 @@ static void kv_q4_0_row(const float *x, void *y, int64_t n)
 lms_from_float_fn lms_kv_row_writer(int type)
 {
     return type == LMS_TYPE_Q4_0 ? kv_q4_0_row : lms_kernels_get()->from_float[type];
+}
+
+/* Bytes of the K and V pools, together, faulted in at reservation. A
+ * fresh page is zeroed by the kernel on its first write, inside the step
+ * that writes it (a 2 MiB huge page: 100-400 us). Blocks are handed out
+ * lowest index first (the free list starts in index order), so the first
+ * blocks of every layer are the first written: those are faulted in now,
+ * up to this many bytes; the rest of a large pool (--kv-budget) faults in
+ * on first use, so a big pool does not slow the start (64 MiB: 6-130 ms,
+ * up to ~150 ms while the kernel has to compact memory for huge pages). */
+#define KV_PREFAULT_BYTES ((size_t)64 << 20)
+
+/* Faults in the first n bytes of each of n_layer regions `stride` bytes
+ * apart from p, writable: MADV_POPULATE_WRITE (Linux 5.14+), which leaves
+ * the contents alone, else a write to each page (the pool holds nothing
+ * yet). */
+static void pool_prefault(uint8_t *p, size_t stride, int32_t n_layer, size_t n)
+{
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    for (int32_t il = 0; il < n_layer && n > 0; il++) {
+        uint8_t *lo = p + (size_t)il * stride;
+#if defined(__linux__) && defined(MADV_POPULATE_WRITE)
+        uint8_t *a = (uint8_t *)((uintptr_t)lo & ~(uintptr_t)(page - 1));
+        if (madvise(a, (size_t)(lo + n - a), MADV_POPULATE_WRITE) == 0)
+            continue;
+#endif
+        for (size_t o = 0; o < n; o += page)
+            ((volatile uint8_t *)lo)[o] = 0;
+    }
 }
 
 /* ---- LRU free list ----------------------------------------------------------- */
@@ -193,6 +224,10 @@ int lms_kv_cache_init(lms_kv_cache *c, int32_t n_layer, int32_t n_kv_dim, int32_
         lms_kv_cache_deinit(c);
         return LMS_ERR_NOMEM;
     }
+    size_t first = KV_PREFAULT_BYTES / 2 / (size_t)n_layer;
+    first = first < per_layer ? first : per_layer;
+    pool_prefault(c->k, per_layer, n_layer, first);
+    pool_prefault(c->v, per_layer, n_layer, first);
     memset(c->table, 0xff, tsize * sizeof *c->table);
     c->lru_head = c->lru_tail = -1;
     for (int32_t b = 0; b < n_blocks; b++)
