@@ -9,9 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "app/bench.h"
 #include "base/timeutil.h"
@@ -127,24 +124,15 @@ static int run_level(lms_sched *s, int n, const bench_opts *o, const char *model
     return 0;
 }
 
-/* The scheduler's thread runs the forward passes with an OpenMP team of
- * its own. The idle team this (main) thread keeps from the bandwidth
- * measurement and the pp/tg tests would have libgomp count more threads
- * than CPUs, and it then stops spinning between parallel regions: each of
- * a step's ~140 regions would wake the workers through the kernel (9000
- * context switches and 15% of the speed of 64 decode steps of a 1B model,
- * a cost a server, whose other threads run no OpenMP, does not have).
- * Releases it. */
-static void release_team(void)
-{
-#ifdef _OPENMP
-    omp_pause_resource_all(omp_pause_soft);
-#endif
-}
-
 int bench_parallel(lms_model *m, const bench_opts *o)
 {
-    release_team();
+    /* The scheduler's thread runs the forward passes with an OpenMP team
+     * of its own; the idle team this (main) thread keeps from the bandwidth
+     * measurement and the pp/tg tests would make libgomp's workers sleep
+     * between regions (9000 context switches and 15% of the speed of 64
+     * decode steps of a 1B model, a cost a server, whose other threads run
+     * no OpenMP, does not have). */
+    lms_release_omp_team();
     int max = 1;
     for (int i = 0; i < o->n_par; i++)
         max = o->par[i] > max ? o->par[i] : max;
@@ -166,7 +154,7 @@ int bench_parallel(lms_model *m, const bench_opts *o)
     int rc = 0;
     for (int i = 0; i < o->n_par && rc == 0; i++) {
         double peak = o->gpu.gpu_layers == 0 ? bench_bandwidth() : 0.0;
-        release_team();
+        lms_release_omp_team();
         rc = run_level(s, o->par[i], o, m->name, peak);
     }
     lms_sched_destroy(s);
@@ -191,7 +179,7 @@ static double one_ttft(lms_sched *s, const int32_t *toks, int32_t n, lms_req_sta
 
 int bench_prefix(lms_model *m, const bench_opts *o)
 {
-    release_team();
+    lms_release_omp_team(); /* as bench_parallel */
     int32_t n = (int32_t)o->prefix, extra = 16;
     int32_t *toks = malloc((size_t)(n + extra) * sizeof *toks);
     lms_sched_params p = {.n_ctx = n + extra + 16, .n_parallel = 1, .n_batch = (int32_t)o->batch,

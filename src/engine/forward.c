@@ -96,8 +96,7 @@ int lms_ctx_create(const lms_model *m, const lms_ctx_params *p, lms_ctx **out, c
         return lms_errf(err, errsz, LMS_ERR_INVAL, "context: n_ctx %d, n_batch %d, n_seq %d invalid",
                         p->n_ctx, p->n_batch, p->n_seq);
     int kvt = p->kv_type ? p->kv_type : LMS_TYPE_F16;
-    const bool kv_blocked = kvt == LMS_TYPE_Q8_0 || kvt == LMS_TYPE_Q4_0;
-    if ((kvt != LMS_TYPE_F16 && !kv_blocked) || (kv_blocked && hp->head_dim % 32))
+    if (!lms_kv_type_ok(kvt, hp->head_dim))
         return lms_errf(err, errsz, LMS_ERR_UNSUPPORTED,
                         "context: KV cache type must be f16, or q8_0/q4_0 with head_dim a multiple "
                         "of 32");

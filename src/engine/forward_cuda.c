@@ -640,8 +640,8 @@ int fwd_gpu_create(lms_ctx *c, int32_t n_blocks, char *err, size_t errsz)
         return rc;
     }
     c->gpu = gp;
-    const int kvt = c->p.kv_type ? c->p.kv_type : LMS_TYPE_F16;
-    if (kvt != LMS_TYPE_F16 && c->n_gpu == c->m->hp.n_layer)
+    const int kvt = c->p.kv_type ? c->p.kv_type : LMS_TYPE_F16, rest = c->m->hp.n_layer - c->n_gpu;
+    if (kvt != LMS_TYPE_F16 && c->n_gpu > 0 && rest == 0)
         fprintf(stderr, "lmserv: every layer is on the GPU, whose KV cache is f16: --kv-type %s "
                         "does not apply\n",
                 lms_type_get(kvt)->name);
@@ -649,7 +649,7 @@ int fwd_gpu_create(lms_ctx *c, int32_t n_blocks, char *err, size_t errsz)
         fprintf(stderr,
                 "lmserv: the KV cache of the %d GPU layers is f16; --kv-type %s applies to the "
                 "other %d layers\n",
-                c->n_gpu, lms_type_get(kvt)->name, c->m->hp.n_layer - c->n_gpu);
+                c->n_gpu, lms_type_get(kvt)->name, rest);
     return 0;
 }
 

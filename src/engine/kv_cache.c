@@ -71,6 +71,12 @@ static void kv_q4_0_row(const float *x, void *y, int64_t n)
     }
 }
 
+bool lms_kv_type_ok(int type, int64_t n)
+{
+    return type == LMS_TYPE_F16 ||
+           ((type == LMS_TYPE_Q8_0 || type == LMS_TYPE_Q4_0) && n % LMS_QK8_0 == 0);
+}
+
 lms_from_float_fn lms_kv_row_writer(int type)
 {
     return type == LMS_TYPE_Q4_0 ? kv_q4_0_row : lms_kernels_get()->from_float[type];
@@ -199,8 +205,7 @@ int lms_kv_cache_init(lms_kv_cache *c, int32_t n_layer, int32_t n_kv_dim, int32_
                       int type)
 {
     memset(c, 0, sizeof *c);
-    const bool ok_type = type == LMS_TYPE_F16 || type == LMS_TYPE_Q8_0 || type == LMS_TYPE_Q4_0;
-    size_t row = ok_type ? lms_row_size(type, n_kv_dim) : 0;
+    size_t row = lms_kv_type_ok(type, n_kv_dim) ? lms_row_size(type, n_kv_dim) : 0;
     size_t per_layer, bytes;
     if (n_layer <= 0 || n_kv_dim <= 0 || n_blocks <= 0 || n_blocks > (1 << 24) || row == 0 ||
         lms_ckd_mul(&per_layer, (size_t)n_blocks * LMS_KV_BLOCK, row) ||

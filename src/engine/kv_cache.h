@@ -70,8 +70,12 @@ typedef struct lms_kv_seq {
     int32_t n_pos;         /* positions whose K/V are written */
 } lms_kv_seq;
 
-/* type: LMS_TYPE_F16, LMS_TYPE_Q8_0 or LMS_TYPE_Q4_0 (n_kv_dim a multiple
- * of 32 for the last two). */
+/* Whether the cache holds `type` for rows of n values (a head, or a whole
+ * row of heads): LMS_TYPE_F16 always, LMS_TYPE_Q8_0 and LMS_TYPE_Q4_0 when
+ * the values are whole blocks (n a multiple of 32). */
+bool lms_kv_type_ok(int type, int64_t n);
+
+/* type: one that lms_kv_type_ok takes for n_kv_dim. */
 int lms_kv_cache_init(lms_kv_cache *c, int32_t n_layer, int32_t n_kv_dim, int32_t n_blocks,
                       int type);
 void lms_kv_cache_deinit(lms_kv_cache *c);

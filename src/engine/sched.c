@@ -679,19 +679,15 @@ static void step(lms_sched *s)
 
 static void free_all(lms_sched *s);
 
-/* Gives back this thread's OpenMP team (its parked workers). libgomp
- * counts the threads of every team in the process, parked or not; once
- * they outnumber the CPUs, the workers of every team stop spinning between
- * parallel regions and sleep in the kernel instead, and a decode step runs
- * ~140 regions. An idle scheduler therefore releases its team, so that
+/* An idle scheduler releases its team (lms_release_omp_team) so that
  * another one in the process (a second model, the engine restarted after
  * a stall) decodes at full speed: Llama-3.2-1B, 2 threads, beside an idle
  * scheduler that kept its team, 60-100 context switches a token instead of
- * none, and 2% (slow memory mode) to 12% (fast mode) of the speed. The
- * next step starts a new team: one thread creation per idle period.
- * libgomp only (GCC): there the pause frees just the calling thread's
- * team, while LLVM's runtime pauses every thread of the process. */
-static void release_team(void)
+ * none, and 2% (slow memory mode) to 12% (fast mode) of the speed; each
+ * idle period then costs one thread creation. libgomp only (GCC): there
+ * the pause frees just the calling thread's team, while LLVM's runtime
+ * pauses every thread of the process. */
+void lms_release_omp_team(void)
 {
 #if defined(_OPENMP) && defined(__GNUC__) && !defined(__clang__)
     omp_pause_resource_all(omp_pause_soft);
@@ -710,7 +706,7 @@ static void *sched_main(void *arg)
                 lms_watchdog_busy(s->wdc, false);
             if (has_team) { /* then look for work again */
                 pthread_mutex_unlock(&s->mu);
-                release_team();
+                lms_release_omp_team();
                 has_team = false;
                 pthread_mutex_lock(&s->mu);
                 continue;

@@ -170,4 +170,11 @@ const lms_model *lms_sched_model(const lms_sched *s);
 void lms_sched_abandon(lms_sched *s, const char *msg);
 const lms_sched_params *lms_sched_params_of(const lms_sched *s);
 
+/* Gives back the calling thread's OpenMP team (its parked workers), as an
+ * idle scheduler thread does: libgomp counts every team's threads, parked
+ * or not, and once they outnumber the CPUs the workers of every team sleep
+ * in the kernel between parallel regions instead of spinning. The thread's
+ * next parallel region starts a new team. */
+void lms_release_omp_team(void);
+
 #endif
