@@ -63,6 +63,13 @@ if "$LMSERV" eval -m "$M/stories260K.gguf" --kv-type q8_0 --tokens "1 403" --log
 grep -q "head_dim" "$TMP/err" || fail "Q8_0 cache message: $(cat "$TMP/err")"
 "$LMSERV" eval -m "$M/llama-synth-f32.gguf" --kv-type q8_0 --tokens "1 403 407" --logits "$TMP/k.f32" \
     || fail "eval with a Q8_0 KV cache"
+if "$LMSERV" eval -m "$M/stories260K.gguf" --kv-type q4_0 --tokens "1 403" --logits "$TMP/k.f32" \
+    2>"$TMP/err"; then fail "Q4_0 cache with head_dim 8 accepted"; fi
+grep -q "head_dim" "$TMP/err" || fail "Q4_0 cache message: $(cat "$TMP/err")"
+"$LMSERV" eval -m "$M/llama-synth-f32.gguf" --kv-type Q4_0 --tokens "1 403 407" --logits "$TMP/k.f32" \
+    || fail "eval with a Q4_0 KV cache"
+if "$LMSERV" serve -m "$M/stories260K.gguf" --kv-type q4 2>"$TMP/err"; then fail "serve: bad --kv-type accepted"; fi
+grep -q "q4_0" "$TMP/err" || fail "serve kv-type message: $(cat "$TMP/err")"
 ok "bad input gives errors"
 
 # tokenize, also on a vocab-only file
