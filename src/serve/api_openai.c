@@ -17,6 +17,18 @@
  * Without stream the text and logprobs accumulate and one response goes
  * out at the end.
  *
+ * `n` > 1 (and, for completions, several prompts) makes one response of
+ * several choices: each choice is its own scheduler task (`gen_job`, its
+ * index prompt * n + i) sharing a `gen_resp`. A prompt's first choice is
+ * submitted at once and the other n - 1 at its first event, when its
+ * prompt's blocks are in the prefix cache: they compute only the prompt's
+ * last partial block instead of n copies of the whole prompt. Streamed,
+ * each choice's chunks carry its index and end with its own finish chunk;
+ * the usage chunk and [DONE] follow the last. Not streamed, the reply goes
+ * out when every choice has ended. The prompt is counted once per prompt in
+ * the usage; choice i samples with seed + i. One choice failing fails the
+ * response: the error goes out and the other choices are aborted.
+ *
  * A chat request with `tools` (and tool_choice other than "none") has its
  * reply searched for function calls (toolcall.h): they become
  * `message.tool_calls` (streamed: one delta with every call, just before
@@ -35,19 +47,51 @@
 
 enum { JOB_CHAT, JOB_COMPL };
 
-typedef struct gen_job {
+/* Most choices in one response (n times the prompts). */
+#define MAX_CHOICES 64
+
+typedef struct gen_job gen_job;
+
+/* One prompt of a request: its tokens and, to echo, its text. */
+typedef struct gen_prompt {
+    int32_t *toks;
+    int32_t n;
+    char *echo;
+    bool rest;                 /* its choices after the first are submitted */
+} gen_prompt;
+
+/* One response: what its choices share. */
+typedef struct gen_resp {
     int kind;
     bool stream, include_usage;
     int logprobs;              /* -1 none, else alternatives per token (0..20) */
     char id[48];
     int64_t created;
+    bool tools;                /* chat with tools: replies are searched for calls */
+    int n;                     /* choices per prompt */
+    int n_choices;             /* choices in all */
+    int n_live;                /* choices not yet ended */
+    int refs;                  /* choices not yet destroyed */
+    bool failed;               /* an error went out; the other choices were aborted */
+    genparams gp;              /* sampling, for the choices submitted later */
+    int n_prompts;
+    gen_prompt pr[MAX_CHOICES];
+    gen_job *jobs[MAX_CHOICES];
+} gen_resp;
+
+/* One choice: one scheduler task. */
+struct gen_job {
+    gen_resp *r;
+    int index;
+    task *t;                   /* NULL once ended or destroyed */
     sbuf text;                 /* non-streamed answer */
     json_t *lp;                /* non-streamed logprobs (chat: content array; legacy object) */
     size_t text_off;           /* legacy logprobs text_offset */
     char *echo;                /* completions: prompt text to echo, or NULL */
-    bool tools;                /* chat with tools: replies are searched for calls */
     size_t sent;               /* streamed with tools: bytes of text sent as content */
-} gen_job;
+    const char *finish;        /* after a normal end: the finish reason */
+    lms_req_stats stats;       /* after a normal end */
+};
 
 /* ---- logprobs ------------------------------------------------------------------- */
 
@@ -119,15 +163,15 @@ static json_t *legacy_lp_new(void)
 
 /* ---- chunks -------------------------------------------------------------------------- */
 
-static json_t *chunk_new(const gen_job *j, const lms_server *s)
+static json_t *chunk_new(const gen_resp *r, const lms_server *s)
 {
     json_t *o = json_object();
-    json_object_set_new(o, "id", json_string(j->id));
-    const char *object = j->kind == JOB_CHAT ? "chat.completion.chunk" : "text_completion";
+    json_object_set_new(o, "id", json_string(r->id));
+    const char *object = r->kind == JOB_CHAT ? "chat.completion.chunk" : "text_completion";
     json_object_set_new(o, "object", json_string(object));
-    json_object_set_new(o, "created", json_integer(j->created));
+    json_object_set_new(o, "created", json_integer(r->created));
     json_object_set_new(o, "model", json_string_lossy(s->model_id, strlen(s->model_id)));
-    if (j->include_usage)
+    if (r->include_usage)
         json_object_set_new(o, "usage", json_null());
     return o;
 }
@@ -137,8 +181,8 @@ static json_t *chunk_choice(const gen_job *j, const char *text, size_t n, const 
                             const char *finish, json_t *lp)
 {
     json_t *ch = json_object();
-    json_object_set_new(ch, "index", json_integer(0));
-    if (j->kind == JOB_CHAT) {
+    json_object_set_new(ch, "index", json_integer(j->index));
+    if (j->r->kind == JOB_CHAT) {
         json_t *delta = json_object();
         if (role)
             json_object_set_new(delta, "role", json_string(role));
@@ -172,21 +216,34 @@ static int sse_send(conn *c, json_t *j)
 
 static int sse_choice(conn *c, const gen_job *j, json_t *choice)
 {
-    json_t *o = chunk_new(j, c->srv);
+    json_t *o = chunk_new(j->r, c->srv);
     json_t *arr = json_array();
     json_array_append_new(arr, choice);
     json_object_set_new(o, "choices", arr);
     return sse_send(c, o);
 }
 
-static json_t *usage_json(const lms_req_stats *st)
+/* The response's usage: every choice's generated tokens, each prompt's
+ * tokens once (from its first choice). */
+static json_t *usage_json(const gen_resp *r)
 {
+    int64_t n_prompt = 0, n_cached = 0, n_gen = 0;
+    for (int i = 0; i < r->n_choices; i++) {
+        const gen_job *j = r->jobs[i];
+        if (!j)
+            continue;
+        n_gen += j->stats.n_gen;
+        if (i % r->n == 0) {
+            n_prompt += j->stats.n_prompt;
+            n_cached += j->stats.n_cached;
+        }
+    }
     json_t *u = json_object();
-    json_object_set_new(u, "prompt_tokens", json_integer(st->n_prompt));
-    json_object_set_new(u, "completion_tokens", json_integer(st->n_gen));
-    json_object_set_new(u, "total_tokens", json_integer(st->n_prompt + st->n_gen));
+    json_object_set_new(u, "prompt_tokens", json_integer(n_prompt));
+    json_object_set_new(u, "completion_tokens", json_integer(n_gen));
+    json_object_set_new(u, "total_tokens", json_integer(n_prompt + n_gen));
     json_t *det = json_object();
-    json_object_set_new(det, "cached_tokens", json_integer(st->n_cached));
+    json_object_set_new(det, "cached_tokens", json_integer(n_cached));
     json_object_set_new(u, "prompt_tokens_details", det);
     return u;
 }
@@ -205,12 +262,13 @@ static const char *finish_reason(const char *f)
 static void on_token(task *t, gen_job *j, const lms_event *ev)
 {
     const lms_model *m = t->c->srv->model;
-    bool lp = j->logprobs >= 0 && ev->token >= 0;
-    if (j->stream) {
+    const gen_resp *r = j->r;
+    bool lp = r->logprobs >= 0 && ev->token >= 0;
+    if (r->stream) {
         if (ev->text_len == 0 && !lp)
             return;
         json_t *l = NULL;
-        if (lp && j->kind == JOB_CHAT) {
+        if (lp && r->kind == JOB_CHAT) {
             l = json_object();
             json_t *content = json_array();
             json_array_append_new(content, chat_lp_entry(m, ev));
@@ -221,7 +279,7 @@ static void on_token(task *t, gen_job *j, const lms_event *ev)
         }
         const char *piece = ev->text;
         size_t n = ev->text_len;
-        if (j->tools) { /* content goes out only once it cannot be part of a call */
+        if (r->tools) { /* content goes out only once it cannot be part of a call */
             sbuf_add(&j->text, ev->text, ev->text_len);
             size_t safe = toolcall_safe_len(j->text.p, j->text.n);
             piece = j->text.p + j->sent;
@@ -231,10 +289,10 @@ static void on_token(task *t, gen_job *j, const lms_event *ev)
                 return;
         }
         j->text_off += ev->text_len;
-        sse_choice(t->c, j, chunk_choice(j, n || !j->tools ? piece : NULL, n, NULL, NULL, l));
+        sse_choice(t->c, j, chunk_choice(j, n || !r->tools ? piece : NULL, n, NULL, NULL, l));
         return;
     }
-    if (lp && j->kind == JOB_CHAT)
+    if (lp && r->kind == JOB_CHAT)
         json_array_append_new(j->lp, chat_lp_entry(m, ev));
     else if (lp)
         legacy_lp_add(j->lp, m, ev, j->text.n);
@@ -297,52 +355,25 @@ static const char *stream_flush_tools(conn *c, gen_job *j, const char *finish)
     return finish;
 }
 
-static void stream_end(task *t, gen_job *j, const lms_event *ev)
+/* One choice as the non-streamed response has it. */
+static json_t *choice_json(lms_server *s, gen_job *j)
 {
-    conn *c = t->c;
-    if (ev->type == LMS_EV_ERROR || !finish_reason(ev->stats.finish)) {
-        reqerr e;
-        end_error(c, ev, &e);
-        sse_send(c, reqerr_json(&e));
-    } else {
-        const char *finish = finish_reason(ev->stats.finish);
-        if (j->tools)
-            finish = stream_flush_tools(c, j, finish);
-        sse_choice(c, j, chunk_choice(j, j->kind == JOB_CHAT ? NULL : "", 0, NULL, finish, NULL));
-        if (j->include_usage) {
-            json_t *o = chunk_new(j, c->srv);
-            json_object_set_new(o, "choices", json_array());
-            json_object_set_new(o, "usage", usage_json(&ev->stats));
-            sse_send(c, o);
-        }
-    }
-    http_stream_write(c, "data: [DONE]\n\n", 14);
-    http_stream_end(c);
-}
-
-static json_t *full_response(conn *c, gen_job *j, const lms_event *ev)
-{
-    json_t *o = json_object();
-    json_object_set_new(o, "id", json_string(j->id));
-    json_object_set_new(o, "object",
-                        json_string(j->kind == JOB_CHAT ? "chat.completion" : "text_completion"));
-    json_object_set_new(o, "created", json_integer(j->created));
-    json_object_set_new(o, "model", json_string_lossy(c->srv->model_id, strlen(c->srv->model_id)));
+    const gen_resp *r = j->r;
     json_t *ch = json_object();
-    json_object_set_new(ch, "index", json_integer(0));
-    const char *finish = finish_reason(ev->stats.finish);
+    json_object_set_new(ch, "index", json_integer(j->index));
+    const char *finish = j->finish;
     toolcalls tc = {0};
-    if (j->tools && toolcall_parse(j->text.p, j->text.n, &tc) < 0)
+    if (r->tools && toolcall_parse(j->text.p, j->text.n, &tc) < 0)
         tc = (toolcalls){0};
     size_t n_text = tc.n ? tc.content_len : j->text.n;
     json_t *text = json_string_lossy(j->text.p ? j->text.p : "", n_text);
-    if (j->kind == JOB_CHAT) {
+    if (r->kind == JOB_CHAT) {
         json_t *msg = json_object();
         json_object_set_new(msg, "role", json_string("assistant"));
         json_object_set_new(msg, "content", tc.n && n_text == 0 ? json_null() : json_incref(text));
         json_decref(text);
         if (tc.n) {
-            json_object_set_new(msg, "tool_calls", tool_calls_json(c->srv, &tc, false));
+            json_object_set_new(msg, "tool_calls", tool_calls_json(s, &tc, false));
             finish = "tool_calls";
         }
         toolcalls_free(&tc);
@@ -351,47 +382,160 @@ static json_t *full_response(conn *c, gen_job *j, const lms_event *ev)
         json_object_set_new(ch, "text", text);
     }
     json_t *lp = json_null();
-    if (j->logprobs >= 0 && j->kind == JOB_CHAT) {
+    if (r->logprobs >= 0 && r->kind == JOB_CHAT) {
         lp = json_object();
         json_object_set(lp, "content", j->lp);
-    } else if (j->logprobs >= 0) {
+    } else if (r->logprobs >= 0) {
         lp = json_incref(j->lp);
     }
     json_object_set_new(ch, "logprobs", lp);
     json_object_set_new(ch, "finish_reason", json_string(finish));
+    return ch;
+}
+
+static json_t *full_response(conn *c, const gen_resp *r)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "id", json_string(r->id));
+    json_object_set_new(o, "object",
+                        json_string(r->kind == JOB_CHAT ? "chat.completion" : "text_completion"));
+    json_object_set_new(o, "created", json_integer(r->created));
+    json_object_set_new(o, "model", json_string_lossy(c->srv->model_id, strlen(c->srv->model_id)));
     json_t *arr = json_array();
-    json_array_append_new(arr, ch);
+    for (int i = 0; i < r->n_choices; i++)
+        json_array_append_new(arr, choice_json(c->srv, r->jobs[i]));
     json_object_set_new(o, "choices", arr);
-    json_object_set_new(o, "usage", usage_json(&ev->stats));
+    json_object_set_new(o, "usage", usage_json(r));
     return o;
+}
+
+/* The response fails: the error goes out (in the stream, followed by
+ * [DONE]) and the other choices are aborted; j's own task, whose event is
+ * being handled, is aborted in the scheduler and goes with its end event. */
+static void resp_fail(conn *c, gen_job *j, const reqerr *e)
+{
+    gen_resp *r = j->r;
+    r->failed = true;
+    if (r->stream) {
+        sse_send(c, reqerr_json(e));
+        http_stream_write(c, "data: [DONE]\n\n", 14);
+        http_stream_end(c);
+    } else {
+        http_reply_err(c, e);
+    }
+    if (j->t && c->srv->sched)
+        lms_sched_abort(c->srv->sched, j->t->id);
+    for (int i = 0; i < r->n_choices; i++)
+        if (r->jobs[i] != j && r->jobs[i]->t)
+            task_cancel(r->jobs[i]->t); /* its destroy may not free r: j holds it */
+}
+
+static const task_ops gen_ops;
+
+/* Submits choice i; -1 with e set when the scheduler refuses it. */
+static int job_submit(conn *c, gen_resp *r, int i, reqerr *e)
+{
+    gen_job *j = r->jobs[i];
+    const gen_prompt *p = &r->pr[i / r->n];
+    lms_request rq = genparams_request(&r->gp, p->toks, p->n);
+    rq.n_logprobs = r->logprobs > 0 ? r->logprobs : 0;
+    rq.sp.seed += (uint64_t)(i % r->n);
+    if (!(j->t = task_submit(c, &rq, &gen_ops, j, e)))
+        return -1;
+    r->refs++;
+    return 0;
+}
+
+/* The first choice of a prompt has its first event: its prompt is in the
+ * cache, the others go now. */
+static int submit_rest(conn *c, gen_job *j, reqerr *e)
+{
+    gen_resp *r = j->r;
+    gen_prompt *p = &r->pr[j->index / r->n];
+    if (p->rest)
+        return 0;
+    p->rest = true;
+    for (int i = j->index + 1; i < j->index + r->n; i++)
+        if (job_submit(c, r, i, e) < 0)
+            return -1;
+    return 0;
 }
 
 static void gen_on_event(task *t, const lms_event *ev, double t_ms)
 {
     gen_job *j = t->state;
+    gen_resp *r = j->r;
     (void)t_ms;
+    if (r->failed)
+        return;
+    reqerr e;
+    if (submit_rest(t->c, j, &e) < 0) {
+        if (ev->type == LMS_EV_END || ev->type == LMS_EV_ERROR)
+            j->t = NULL; /* removed after this event */
+        resp_fail(t->c, j, &e);
+        return;
+    }
     if (ev->type == LMS_EV_TOKEN) {
         on_token(t, j, ev);
-    } else if (ev->type == LMS_EV_END || ev->type == LMS_EV_ERROR) {
-        if (j->stream) {
-            stream_end(t, j, ev);
-        } else if (ev->type == LMS_EV_ERROR || !finish_reason(ev->stats.finish)) {
-            reqerr e;
-            end_error(t->c, ev, &e);
-            http_reply_err(t->c, &e);
-        } else {
-            http_reply_json(t->c, 200, full_response(t->c, j, ev));
+        return;
+    }
+    if (ev->type != LMS_EV_END && ev->type != LMS_EV_ERROR)
+        return;
+    j->t = NULL; /* removed after this event */
+    if (ev->type == LMS_EV_ERROR || !finish_reason(ev->stats.finish)) {
+        end_error(t->c, ev, &e);
+        resp_fail(t->c, j, &e);
+        return;
+    }
+    j->finish = finish_reason(ev->stats.finish);
+    j->stats = ev->stats;
+    r->n_live--;
+    if (r->stream) {
+        const char *finish = j->finish;
+        if (r->tools)
+            finish = stream_flush_tools(t->c, j, finish);
+        sse_choice(t->c, j, chunk_choice(j, r->kind == JOB_CHAT ? NULL : "", 0, NULL, finish, NULL));
+        if (r->n_live > 0)
+            return;
+        if (r->include_usage) {
+            json_t *o = chunk_new(r, t->c->srv);
+            json_object_set_new(o, "choices", json_array());
+            json_object_set_new(o, "usage", usage_json(r));
+            sse_send(t->c, o);
         }
+        http_stream_write(t->c, "data: [DONE]\n\n", 14);
+        http_stream_end(t->c);
+    } else if (r->n_live == 0) {
+        http_reply_json(t->c, 200, full_response(t->c, r));
     }
 }
 
+static void resp_free(gen_resp *r)
+{
+    for (int i = 0; i < r->n_prompts; i++) {
+        free(r->pr[i].toks);
+        free(r->pr[i].echo);
+    }
+    genparams_deinit(&r->gp);
+    for (int i = 0; i < r->n_choices; i++) {
+        gen_job *j = r->jobs[i];
+        if (!j)
+            continue;
+        sbuf_free(&j->text);
+        json_decref(j->lp);
+        free(j->echo);
+        free(j);
+    }
+    free(r);
+}
+
+/* A choice's task is gone; the response goes with the last. */
 static void gen_destroy(task *t)
 {
     gen_job *j = t->state;
-    sbuf_free(&j->text);
-    json_decref(j->lp);
-    free(j->echo);
-    free(j);
+    j->t = NULL;
+    if (--j->r->refs == 0)
+        resp_free(j->r);
 }
 
 static const task_ops gen_ops = {gen_on_event, gen_destroy};
@@ -414,24 +558,28 @@ int api_check_model(conn *c, const json_t *body, reqerr *e)
 }
 
 /* Fields shared by chat and completions. */
-static int parse_common(conn *c, const json_t *body, gen_job *j, genparams *gp, reqerr *e)
+static int parse_common(conn *c, const json_t *body, gen_resp *r, genparams *gp, reqerr *e)
 {
     if (api_check_model(c, body, e) < 0)
         return -1;
-    int64_t n;
+    int64_t n = 1, best_of = 0;
     const json_t *so = NULL;
-    if (reqparse_bool(body, "stream", &j->stream, e) < 0 ||
+    if (reqparse_bool(body, "stream", &r->stream, e) < 0 ||
         reqparse_obj(body, "stream_options", &so, e) < 0 ||
-        (so && reqparse_bool(so, "include_usage", &j->include_usage, e) < 0) ||
-        reqparse_int(body, "n", 1, 1, &n, e) < 0 || reqparse_int(body, "best_of", 1, 1, &n, e) < 0)
+        (so && reqparse_bool(so, "include_usage", &r->include_usage, e) < 0) ||
+        reqparse_int(body, "n", 1, MAX_CHOICES, &n, e) < 0 ||
+        reqparse_int(body, "best_of", 1, MAX_CHOICES, &best_of, e) < 0)
         return -1;
-    if (!j->stream)
-        j->include_usage = false;
+    if (best_of && best_of != n)
+        return reqerr_set(e, 400, "best_of", "'best_of' must equal 'n' (%lld) here: choices are "
+                          "not ranked", (long long)n);
+    r->n = (int)n;
+    if (!r->stream)
+        r->include_usage = false;
     return reqparse_gen(body, gp, e);
 }
 
-static int parse_chat(conn *c, const json_t *body, gen_job *j, genparams *gp, int32_t **toks,
-                      int32_t *n_toks, reqerr *e)
+static int parse_chat(conn *c, const json_t *body, gen_resp *r, gen_prompt *pr, reqerr *e)
 {
     bool lp = false;
     int64_t top = 0;
@@ -441,14 +589,14 @@ static int parse_chat(conn *c, const json_t *body, gen_job *j, genparams *gp, in
     const json_t *tl = json_object_get(body, "top_logprobs");
     if (tl && !json_is_null(tl) && !lp)
         return reqerr_set(e, 400, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
-    j->logprobs = lp ? (int)top : -1;
+    r->logprobs = lp ? (int)top : -1;
     const json_t *tools = json_object_get(body, "tools");
     if (tools && !json_is_null(tools) && !json_is_array(tools))
         return reqerr_set(e, 400, "tools", "'tools' must be an array");
     const json_t *choice = json_object_get(body, "tool_choice");
     if (choice && !json_is_null(choice) && !json_is_string(choice) && !json_is_object(choice))
         return reqerr_set(e, 400, "tool_choice", "'tool_choice' must be a string or an object");
-    j->tools = json_array_size(tools) > 0 &&
+    r->tools = json_array_size(tools) > 0 &&
                !(json_is_string(choice) && !strcmp(json_string_value(choice), "none"));
     const json_t *rf = NULL;
     const char *rft = NULL;
@@ -462,82 +610,133 @@ static int parse_chat(conn *c, const json_t *body, gen_job *j, genparams *gp, in
     if (!msgs)
         return -1;
     int rc = chatfmt_tokens(&c->srv->fmt, c->srv->model, msgs,
-                            json_is_array(tools) ? tools : NULL, toks, n_toks, e);
+                            json_is_array(tools) ? tools : NULL, &pr->toks, &pr->n, e);
     json_decref(msgs);
     return rc;
 }
 
-/* prompt: a string, [string], [ids] or [[ids]] (one prompt per request). */
-static int parse_prompt(conn *c, const json_t *body, bool echo, gen_job *j, int32_t **toks,
-                        int32_t *n_toks, reqerr *e)
+/* One prompt: a string or an array of token ids. */
+static int parse_one_prompt(conn *c, const json_t *p, bool echo, gen_prompt *pr, reqerr *e)
 {
-    const json_t *p = json_object_get(body, "prompt");
-    if (json_is_array(p) && json_array_size(p) == 1 &&
-        (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
-        p = json_array_get(p, 0);
     if (json_is_string(p)) {
-        if (echo && !(j->echo = strdup(json_string_value(p))))
+        if (echo && !(pr->echo = strdup(json_string_value(p))))
             return reqerr_set(e, 503, NULL, "out of memory");
         return chatfmt_text_tokens(c->srv->model, json_string_value(p), json_string_length(p),
-                                   true, toks, n_toks, e);
+                                   true, &pr->toks, &pr->n, e);
     }
     if (!json_is_array(p) || json_array_size(p) == 0)
-        return reqerr_set(e, 400, "prompt", "'prompt' must be a string or an array of token ids "
-                          "(one prompt per request)");
-    size_t n = json_array_size(p);
-    const json_t *first = json_array_get(p, 0);
-    if (json_is_string(first) || json_is_array(first))
-        return reqerr_set(e, 400, "prompt", "'prompt' holds %zu prompts; this server takes one "
-                          "prompt per request", n);
+        return reqerr_set(e, 400, "prompt", "'prompt' must be a string, an array of token ids, "
+                          "or an array of those");
     if (echo)
         return reqerr_set(e, 400, "echo", "'echo' needs a text prompt");
-    if (n > (1u << 24))
+    if (json_array_size(p) > (1u << 24))
         return reqerr_set(e, 413, "prompt", "the prompt is too long");
-    return reqparse_token_ids(p, "prompt", toks, n_toks, e);
+    return reqparse_token_ids(p, "prompt", &pr->toks, &pr->n, e);
 }
 
-static int parse_completion(conn *c, const json_t *body, gen_job *j, int32_t **toks,
-                            int32_t *n_toks, reqerr *e)
+/* prompt: a string, an array of ids, or an array of several of those. */
+static int parse_prompts(conn *c, const json_t *body, bool echo, int n, gen_prompt *pr,
+                         int *n_pr, reqerr *e)
+{
+    const json_t *p = json_object_get(body, "prompt");
+    const json_t *first = json_array_get(p, 0); /* NULL unless a non-empty array */
+    if (!json_is_string(first) && !json_is_array(first)) {
+        *n_pr = 1;
+        return parse_one_prompt(c, p, echo, &pr[0], e);
+    }
+    size_t k = json_array_size(p);
+    if (k * (size_t)n > MAX_CHOICES)
+        return reqerr_set(e, 400, "prompt", "%zu prompts times n = %d make over %d choices", k, n,
+                          MAX_CHOICES);
+    for (size_t i = 0; i < k; i++) {
+        *n_pr = (int)i + 1;
+        if (parse_one_prompt(c, json_array_get(p, i), echo, &pr[i], e) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int parse_completion(conn *c, const json_t *body, gen_resp *r, gen_prompt *pr, int *n_pr,
+                            reqerr *e)
 {
     int64_t lp = -1;
     bool echo = false;
     if (reqparse_int(body, "logprobs", 0, LMS_MAX_LOGPROBS, &lp, e) < 0 ||
         reqparse_bool(body, "echo", &echo, e) < 0)
         return -1;
-    j->logprobs = (int)lp;
-    if (echo && j->logprobs >= 0)
+    r->logprobs = (int)lp;
+    if (echo && r->logprobs >= 0)
         return reqerr_set(e, 400, "echo", "'echo' with 'logprobs' is not supported");
-    return parse_prompt(c, body, echo, j, toks, n_toks, e);
+    return parse_prompts(c, body, echo, r->n, pr, n_pr, e);
 }
 
-static void job_ids(lms_server *s, gen_job *j)
+static void resp_ids(lms_server *s, gen_resp *r)
 {
-    snprintf(j->id, sizeof j->id, "%s-%016llx", j->kind == JOB_CHAT ? "chatcmpl" : "cmpl",
+    snprintf(r->id, sizeof r->id, "%s-%016llx", r->kind == JOB_CHAT ? "chatcmpl" : "cmpl",
              (unsigned long long)server_rand(s));
-    j->created = lms_wall_s();
+    r->created = lms_wall_s();
 }
 
-/* Submits and starts the response; on failure replies with the error. */
-static int start(conn *c, gen_job *j, const genparams *gp, const int32_t *toks, int32_t n_toks)
+/* The response's choices, prompt by prompt; -1 when out of memory. */
+static int make_jobs(gen_resp *r)
 {
-    lms_request r = genparams_request(gp, toks, n_toks);
-    r.n_logprobs = j->logprobs > 0 ? j->logprobs : 0;
+    r->n_choices = r->n_prompts * r->n;
+    for (int i = 0; i < r->n_choices; i++) {
+        gen_job *j = calloc(1, sizeof *j);
+        if (!j)
+            return -1;
+        r->jobs[i] = j;
+        j->r = r;
+        j->index = i;
+        const char *echo = r->pr[i / r->n].echo;
+        if ((echo && !(j->echo = strdup(echo))) ||
+            (!r->stream && r->logprobs >= 0 &&
+             !(j->lp = r->kind == JOB_CHAT ? json_array() : legacy_lp_new())))
+            return -1;
+    }
+    return 0;
+}
+
+/* Submits each prompt's first choice and starts the response; takes r. On
+ * failure the choices submitted are aborted and the error is the reply. */
+static int start(conn *c, gen_resp *r)
+{
     reqerr e;
-    task *t = task_submit(c, &r, &gen_ops, j, &e);
-    if (!t) {
-        gen_destroy(&(task){.state = j});
+    if (make_jobs(r) < 0) {
+        resp_free(r);
+        reqerr_set(&e, 503, NULL, "out of memory");
         return http_reply_err(c, &e);
     }
-    if (!j->stream) {
-        if (j->echo)
-            sbuf_adds(&j->text, j->echo);
+    r->n_live = r->n_choices;
+    for (int i = 0; i < r->n_choices; i += r->n) {
+        if (job_submit(c, r, i, &e) < 0) {
+            task *live[MAX_CHOICES];
+            int n_live = 0;
+            for (int k = 0; k < i; k += r->n)
+                live[n_live++] = r->jobs[k]->t;
+            if (n_live == 0)
+                resp_free(r);
+            for (int k = 0; k < n_live; k++)
+                task_cancel(live[k]); /* the last frees r */
+            return http_reply_err(c, &e);
+        }
+        if (r->n == 1)
+            r->pr[i].rest = true;
+    }
+    if (!r->stream) {
+        for (int i = 0; i < r->n_choices; i++)
+            if (r->jobs[i]->echo)
+                sbuf_adds(&r->jobs[i]->text, r->jobs[i]->echo);
         return 0;
     }
     http_stream_begin(c, 200, "text/event-stream");
-    if (j->kind == JOB_CHAT)
-        sse_choice(c, j, chunk_choice(j, "", 0, "assistant", NULL, NULL));
-    else if (j->echo)
-        sse_choice(c, j, chunk_choice(j, j->echo, strlen(j->echo), NULL, NULL, NULL));
+    for (int i = 0; i < r->n_choices; i++) {
+        const gen_job *j = r->jobs[i];
+        if (r->kind == JOB_CHAT)
+            sse_choice(c, j, chunk_choice(j, "", 0, "assistant", NULL, NULL));
+        else if (j->echo)
+            sse_choice(c, j, chunk_choice(j, j->echo, strlen(j->echo), NULL, NULL, NULL));
+    }
     return 0;
 }
 
@@ -550,32 +749,25 @@ static int api_generate(conn *c, json_t *body, int kind)
         e.code = "model_loading";
         return http_reply_err(c, &e);
     }
-    gen_job *j = calloc(1, sizeof *j);
-    if (!j) {
+    gen_resp *r = calloc(1, sizeof *r);
+    if (!r) {
         reqerr_set(&e, 503, NULL, "out of memory");
         return http_reply_err(c, &e);
     }
-    j->kind = kind;
-    j->logprobs = -1;
-    genparams gp;
-    genparams_init(&gp, server_rand(s));
-    int32_t *toks = NULL, n_toks = 0;
-    int rc = parse_common(c, body, j, &gp, &e);
+    r->kind = kind;
+    r->logprobs = -1;
+    r->n_prompts = 1;
+    genparams_init(&r->gp, server_rand(s));
+    int rc = parse_common(c, body, r, &r->gp, &e);
     if (rc == 0)
-        rc = kind == JOB_CHAT ? parse_chat(c, body, j, &gp, &toks, &n_toks, &e)
-                              : parse_completion(c, body, j, &toks, &n_toks, &e);
-    if (rc == 0 && !j->stream && j->logprobs >= 0)
-        j->lp = kind == JOB_CHAT ? json_array() : legacy_lp_new();
-    if (rc == 0) {
-        job_ids(s, j);
-        rc = start(c, j, &gp, toks, n_toks);
-    } else {
-        gen_destroy(&(task){.state = j});
-        rc = http_reply_err(c, &e);
+        rc = kind == JOB_CHAT ? parse_chat(c, body, r, &r->pr[0], &e)
+                              : parse_completion(c, body, r, r->pr, &r->n_prompts, &e);
+    if (rc < 0) {
+        resp_free(r);
+        return http_reply_err(c, &e);
     }
-    free(toks);
-    genparams_deinit(&gp);
-    return rc;
+    resp_ids(s, r);
+    return start(c, r);
 }
 
 int api_chat(conn *c, json_t *body)

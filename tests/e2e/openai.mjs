@@ -1,5 +1,6 @@
 // openai.mjs - the official `openai` npm client against lmserv serve:
-// models, chat and completions (streamed and not, usage, logprobs),
+// models, chat and completions (streamed and not, usage, logprobs, n > 1
+// and several prompts),
 // embeddings (float and the client's default base64), and error statuses
 // mapped to the client's error classes.
 //
@@ -88,6 +89,36 @@ async function completions(model) {
     ok(text === r.choices[0].text, 'streamed completion equals the non-streamed one');
 }
 
+// n > 1 and several prompts: one response of several choices
+async function choices(model) {
+    const req = { model, messages: [{ role: 'user', content: 'Tell me a story' }], max_tokens: 8, n: 3, seed: 7 };
+    const r = await client.chat.completions.create(req);
+    ok(r.choices.length === 3 && r.choices.every((c, i) => c.index === i && c.message.role === 'assistant'), 'n=3: three choices in order');
+    ok(r.usage.completion_tokens <= 24 && r.usage.completion_tokens >= 3, `n=3 usage counts every choice (${r.usage.completion_tokens})`);
+    const single = await client.chat.completions.create({ ...req, n: 1 });
+    ok(r.usage.prompt_tokens === single.usage.prompt_tokens, 'the prompt counted once');
+    ok(single.choices[0].message.content === r.choices[0].message.content, 'choice 0 samples with the seed itself');
+    const texts = ['', '', ''], finish = [null, null, null];
+    let usage = null;
+    const s = await client.chat.completions.create({ ...req, stream: true, stream_options: { include_usage: true } });
+    for await (const ch of s) {
+        if (!ch.choices.length) { usage = ch.usage; continue; }
+        for (const c of ch.choices) {
+            texts[c.index] += c.delta.content ?? '';
+            if (c.finish_reason) finish[c.index] = c.finish_reason;
+        }
+    }
+    ok(texts.every((t, i) => t === r.choices[i].message.content), 'streamed choices equal the non-streamed ones (same seed)');
+    ok(finish.every((f) => f === 'stop' || f === 'length'), 'every streamed choice finishes');
+    ok(usage && usage.completion_tokens === r.usage.completion_tokens, 'streamed usage of all choices');
+    const g = await client.completions.create({ model, prompt: ['Once upon a time', 'The dog'], max_tokens: 6, temperature: 0, n: 2 });
+    ok(g.choices.length === 4 && g.choices[0].text === g.choices[1].text && g.choices[2].text === g.choices[3].text, 'completions: two prompts times n=2');
+    const one = await client.completions.create({ model, prompt: 'The dog', max_tokens: 6, temperature: 0 });
+    ok(g.choices[2].text === one.choices[0].text, 'the second prompt\'s choices are its own');
+    const bad = await status(client.chat.completions.create({ ...req, n: 65 }));
+    ok(bad.status === 400 && bad.err.param === 'n', 'n over the limit 400');
+}
+
 async function embeddings(model) {
     const norm = (v) => Math.sqrt(v.reduce((a, x) => a + x * x, 0));
     const b = await client.embeddings.create({ model, input: ['a cat', 'a dog'] });
@@ -121,6 +152,7 @@ try {
     const model = await models();
     await chat(model);
     await completions(model);
+    await choices(model);
     await embeddings(model);
     await errors(model);
 } catch (e) {

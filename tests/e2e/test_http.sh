@@ -107,15 +107,19 @@ check "body too large 413" eq "$(code)" 413
 req POST /v1/completions -d '{"prompt":"x","max_tokens":100000}'
 check "max_tokens over the context 400" eq "$(code)" 400
 check "context_length_exceeded" eq "$(py "$T/out" 'd["error"]["code"]')" context_length_exceeded
-req POST /v1/chat/completions -d '{"messages":[{"role":"user","content":"x"}],"n":3}'
-check "n != 1 refused" eq "$(code)" 400
+req POST /v1/chat/completions -d '{"messages":[{"role":"user","content":"x"}],"n":3,"max_tokens":2}'
+check "n=3 gives three choices" eq "$(py "$T/out" '[c["index"] for c in d["choices"]]')" "[0, 1, 2]"
+req POST /v1/chat/completions -d '{"messages":[{"role":"user","content":"x"}],"n":0}'
+check "n=0 refused" eq "$(code)" 400
 req POST /v1/completions -d '{"prompt":"Once upon a time","max_tokens":3,"temperature":0,"logit_bias":{"261":100}}'
 check "logit_bias +100 forces a token" eq "$(py "$T/out" 'd["choices"][0]["text"]')" " a a a"
 req POST /v1/completions -d '{"prompt":"Once upon a time","max_tokens":3,"logit_bias":{"7":"x"}}'
 check "logit_bias with a non-number refused" eq "$(code)" 400
-req POST /v1/completions -d '{"prompt":["Once","Twice"],"max_tokens":2}'
-check "several prompts in one request refused" eq "$(code)" 400
-check "the refusal says why" grep -q 'one prompt per request' "$T/out"
+req POST /v1/completions -d '{"prompt":["Once","Twice"],"max_tokens":2,"temperature":0}'
+check "two prompts give two choices" eq "$(py "$T/out" 'len(d["choices"])')" 2
+req POST /v1/completions -d '{"prompt":["Once",7],"max_tokens":2}'
+check "a prompt list of mixed kinds refused" eq "$(code)" 400
+check "the refusal names prompt" eq "$(py "$T/out" 'd["error"]["param"]')" prompt
 req POST /v1/completions -d '{"prompt":["Once"],"max_tokens":2}'
 check "a list of one prompt is taken" eq "$(code)" 200
 req POST /v1/chat/completions -d '[]'
