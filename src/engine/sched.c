@@ -31,6 +31,7 @@
 #include "base/err.h"
 #include "base/timeutil.h"
 #include "engine/forward.h"
+#include "engine/jsonfsm.h"
 #include "kernels/kernels.h"
 #include "model/tokenizer.h"
 #include "ops/fault.h"
@@ -63,6 +64,8 @@ typedef struct sreq {
     double t_submit, t_sched, t_first;
     float *embd;             /* pooled embedding accumulator [n_embd] */
     int32_t n_embd_rows;
+    lms_jsonfsm jf;          /* JSON mode: the text so far, checked */
+    float *masked;           /* JSON mode: logits of the allowed tokens [n_vocab] */
     const char *done;        /* finish reason once decided this step */
     lms_event *final;        /* the terminal event, allocated at submit so
                               * that it can always be sent */
@@ -96,6 +99,11 @@ struct lms_sched {
     sreq **lg_owner;         /* [n_parallel] the request of each logits row */
     int32_t *lg_tok;         /* [n_parallel] its sampled token */
     float *lg_prob;          /* [n_parallel] and that token's probability */
+    /* JSON mode: every token's text (lms_token_to_piece), made at the first
+     * JSON-mode request; scheduler thread */
+    char *tt_bytes;          /* the pieces back to back */
+    uint32_t *tt_off;        /* [n_vocab + 1] token i: [tt_off[i], tt_off[i + 1]) */
+    bool *tt_eog;            /* [n_vocab] */
 };
 
 /* ---- events -------------------------------------------------------------- */
@@ -147,6 +155,7 @@ static void sreq_free(lms_sched *s, sreq *q)
     free(q->tokens);
     free(q->piece);
     free(q->embd);
+    free(q->masked);
     free(q);
 }
 
@@ -331,6 +340,72 @@ static void apply_aborts(lms_sched *s)
     }
 }
 
+/* ---- JSON mode ----------------------------------------------------------- */
+
+/* Every token's text, once. */
+static int make_token_texts(lms_sched *s)
+{
+    if (s->tt_off)
+        return 0;
+    const lms_tokenizer *tok = s->m->tok;
+    const int32_t nv = s->m->hp.n_vocab;
+    char piece[256];
+    size_t total = 0;
+    for (int32_t i = 0; i < nv; i++) {
+        int n = lms_token_to_piece(tok, i, false, piece, sizeof piece);
+        total += n > 0 ? (size_t)n : 0;
+    }
+    s->tt_bytes = malloc(total ? total : 1);
+    s->tt_off = malloc(((size_t)nv + 1) * sizeof *s->tt_off);
+    s->tt_eog = malloc((size_t)nv * sizeof *s->tt_eog);
+    if (!s->tt_bytes || !s->tt_off || !s->tt_eog || total > UINT32_MAX)
+        return LMS_ERR_NOMEM;
+    uint32_t at = 0;
+    for (int32_t i = 0; i < nv; i++) {
+        int n = lms_token_to_piece(tok, i, false, piece, sizeof piece);
+        s->tt_off[i] = at;
+        if (n > 0) {
+            memcpy(s->tt_bytes + at, piece, (size_t)n);
+            at += (uint32_t)n;
+        }
+        s->tt_eog[i] = lms_token_is_eog(tok, i);
+    }
+    s->tt_off[nv] = at;
+    return 0;
+}
+
+/* Token id may come next: an end-of-generation token once the object is
+ * closed; a token without text never (a control token); any other if its
+ * text continues the JSON. */
+static bool json_allows(const lms_sched *s, const sreq *q, int32_t id)
+{
+    if (s->tt_eog[id])
+        return lms_jsonfsm_done(&q->jf);
+    const uint32_t a = s->tt_off[id], b = s->tt_off[id + 1];
+    lms_jsonfsm f = q->jf;
+    return a < b && lms_jsonfsm_feed(&f, s->tt_bytes + a, b - a);
+}
+
+/* The next token of q from its logits row. JSON mode: a draw that breaks
+ * the JSON is drawn again among the tokens that keep it (the chain run
+ * over the row with every other token masked; llama.cpp's grammar
+ * sampling does the same), -1 when none can. */
+static int32_t sample_row(const lms_sched *s, sreq *q, const float *logits, float *prob)
+{
+    int32_t tok = lms_sampler_sample(q->smp, logits, prob);
+    if (!q->r.json || json_allows(s, q, tok))
+        return tok;
+    bool any = false;
+    for (int32_t i = 0; i < s->m->hp.n_vocab; i++) {
+        const bool ok = json_allows(s, q, i);
+        q->masked[i] = ok ? logits[i] : -INFINITY;
+        any |= ok;
+    }
+    return any ? lms_sampler_sample(q->smp, q->masked, prob) : -1;
+}
+
+/* ---- admission --------------------------------------------------------------- */
+
 /* Sets up the per-sequence generation state of an admitted request. */
 static int start_request(lms_sched *s, sreq *q)
 {
@@ -346,6 +421,12 @@ static int start_request(lms_sched *s, sreq *q)
         return LMS_ERR_NOMEM;
     for (int32_t i = 0; i < q->n_prompt; i++)
         lms_sampler_accept(q->smp, q->tokens[i]);
+    if (q->r.json) {
+        lms_jsonfsm_init(&q->jf);
+        q->masked = malloc((size_t)s->m->hp.n_vocab * sizeof *q->masked);
+        if (!q->masked || make_token_texts(s) < 0)
+            return LMS_ERR_NOMEM;
+    }
     lms_detok_init(&q->detok, tok, false);
     return lms_stopstr_init(&q->stop, q->r.stop, q->r.n_stop);
 }
@@ -453,6 +534,8 @@ static const char *handle_token(lms_sched *s, sreq *q, int32_t tok, float prob)
 {
     lms_event *ev = new_event(q, LMS_EV_TOKEN);
     lms_sampler_accept(q->smp, tok);
+    if (q->r.json && !s->tt_eog[tok]) /* allowed, so it feeds */
+        lms_jsonfsm_feed(&q->jf, s->tt_bytes + s->tt_off[tok], s->tt_off[tok + 1] - s->tt_off[tok]);
     if (q->n_gen++ == 0)
         q->t_first = lms_now_ms();
     q->tokens[q->n_tokens++] = tok;
@@ -537,8 +620,7 @@ static void after_forward(lms_sched *s, int32_t n_rows)
             s->lg_owner[n_lg++] = s->b_owner[r];
 #pragma omp parallel for schedule(dynamic, 1) if (n_lg >= 2)
     for (int32_t i = 0; i < n_lg; i++)
-        s->lg_tok[i] = lms_sampler_sample(s->lg_owner[i]->smp, s->logits + (size_t)i * nv,
-                                          &s->lg_prob[i]);
+        s->lg_tok[i] = sample_row(s, s->lg_owner[i], s->logits + (size_t)i * nv, &s->lg_prob[i]);
     int32_t lg_row = 0, out_row = 0;
     for (int32_t r = 0; r < n_rows; r++) {
         sreq *q = s->b_owner[r];
@@ -552,7 +634,9 @@ static void after_forward(lms_sched *s, int32_t n_rows)
         if (s->b_lg[r] || s->b_embd[r])
             out_row++;
         if (s->b_lg[r]) {
-            q->done = handle_token(s, q, s->lg_tok[lg_row], s->lg_prob[lg_row]);
+            const int32_t tok = s->lg_tok[lg_row];
+            /* -1: JSON mode, and no token continues the text */
+            q->done = tok < 0 ? "stop" : handle_token(s, q, tok, s->lg_prob[lg_row]);
             lg_row++;
             q->state = ST_DECODE;
         }
@@ -840,6 +924,9 @@ static void free_all(lms_sched *s)
     if (s->wdc)
         lms_watchdog_unregister(s->wdc);
     free_buffers(s);
+    free(s->tt_bytes);
+    free(s->tt_off);
+    free(s->tt_eog);
     lms_ctx_destroy(s->ctx);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);

@@ -118,6 +118,9 @@ typedef struct lms_request {
     const char *const *stop;   /* stop strings, copied */
     int n_stop;
     bool ignore_eos;
+    bool json;                 /* JSON mode: the output is held to one JSON object
+                                * (engine/jsonfsm.h); the end-of-generation token
+                                * only once it is closed */
     int n_logprobs;            /* 0..LMS_MAX_LOGPROBS alternatives per token */
     double timeout_ms;         /* deadline from submit; 0 = none */
     bool embedding;            /* compute a pooled embedding instead */

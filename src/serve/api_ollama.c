@@ -217,9 +217,14 @@ static int generate(conn *c, json_t *body, bool chat)
                     reqparse_obj(body, "options", &opts, &e) < 0 ||
                     (opts && reqparse_gen(opts, &gp, &e) < 0)))
         rc = -1;
-    if (rc == 0 && fmt && !json_is_null(fmt) &&
+    /* format: "json" holds the output to a JSON object; a JSON schema is
+     * not enforced, so it is refused rather than ignored */
+    bool json = json_is_string(fmt) && !strcmp(json_string_value(fmt), "json");
+    if (rc == 0 && fmt && !json_is_null(fmt) && !json &&
         !(json_is_string(fmt) && !json_string_length(fmt)))
-        rc = reqerr_set(&e, 400, "format", "'format' (JSON output) is not supported yet");
+        rc = reqerr_set(&e, 400, "format", json_is_object(fmt)
+                        ? "a JSON schema as 'format' is not supported yet; \"json\" is"
+                        : "'format' must be \"json\" (or a JSON schema, not supported yet)");
     if (rc == 0)
         rc = prompt_tokens(c, body, chat, &toks, &n, &e);
     oll_job *j = rc == 0 ? calloc(1, sizeof *j) : NULL;
@@ -229,6 +234,7 @@ static int generate(conn *c, json_t *body, bool chat)
     if (rc == 0) {
         *j = (oll_job){.chat = chat, .stream = stream, .t0 = lms_now_ms()};
         lms_request r = genparams_request(&gp, toks, n);
+        r.json = json;
         t = task_submit(c, &r, &oll_ops, j, &e);
         if (!t)
             oll_destroy(&(task){.state = j});

@@ -29,6 +29,9 @@
  * the usage; choice i samples with seed + i. One choice failing fails the
  * response: the error goes out and the other choices are aborted.
  *
+ * response_format {"type": "json_object"} turns on the scheduler's JSON
+ * mode (engine/jsonfsm.h) for every choice.
+ *
  * A chat request with `tools` (and tool_choice other than "none") has its
  * reply searched for function calls (toolcall.h): they become
  * `message.tool_calls` (streamed: one delta with every call, just before
@@ -68,6 +71,7 @@ typedef struct gen_resp {
     char id[48];
     int64_t created;
     bool tools;                /* chat with tools: replies are searched for calls */
+    bool json;                 /* response_format json_object: JSON mode */
     int n;                     /* choices per prompt */
     int n_choices;             /* choices in all */
     int n_live;                /* choices not yet ended */
@@ -439,6 +443,7 @@ static int job_submit(conn *c, gen_resp *r, int i, reqerr *e)
     const gen_prompt *p = &r->pr[i / r->n];
     lms_request rq = genparams_request(&r->gp, p->toks, p->n);
     rq.n_logprobs = r->logprobs > 0 ? r->logprobs : 0;
+    rq.json = r->json;
     rq.sp.seed += (uint64_t)(i % r->n);
     if (!(j->t = task_submit(c, &rq, &gen_ops, j, e)))
         return -1;
@@ -603,9 +608,11 @@ static int parse_chat(conn *c, const json_t *body, gen_resp *r, gen_prompt *pr, 
     if (reqparse_obj(body, "response_format", &rf, e) < 0 ||
         (rf && reqparse_str(rf, "type", &rft, e) < 0))
         return -1;
-    if (rft && strcmp(rft, "text") != 0)
-        return reqerr_set(e, 400, "response_format", "response_format '%.40s' is not supported yet",
-                          rft);
+    r->json = rft && !strcmp(rft, "json_object");
+    if (rft && strcmp(rft, "text") != 0 && !r->json)
+        return reqerr_set(e, 400, "response_format",
+                          "response_format '%.40s' is not supported yet ('json_object' and "
+                          "'text' are)", rft);
     json_t *msgs = chatfmt_messages(json_object_get(body, "messages"), "messages", e);
     if (!msgs)
         return -1;

@@ -135,6 +135,22 @@ req POST /detokenize -d "{\"tokens\":$TOKS}"
 check "detokenize(tokenize(text)) == text" eq "$(py "$T/out" 'd["content"]')" "Once upon a time"
 req POST /tokenize -d '{"content":"Once","add_special":true,"with_pieces":true}'
 check "tokenize with BOS and pieces" eq "$(py "$T/out" 'd["tokens"][0]["piece"]')" "<s>"
+# ---- JSON mode (response_format json_object, Ollama's format "json") -----------
+req POST /tokenize -d '{"content":"{}"}'
+CLOSE=$(py "$T/out" 'd["tokens"][-1]')
+req POST /v1/chat/completions -d "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":40,\"temperature\":0,\"response_format\":{\"type\":\"json_object\"},\"logit_bias\":{\"$CLOSE\":100}}"
+check "JSON mode: '}' favoured, the object closes at once" eq "$(py "$T/out" 'd["choices"][0]["message"]["content"].strip()')" "{}"
+check "JSON mode: then the end token, finish stop" eq "$(py "$T/out" 'd["choices"][0]["finish_reason"]')" stop
+req POST /v1/chat/completions -d '{"messages":[{"role":"user","content":"Tell me a story"}],"max_tokens":40,"response_format":{"type":"json_object"},"seed":3}'
+check "JSON mode: the reply is an object's beginning" eq "$(py "$T/out" 'd["choices"][0]["message"]["content"].lstrip()[:2] in ("{", "{ ", "{\n", "{\"", "{}")')" True
+check "JSON mode: a reply that stopped parses" eq "$(py "$T/out" 'd["choices"][0]["finish_reason"] == "length" or isinstance(json.loads(d["choices"][0]["message"]["content"]), dict)')" True
+req POST /v1/chat/completions -d '{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"a","schema":{}}}}'
+check "json_schema refused (not enforced)" eq "$(py "$T/out" 'd["error"]["param"]')" response_format
+req POST /api/generate -d '{"prompt":"Once","format":"json","stream":false,"options":{"num_predict":20}}'
+check "Ollama format json: an object's beginning" eq "$(py "$T/out" 'd["response"].lstrip()[:1]')" "{"
+req POST /api/generate -d '{"prompt":"Once","format":{"type":"object"},"stream":false}'
+check "Ollama format schema refused" eq "$(code)" 400
+
 req POST /detokenize -d '{"tokens":[1,99999]}'
 check "detokenize refuses an id outside the vocabulary" eq "$(py "$T/out" 'd["error"]["param"]')" tokens
 req POST /tokenize -d '{"content":42}'

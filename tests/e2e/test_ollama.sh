@@ -66,8 +66,10 @@ req POST /api/generate -d '{"prompt":""}'
 check "empty prompt 400" eq "$(code)" 400
 req POST /api/chat -d '{"messages":[{"role":"user","content":"x"}],"options":{"temperature":"hot"}}'
 check "bad option type 400" eq "$(code)" 400
-req POST /api/chat -d '{"messages":[{"role":"user","content":"x"}],"format":"json"}'
-check "format json refused clearly" grep -q "format" "$T/out"
+req POST /api/chat -d '{"messages":[{"role":"user","content":"x"}],"format":"json","stream":false,"options":{"num_predict":12}}'
+check "format json: the reply starts an object" eq "$(py "$T/out" 'd["message"]["content"][:1]')" "{"
+req POST /api/chat -d '{"messages":[{"role":"user","content":"x"}],"format":"xml"}'
+check "another format refused clearly" grep -q "format" "$T/out"
 
 stop_server
 check "SIGTERM exits 0" eq "$SRV_RC" 0
