@@ -1,7 +1,12 @@
 /*
- * api_embeddings.c - POST /v1/embeddings: one scheduler task per input
- * (embedding = true, mean pooling, unit length), one response when all
- * are in.
+ * api_embeddings.c - POST /v1/embeddings, and Ollama's POST /api/embed
+ * and (older) /api/embeddings: one scheduler task per input (embedding =
+ * true, mean pooling, unit length), one response when all are in.
+ *
+ * Ollama's shapes: /api/embed takes `input` (a string or an array of
+ * strings) and answers {"model", "embeddings": [[...]], "total_duration",
+ * "load_duration", "prompt_eval_count"}; /api/embeddings takes `prompt`
+ * and answers {"embedding": [...]}; errors are {"error": "..."}.
  *
  * `input` is a string, an array of strings, an array of token ids or an
  * array of such arrays. `encoding_format` "float" (default) or "base64"
@@ -12,11 +17,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/timeutil.h"
 #include "serve/serve_int.h"
 
 #define MAX_INPUTS 256
 
+enum { EMBD_OPENAI, EMBD_OLLAMA, EMBD_OLLAMA_LEGACY };
+
 typedef struct embd_job {
+    int shape;                 /* EMBD_*: the request's API */
+    double t0;                 /* submitted (ms) */
     int refs;                  /* live tasks + the submitting code */
     int n_in, n_done;
     bool base64, replied;
@@ -70,11 +80,45 @@ static json_t *vector_json(const embd_job *j, const float *v)
     return a;
 }
 
+static int reply_err(conn *c, int shape, const reqerr *e)
+{
+    if (shape == EMBD_OPENAI)
+        return http_reply_err(c, e);
+    return http_reply_json(c, e->status, json_pack("{s:s}", "error", e->msg));
+}
+
+static void reply_ollama(conn *c, embd_job *j)
+{
+    json_t *o = json_object();
+    if (j->shape == EMBD_OLLAMA_LEGACY) {
+        json_object_set_new(o, "embedding", vector_json(j, j->vec[0]));
+        http_reply_json(c, 200, o);
+        return;
+    }
+    json_t *all = json_array();
+    int64_t n_tok = 0;
+    for (int i = 0; i < j->n_in; i++) {
+        json_array_append_new(all, vector_json(j, j->vec[i]));
+        n_tok += j->n_tok[i];
+    }
+    json_object_set_new(o, "model", json_string_lossy(c->srv->model_id, strlen(c->srv->model_id)));
+    json_object_set_new(o, "embeddings", all);
+    json_object_set_new(o, "total_duration",
+                        json_integer((json_int_t)((lms_now_ms() - j->t0) * 1e6)));
+    json_object_set_new(o, "load_duration", json_integer(0));
+    json_object_set_new(o, "prompt_eval_count", json_integer(n_tok));
+    http_reply_json(c, 200, o);
+}
+
 static void reply(conn *c, embd_job *j)
 {
     j->replied = true;
     if (j->failed) {
-        http_reply_err(c, &j->err);
+        reply_err(c, j->shape, &j->err);
+        return;
+    }
+    if (j->shape != EMBD_OPENAI) {
+        reply_ollama(c, j);
         return;
     }
     json_t *data = json_array();
@@ -164,21 +208,22 @@ static int item_tokens(conn *c, const json_t *x, size_t k, int32_t **out, int32_
     return reqerr_set(e, 400, "input", "input[%zu] must be a string or an array of token ids", k);
 }
 
-/* The input as a list of items: a lone string or id array becomes one. */
-static json_t *input_items(const json_t *body, reqerr *e)
+/* The input (field key) as a list of items: a lone string or id array
+ * becomes one. */
+static json_t *input_items(const json_t *body, const char *key, reqerr *e)
 {
-    const json_t *in = json_object_get(body, "input");
+    const json_t *in = json_object_get(body, key);
     if (json_is_string(in) || (json_is_array(in) && json_is_integer(json_array_get(in, 0)))) {
         json_t *a = json_array();
         json_array_append(a, (json_t *)in);
         return a;
     }
     if (!json_is_array(in) || json_array_size(in) == 0) {
-        reqerr_set(e, 400, "input", "'input' must be a string, an array of strings or token ids");
+        reqerr_set(e, 400, key, "'%s' must be a string, an array of strings or token ids", key);
         return NULL;
     }
     if (json_array_size(in) > MAX_INPUTS) {
-        reqerr_set(e, 400, "input", "at most %d inputs per request", MAX_INPUTS);
+        reqerr_set(e, 400, key, "at most %d inputs per request", MAX_INPUTS);
         return NULL;
     }
     return json_incref((json_t *)in);
@@ -247,27 +292,58 @@ fail:
     return -1;
 }
 
-int api_embeddings(conn *c, json_t *body)
+/* A request of any shape: the model checked (Ollama's may be empty), the
+ * items of `key` submitted. */
+static int embed(conn *c, json_t *body, int shape, const char *key)
 {
     lms_server *s = c->srv;
     reqerr e;
     if (!s->sched) {
         reqerr_set(&e, 503, NULL, "the model is still loading");
         e.code = "model_loading";
-        return http_reply_err(c, &e);
+        return reply_err(c, shape, &e);
     }
-    if (api_check_model(c, body, &e) < 0)
-        return http_reply_err(c, &e);
-    json_t *items = input_items(body, &e);
+    const char *model = NULL;
+    if (reqparse_str(body, "model", &model, &e) < 0 ||
+        ((shape == EMBD_OPENAI || (model && model[0])) && api_check_model(c, body, &e) < 0))
+        return reply_err(c, shape, &e);
+    json_t *items = input_items(body, key, &e);
     if (!items)
-        return http_reply_err(c, &e);
+        return reply_err(c, shape, &e);
+    if (shape == EMBD_OLLAMA_LEGACY && (json_array_size(items) != 1 ||
+                                        !json_is_string(json_array_get(items, 0)))) {
+        json_decref(items);
+        reqerr_set(&e, 400, key, "'prompt' must be a string");
+        return reply_err(c, shape, &e);
+    }
     embd_job *j = job_new((int)json_array_size(items), s->model->hp.n_embd);
     int pooling = LMS_POOL_MEAN;
-    int rc = j ? parse_format(body, j, &pooling, &e) : reqerr_set(&e, 503, NULL, "out of memory");
+    int rc = j ? 0 : reqerr_set(&e, 503, NULL, "out of memory");
+    if (rc == 0) {
+        j->shape = shape;
+        j->t0 = lms_now_ms();
+        if (shape == EMBD_OPENAI)
+            rc = parse_format(body, j, &pooling, &e);
+    }
     if (rc == 0)
         rc = submit_all(c, items, j, pooling, &e);
     json_decref(items);
     if (j)
         job_unref(j);
-    return rc < 0 ? http_reply_err(c, &e) : 0;
+    return rc < 0 ? reply_err(c, shape, &e) : 0;
+}
+
+int api_embeddings(conn *c, json_t *body)
+{
+    return embed(c, body, EMBD_OPENAI, "input");
+}
+
+int api_ollama_embed(conn *c, json_t *body)
+{
+    return embed(c, body, EMBD_OLLAMA, "input");
+}
+
+int api_ollama_embeddings(conn *c, json_t *body)
+{
+    return embed(c, body, EMBD_OLLAMA_LEGACY, "prompt");
 }

@@ -81,6 +81,8 @@ static const route routes[] = {
     {"/api/chat", false, false, NULL, api_ollama_chat},
     {"/api/generate", false, false, NULL, api_ollama_generate},
     {"/api/show", false, false, NULL, api_ollama_show},
+    {"/api/embed", false, false, NULL, api_ollama_embed},
+    {"/api/embeddings", false, false, NULL, api_ollama_embeddings},
     {"/api/tags", false, false, api_ollama_tags, NULL},
     {"/api/ps", false, false, api_ollama_ps, NULL},
     {"/api/version", false, true, api_ollama_version, NULL},

@@ -386,6 +386,9 @@ int api_ollama_show(conn *c, json_t *body);
 int api_ollama_tags(conn *c);
 int api_ollama_ps(conn *c);
 int api_ollama_version(conn *c);
+/* api_embeddings.c: Ollama's /api/embed and /api/embeddings */
+int api_ollama_embed(conn *c, json_t *body);
+int api_ollama_embeddings(conn *c, json_t *body);
 /* api_tokens.c */
 int api_tokenize(conn *c, json_t *body);
 int api_detokenize(conn *c, json_t *body);

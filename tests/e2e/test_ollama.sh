@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# test_ollama.sh - the Ollama API with curl: version, tags, ps, show, chat
-# and generate streamed as NDJSON and not, options, errors.
+# test_ollama.sh - the Ollama API with curl: version, tags, ps, show,
+# embed, chat and generate streamed as NDJSON and not, options, format
+# "json", errors.
 . "$(dirname "$0")/lib.sh" || exit 1
 command -v python3 >/dev/null || skip "python3 is not installed"
 
@@ -17,6 +18,21 @@ req GET /api/ps
 check "ps lists the loaded model" eq "$(py "$T/out" 'len(d["models"])')" 1
 req POST /api/show -d '{"model":"stories260K:latest"}'
 check "show gives the context length" eq "$(py "$T/out" 'd["model_info"]["llama.context_length"]')" 128
+
+# embeddings: /api/embed (a string or a list) and the older /api/embeddings
+req POST /api/embed -d '{"model":"stories260K","input":["a cat","a dog"]}'
+check "embed 200" eq "$(code)" 200
+check "embed: two unit vectors of n_embd" eq "$(py "$T/out" '[len(v) == 64 and abs(sum(x * x for x in v) - 1) < 1e-3 for v in d["embeddings"]]')" "[True, True]"
+check "embed counts the prompt tokens" eq "$(py "$T/out" 'd["prompt_eval_count"] > 0 and d["model"] == "stories260K"')" True
+python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["embeddings"][0]))' "$T/out" >"$T/vec"
+req POST /api/embed -d '{"input":"a cat"}'
+check "embed of a string: one vector, the same" eq "$(py "$T/out" 'max(abs(a - b) for a, b in zip(d["embeddings"][0], json.load(open(sys.argv[1][:-3] + "vec")))) < 1e-6')" True
+req POST /api/embeddings -d '{"model":"stories260K","prompt":"a cat"}'
+check "embeddings (older): one vector" eq "$(py "$T/out" 'len(d["embedding"])')" 64
+req POST /api/embed -d '{"model":"stories260K","input":[]}'
+check "embed with no input: 400, Ollama's error shape" eq "$(code) $(py "$T/out" '"input" in d["error"]')" "400 True"
+req POST /api/embeddings -d '{"prompt":["a","b"]}'
+check "embeddings (older) wants one string" eq "$(code)" 400
 
 # generate, not streamed, raw prompt: the greedy golden text
 req POST /api/generate -d '{"model":"stories260K","prompt":"Once upon a time","raw":true,"stream":false,"options":{"num_predict":8,"temperature":0}}'
