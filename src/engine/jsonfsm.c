@@ -53,6 +53,14 @@ bool lms_jsonfsm_done(const lms_jsonfsm *f)
     return f->st == ST_DONE;
 }
 
+bool lms_jsonfsm_same(const lms_jsonfsm *a, const lms_jsonfsm *b)
+{
+    /* bits above the depth are left from closed containers */
+    const uint64_t live = a->depth >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << a->depth) - 1;
+    return a->depth == b->depth && ((a->objects ^ b->objects) & live) == 0 && a->st == b->st &&
+           a->sub == b->sub && a->lit == b->lit && a->ws == b->ws && a->key == b->key;
+}
+
 static bool is_ws(unsigned char c)
 {
     return c == ' ' || c == '\t' || c == '\n' || c == '\r';

@@ -39,5 +39,7 @@ void lms_jsonfsm_init(lms_jsonfsm *f);
 bool lms_jsonfsm_feed(lms_jsonfsm *f, const char *p, size_t n);
 /* The text fed so far is a complete JSON object. */
 bool lms_jsonfsm_done(const lms_jsonfsm *f);
+/* a and b accept the same continuations (the same state; a cache key). */
+bool lms_jsonfsm_same(const lms_jsonfsm *a, const lms_jsonfsm *b);
 
 #endif

@@ -122,12 +122,32 @@ static void test_limits(void **state)
     assert_int_equal(accepted(deep, &done), n - 1); /* the 65th is refused */
 }
 
+/* the cache key: equal states, and states that differ only in bits left
+ * from closed containers */
+static void test_same(void **state)
+{
+    (void)state;
+    lms_jsonfsm a, b;
+    lms_jsonfsm_init(&a);
+    lms_jsonfsm_init(&b);
+    assert_true(lms_jsonfsm_feed(&a, "{\"x\":[{}],\"y\":\"", 15));
+    assert_true(lms_jsonfsm_feed(&b, "{\"q\":\"", 6));
+    assert_true(lms_jsonfsm_same(&a, &b)); /* both in a value string at depth 1 */
+    assert_true(lms_jsonfsm_feed(&b, "\\", 1));
+    assert_false(lms_jsonfsm_same(&a, &b)); /* b after a backslash */
+    lms_jsonfsm c;
+    lms_jsonfsm_init(&c);
+    assert_true(lms_jsonfsm_feed(&c, "{\"q\":[\"", 7));
+    assert_false(lms_jsonfsm_same(&a, &c)); /* a string in an array, at depth 2 */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_valid),
         cmocka_unit_test(test_invalid),
         cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_same),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
