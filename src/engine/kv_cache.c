@@ -5,12 +5,17 @@
 #include "engine/kv_cache.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #ifdef __linux__
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #endif
 
 #include "base/ckd.h"
@@ -87,9 +92,10 @@ lms_from_float_fn lms_kv_row_writer(int type)
  * that writes it (a 2 MiB huge page: 100-400 us). Blocks are handed out
  * lowest index first (the free list starts in index order), so the first
  * blocks of every layer are the first written: those are faulted in now,
- * up to this many bytes; the rest of a large pool (--kv-budget) faults in
- * on first use, so a big pool does not slow the start (64 MiB: 6-130 ms,
- * up to ~150 ms while the kernel has to compact memory for huge pages). */
+ * up to this many bytes; the rest of a large pool (--kv-budget) is faulted
+ * in by a background thread (below), so a big pool does not slow the start
+ * (64 MiB: 6-130 ms, up to ~150 ms while the kernel has to compact memory
+ * for huge pages). */
 #define KV_PREFAULT_BYTES ((size_t)64 << 20)
 
 /* Faults in the first n bytes of each of n_layer regions `stride` bytes
@@ -109,6 +115,91 @@ static void pool_prefault(uint8_t *p, size_t stride, int32_t n_layer, size_t n)
         for (size_t o = 0; o < n; o += page)
             ((volatile uint8_t *)lo)[o] = 0;
     }
+}
+
+/*
+ * The rest of a large pool is faulted in behind the scenes: one thread,
+ * at the lowest priority, walks every layer's K and V regions in the order
+ * blocks are handed out, KV_BG_CHUNK bytes of each per round with a pause
+ * between rounds, so the first requests beyond the first 64 MiB do not pay
+ * the kernel's page zeroing inside their steps. Only MADV_POPULATE_WRITE,
+ * which leaves the contents alone, is used (the scheduler may write rows
+ * meanwhile); where the kernel lacks it the pool faults in on first use,
+ * as before. The thread ends when done: an idle server uses no CPU.
+ */
+#define KV_BG_CHUNK ((size_t)256 << 10)
+#define KV_BG_PAUSE_NS 1000000L /* between rounds (a round: ~n_layer MiB) */
+
+struct kv_bgfault {
+    uint8_t *pools[2];
+    size_t stride, from, to; /* each layer's region: bytes [from, to) */
+    int32_t n_layer;
+    atomic_bool stop, done;
+    pthread_t thread;
+};
+
+static void *bgfault_main(void *arg)
+{
+    struct kv_bgfault *b = arg;
+#if defined(__linux__) && defined(MADV_POPULATE_WRITE)
+    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    bool ok = true;
+    for (size_t o = b->from; ok && o < b->to && !atomic_load(&b->stop); o += KV_BG_CHUNK) {
+        const size_t n = b->to - o < KV_BG_CHUNK ? b->to - o : KV_BG_CHUNK;
+        for (int32_t il = 0; ok && il < b->n_layer; il++)
+            for (int k = 0; k < 2 && ok; k++) {
+                uint8_t *lo = b->pools[k] + (size_t)il * b->stride + o;
+                uint8_t *a = (uint8_t *)((uintptr_t)lo & ~(uintptr_t)(page - 1));
+                ok = madvise(a, (size_t)(lo + n - a), MADV_POPULATE_WRITE) == 0;
+            }
+        nanosleep(&(struct timespec){0, KV_BG_PAUSE_NS}, NULL);
+    }
+#endif
+    atomic_store(&b->done, true);
+    return NULL;
+}
+
+/* Starts the thread for bytes [from, to) of each layer's regions. */
+static void bgfault_start(lms_kv_cache *c, size_t from, size_t to)
+{
+#if defined(__linux__) && defined(MADV_POPULATE_WRITE)
+    if (to <= from)
+        return;
+    struct kv_bgfault *b = calloc(1, sizeof *b);
+    if (!b)
+        return;
+    b->pools[0] = c->k;
+    b->pools[1] = c->v;
+    b->stride = c->layer_stride;
+    b->from = from;
+    b->to = to;
+    b->n_layer = c->n_layer;
+    atomic_init(&b->stop, false);
+    atomic_init(&b->done, false);
+    if (pthread_create(&b->thread, NULL, bgfault_main, b) != 0) {
+        free(b);
+        return;
+    }
+    c->bg = b;
+#else
+    (void)c, (void)from, (void)to;
+#endif
+}
+
+static void bgfault_stop(lms_kv_cache *c)
+{
+    if (!c->bg)
+        return;
+    atomic_store(&c->bg->stop, true);
+    pthread_join(c->bg->thread, NULL);
+    free(c->bg);
+    c->bg = NULL;
+}
+
+bool lms_kv_prefault_busy(const lms_kv_cache *c)
+{
+    return c->bg && !atomic_load(&c->bg->done);
 }
 
 /* ---- LRU free list ----------------------------------------------------------- */
@@ -233,6 +324,7 @@ int lms_kv_cache_init(lms_kv_cache *c, int32_t n_layer, int32_t n_kv_dim, int32_
     first = first < per_layer ? first : per_layer;
     pool_prefault(c->k, per_layer, n_layer, first);
     pool_prefault(c->v, per_layer, n_layer, first);
+    bgfault_start(c, first, per_layer);
     memset(c->table, 0xff, tsize * sizeof *c->table);
     c->lru_head = c->lru_tail = -1;
     for (int32_t b = 0; b < n_blocks; b++)
@@ -242,6 +334,7 @@ int lms_kv_cache_init(lms_kv_cache *c, int32_t n_layer, int32_t n_kv_dim, int32_
 
 void lms_kv_cache_deinit(lms_kv_cache *c)
 {
+    bgfault_stop(c);
     free(c->k);
     free(c->v);
     free(c->meta);

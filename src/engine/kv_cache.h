@@ -61,6 +61,7 @@ typedef struct lms_kv_cache {
     int32_t n_cached;      /* of which holding a prefix */
     int32_t *table;        /* open-addressing hash -> block, -1 empty */
     uint32_t table_mask;
+    struct kv_bgfault *bg; /* the pool's pre-fault thread while it runs (kv_cache.c) */
 } lms_kv_cache;
 
 typedef struct lms_kv_seq {
@@ -79,6 +80,8 @@ bool lms_kv_type_ok(int type, int64_t n);
 int lms_kv_cache_init(lms_kv_cache *c, int32_t n_layer, int32_t n_kv_dim, int32_t n_blocks,
                       int type);
 void lms_kv_cache_deinit(lms_kv_cache *c);
+/* Whether the pool is still being faulted in behind the scenes (tests). */
+bool lms_kv_prefault_busy(const lms_kv_cache *c);
 
 /* The function that writes a row of n floats into the cache type: f16 and
  * q8_0 the kernels' from_float; q4_0 round to nearest with the block's
