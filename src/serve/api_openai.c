@@ -75,7 +75,7 @@ typedef struct gen_resp {
     int n;                     /* choices per prompt */
     int n_choices;             /* choices in all */
     int n_live;                /* choices not yet ended */
-    int refs;                  /* choices not yet destroyed */
+    int refs;                  /* tasks submitted and not yet destroyed: r goes with the last */
     bool failed;               /* an error went out; the other choices were aborted */
     genparams gp;              /* sampling, for the choices submitted later */
     int n_prompts;
