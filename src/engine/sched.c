@@ -491,6 +491,35 @@ static int place_request(lms_sched *s, sreq *q)
     return 0;
 }
 
+/* Whether queued q shares full prompt blocks with a request still
+ * prefilling, beyond the blocks that one has registered so far: then q
+ * waits and maps them from the prefix cache once they are, rather than
+ * computing them a second time beside it (a burst of requests with one
+ * long system prompt costs about one prefill of it). The wait is short:
+ * the other request prefills every step. */
+static bool waits_for_prefix(const lms_sched *s, const sreq *q)
+{
+    if (s->p.no_prefix_cache || q->r.embedding)
+        return false;
+    const int32_t mappable = (q->n_prompt - 1) / LMS_KV_BLOCK; /* as place_request */
+    for (int32_t i = 0; i < s->n_run; i++) {
+        const sreq *o = s->run[i];
+        if (o->state != ST_PREFILL || o->r.embedding || o->abort)
+            continue;
+        const int32_t nb = o->n_prompt / LMS_KV_BLOCK < mappable ? o->n_prompt / LMS_KV_BLOCK
+                                                                  : mappable;
+        if (nb <= o->n_registered)
+            continue;
+        int32_t same = 0; /* full blocks in common */
+        while (same < nb && !memcmp(q->tokens + same * LMS_KV_BLOCK, o->tokens + same * LMS_KV_BLOCK,
+                                    LMS_KV_BLOCK * sizeof *q->tokens))
+            same++;
+        if (same > o->n_registered)
+            return true;
+    }
+    return false;
+}
+
 static void admit(lms_sched *s)
 {
     while (s->n_run < s->p.n_parallel) {
@@ -499,6 +528,8 @@ static void admit(lms_sched *s)
         pthread_mutex_unlock(&s->mu);
         if (!q)
             return;
+        if (!q->abort && waits_for_prefix(s, q))
+            return; /* keep FIFO order */
         if (!q->abort && place_request(s, q) == LMS_ERR_LIMIT)
             return; /* wait for blocks; keep FIFO order */
         pthread_mutex_lock(&s->mu);

@@ -198,6 +198,33 @@ static void test_prefix_reuse(void **state)
     lms_sched_destroy(s);
 }
 
+/* Two requests with one 1000-token prompt submitted together: the second
+ * waits for the first's prefill and maps its blocks instead of computing
+ * them beside it; both give the same greedy tokens. */
+static void test_prefix_wait(void **state)
+{
+    (void)state;
+    static int32_t toks[1000];
+    static result a, b;
+    int n = 0;
+    toks[n++] = 1;
+    while (n < 1000)
+        toks[n] = 10 + (n * 11) % 400, n++;
+    lms_sched *s = make_sched(2, 0, 8); /* 64 prompt tokens a step: 16 steps of prefill */
+    submit(s, toks, 1000, 6, &a);
+    submit(s, toks, 1000, 6, &b);
+    wait_done(&a);
+    wait_done(&b);
+    printf("together: %d and %d of 1000 prompt tokens cached\n", a.stats.n_cached,
+           b.stats.n_cached);
+    assert_int_equal(a.stats.n_cached, 0);
+    assert_int_equal(b.stats.n_cached, 992); /* every full block before the last token */
+    assert_int_equal(a.n_tok, b.n_tok);
+    assert_memory_equal(a.toks, b.toks, sizeof a.toks[0] * (size_t)a.n_tok);
+    assert_idle_pool(s);
+    lms_sched_destroy(s);
+}
+
 /* Aborts while queued, while prefilling, while decoding; then the pool is
  * whole again and new work runs. */
 static void test_abort_every_state(void **state)
@@ -421,6 +448,7 @@ int main(void)
         cmocka_unit_test(test_refusals),            cmocka_unit_test(test_embeddings_and_stop),
         cmocka_unit_test(test_watchdog_restart),
         cmocka_unit_test(test_schedulers_take_turns),
+        cmocka_unit_test(test_prefix_wait),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
