@@ -19,10 +19,9 @@
  *
  * `n` > 1 (and, for completions, several prompts) makes one response of
  * several choices: each choice is its own scheduler task (`gen_job`, its
- * index prompt * n + i) sharing a `gen_resp`. A prompt's first choice is
- * submitted at once and the other n - 1 at its first event, when its
- * prompt's blocks are in the prefix cache: they compute only the prompt's
- * last partial block instead of n copies of the whole prompt. Streamed,
+ * index prompt * n + i) sharing a `gen_resp`, all submitted at once; the
+ * scheduler holds a prompt's other choices until its first has prefilled
+ * the prompt, so they compute only its last partial block. Streamed,
  * each choice's chunks carry its index and end with its own finish chunk;
  * the usage chunk and [DONE] follow the last. Not streamed, the reply goes
  * out when every choice has ended. The prompt is counted once per prompt in
@@ -60,7 +59,6 @@ typedef struct gen_prompt {
     int32_t *toks;
     int32_t n;
     char *echo;
-    bool rest;                 /* its choices after the first are submitted */
 } gen_prompt;
 
 /* One response: what its choices share. */
@@ -77,7 +75,7 @@ typedef struct gen_resp {
     int n_live;                /* choices not yet ended */
     int refs;                  /* tasks submitted and not yet destroyed: r goes with the last */
     bool failed;               /* an error went out; the other choices were aborted */
-    genparams gp;              /* sampling, for the choices submitted later */
+    genparams gp;              /* sampling */
     int n_prompts;
     gen_prompt pr[MAX_CHOICES];
     gen_job *jobs[MAX_CHOICES];
@@ -413,9 +411,8 @@ static json_t *full_response(conn *c, const gen_resp *r)
     return o;
 }
 
-/* The response fails: the error goes out (in the stream, followed by
- * [DONE]) and the other choices are aborted; j's own task, whose event is
- * being handled, is aborted in the scheduler and goes with its end event. */
+/* The response fails (choice j ended abnormally): the error goes out (in
+ * the stream, followed by [DONE]) and the other choices are aborted. */
 static void resp_fail(conn *c, gen_job *j, const reqerr *e)
 {
     gen_resp *r = j->r;
@@ -427,43 +424,9 @@ static void resp_fail(conn *c, gen_job *j, const reqerr *e)
     } else {
         http_reply_err(c, e);
     }
-    if (j->t && c->srv->sched)
-        lms_sched_abort(c->srv->sched, j->t->id);
     for (int i = 0; i < r->n_choices; i++)
         if (r->jobs[i] != j && r->jobs[i]->t)
             task_cancel(r->jobs[i]->t); /* its destroy may not free r: j holds it */
-}
-
-static const task_ops gen_ops;
-
-/* Submits choice i; -1 with e set when the scheduler refuses it. */
-static int job_submit(conn *c, gen_resp *r, int i, reqerr *e)
-{
-    gen_job *j = r->jobs[i];
-    const gen_prompt *p = &r->pr[i / r->n];
-    lms_request rq = genparams_request(&r->gp, p->toks, p->n);
-    rq.n_logprobs = r->logprobs > 0 ? r->logprobs : 0;
-    rq.json = r->json;
-    rq.sp.seed += (uint64_t)(i % r->n);
-    if (!(j->t = task_submit(c, &rq, &gen_ops, j, e)))
-        return -1;
-    r->refs++;
-    return 0;
-}
-
-/* The first choice of a prompt has its first event: its prompt is in the
- * cache, the others go now. */
-static int submit_rest(conn *c, gen_job *j, reqerr *e)
-{
-    gen_resp *r = j->r;
-    gen_prompt *p = &r->pr[j->index / r->n];
-    if (p->rest)
-        return 0;
-    p->rest = true;
-    for (int i = j->index + 1; i < j->index + r->n; i++)
-        if (job_submit(c, r, i, e) < 0)
-            return -1;
-    return 0;
 }
 
 static void gen_on_event(task *t, const lms_event *ev, double t_ms)
@@ -473,13 +436,6 @@ static void gen_on_event(task *t, const lms_event *ev, double t_ms)
     (void)t_ms;
     if (r->failed)
         return;
-    reqerr e;
-    if (submit_rest(t->c, j, &e) < 0) {
-        if (ev->type == LMS_EV_END || ev->type == LMS_EV_ERROR)
-            j->t = NULL; /* removed after this event */
-        resp_fail(t->c, j, &e);
-        return;
-    }
     if (ev->type == LMS_EV_TOKEN) {
         on_token(t, j, ev);
         return;
@@ -488,6 +444,7 @@ static void gen_on_event(task *t, const lms_event *ev, double t_ms)
         return;
     j->t = NULL; /* removed after this event */
     if (ev->type == LMS_EV_ERROR || !finish_reason(ev->stats.finish)) {
+        reqerr e;
         end_error(t->c, ev, &e);
         resp_fail(t->c, j, &e);
         return;
@@ -684,6 +641,21 @@ static void resp_ids(lms_server *s, gen_resp *r)
     r->created = lms_wall_s();
 }
 
+/* Submits choice i; -1 with e set when the scheduler refuses it. */
+static int job_submit(conn *c, gen_resp *r, int i, reqerr *e)
+{
+    gen_job *j = r->jobs[i];
+    const gen_prompt *p = &r->pr[i / r->n];
+    lms_request rq = genparams_request(&r->gp, p->toks, p->n);
+    rq.n_logprobs = r->logprobs > 0 ? r->logprobs : 0;
+    rq.json = r->json;
+    rq.sp.seed += (uint64_t)(i % r->n);
+    if (!(j->t = task_submit(c, &rq, &gen_ops, j, e)))
+        return -1;
+    r->refs++;
+    return 0;
+}
+
 /* The response's choices, prompt by prompt; -1 when out of memory. */
 static int make_jobs(gen_resp *r)
 {
@@ -704,8 +676,8 @@ static int make_jobs(gen_resp *r)
     return 0;
 }
 
-/* Submits each prompt's first choice and starts the response; takes r. On
- * failure the choices submitted are aborted and the error is the reply. */
+/* Submits every choice and starts the response; takes r. On failure the
+ * choices submitted are aborted and the error is the reply. */
 static int start(conn *c, gen_resp *r)
 {
     reqerr e;
@@ -715,11 +687,11 @@ static int start(conn *c, gen_resp *r)
         return http_reply_err(c, &e);
     }
     r->n_live = r->n_choices;
-    for (int i = 0; i < r->n_choices; i += r->n) {
+    for (int i = 0; i < r->n_choices; i++) {
         if (job_submit(c, r, i, &e) < 0) {
             task *live[MAX_CHOICES];
             int n_live = 0;
-            for (int k = 0; k < i; k += r->n)
+            for (int k = 0; k < i; k++)
                 live[n_live++] = r->jobs[k]->t;
             if (n_live == 0)
                 resp_free(r);
@@ -727,8 +699,6 @@ static int start(conn *c, gen_resp *r)
                 task_cancel(live[k]); /* the last frees r */
             return http_reply_err(c, &e);
         }
-        if (r->n == 1)
-            r->pr[i].rest = true;
     }
     if (!r->stream) {
         for (int i = 0; i < r->n_choices; i++)
