@@ -61,6 +61,18 @@ bool lms_jsonfsm_same(const lms_jsonfsm *a, const lms_jsonfsm *b)
            a->sub == b->sub && a->lit == b->lit && a->ws == b->ws && a->key == b->key;
 }
 
+int lms_jsonfsm_phase(const lms_jsonfsm *f)
+{
+    switch (f->st) {
+    case ST_VALUE: case ST_ARR_FIRST: return LMS_JSON_PH_VALUE;
+    case ST_STR: case ST_ESC: case ST_HEX: return f->key ? LMS_JSON_PH_KEY : LMS_JSON_PH_STRING;
+    case ST_LIT: return LMS_JSON_PH_LITERAL;
+    case ST_DONE: return LMS_JSON_PH_DONE;
+    case ST_OBJ_FIRST: case ST_OBJ_KEY: case ST_COLON: case ST_AFTER: return LMS_JSON_PH_STRUCT;
+    default: return LMS_JSON_PH_NUMBER;
+    }
+}
+
 static bool is_ws(unsigned char c)
 {
     return c == ' ' || c == '\t' || c == '\n' || c == '\r';
@@ -74,6 +86,19 @@ static bool is_digit(unsigned char c)
 static bool is_hex(unsigned char c)
 {
     return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+
+/* A whitespace byte of a run: at most one newline (bit 7 of ws), no
+ * carriage return, and LMS_JSON_WS_MAX bytes in all (bits 0-6): enough for
+ * pretty-printing, too little for a model to pad its way along. */
+static bool ws_byte(lms_jsonfsm *f, unsigned char c)
+{
+    if (c == '\r' || (c == '\n' && (f->ws & 0x80)))
+        return false;
+    if (c == '\n')
+        f->ws |= 0x80;
+    f->ws = (uint8_t)((f->ws & 0x80) | ((f->ws & 0x7f) + 1));
+    return (f->ws & 0x7f) <= LMS_JSON_WS_MAX;
 }
 
 static bool top_is_object(const lms_jsonfsm *f)
@@ -146,7 +171,7 @@ static bool step(lms_jsonfsm *f, unsigned char c)
     case ST_VALUE: case ST_OBJ_FIRST: case ST_OBJ_KEY:
     case ST_COLON: case ST_ARR_FIRST: case ST_AFTER:
         if (is_ws(c)) /* none before the object (as llama.cpp's JSON grammar) */
-            return f->depth > 0 && ++f->ws <= LMS_JSON_WS_MAX;
+            return f->depth > 0 && ws_byte(f, c);
         f->ws = 0;
         break;
     default:

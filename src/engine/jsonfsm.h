@@ -5,8 +5,9 @@
  * (OpenAI's response_format json_object, Ollama's format "json").
  *
  * The text starts with the object's '{'. Whitespace between tokens inside
- * it is allowed in runs of at most LMS_JSON_WS_MAX bytes, so that a model
- * cannot pad forever; nesting is limited to
+ * it is allowed in runs of at most LMS_JSON_WS_MAX bytes with at most one
+ * newline and no carriage return (enough for pretty-printing), so that a
+ * model cannot pad its way along; nesting is limited to
  * LMS_JSON_DEPTH_MAX. Bytes of 0x80 and above are taken as they come
  * inside strings (a token may end within a UTF-8 character). Nothing may
  * follow the closing brace of the top-level object.
@@ -29,7 +30,7 @@ typedef struct lms_jsonfsm {
     uint8_t st;       /* where in the grammar (jsonfsm.c) */
     uint8_t sub;      /* literal: next index; \u escape: hex digits seen */
     uint8_t lit;      /* literal: which (true, false, null) */
-    uint8_t ws;       /* whitespace bytes in a row */
+    uint8_t ws;       /* whitespace run: bytes (bits 0-6), a newline seen (bit 7) */
     bool key;         /* the string being read is an object key */
 } lms_jsonfsm;
 
@@ -41,5 +42,19 @@ bool lms_jsonfsm_feed(lms_jsonfsm *f, const char *p, size_t n);
 bool lms_jsonfsm_done(const lms_jsonfsm *f);
 /* a and b accept the same continuations (the same state; a cache key). */
 bool lms_jsonfsm_same(const lms_jsonfsm *a, const lms_jsonfsm *b);
+
+/* Where the checker is, in coarse terms (for the schema layer,
+ * jsonschema.c): a value is expected; between tokens of a container; in a
+ * key, a string value, a number or a literal; after the object. */
+enum {
+    LMS_JSON_PH_VALUE,
+    LMS_JSON_PH_STRUCT,
+    LMS_JSON_PH_KEY,
+    LMS_JSON_PH_STRING,
+    LMS_JSON_PH_NUMBER,
+    LMS_JSON_PH_LITERAL,
+    LMS_JSON_PH_DONE,
+};
+int lms_jsonfsm_phase(const lms_jsonfsm *f);
 
 #endif

@@ -31,7 +31,7 @@
 #include "base/err.h"
 #include "base/timeutil.h"
 #include "engine/forward.h"
-#include "engine/jsonfsm.h"
+#include "engine/jsonschema.h"
 #include "kernels/kernels.h"
 #include "model/tokenizer.h"
 #include "ops/fault.h"
@@ -64,10 +64,11 @@ typedef struct sreq {
     double t_submit, t_sched, t_first;
     float *embd;             /* pooled embedding accumulator [n_embd] */
     int32_t n_embd_rows;
-    lms_jsonfsm jf;          /* JSON mode: the text so far, checked */
+    lms_jschk jf;            /* JSON mode: the text so far, checked */
+    lms_jschema *schema;     /* JSON mode: the request's schema (a copy), or NULL */
     float *masked;           /* JSON mode: logits of the allowed tokens [n_vocab] */
     uint64_t *jc_bits;       /* JSON mode: allowed tokens of the last JC_N states, a bit each */
-    lms_jsonfsm jc_key[4];
+    lms_jschk jc_key[4];
     int jc_n, jc_next;
     const char *done;        /* finish reason once decided this step */
     lms_event *final;        /* the terminal event, allocated at submit so
@@ -160,6 +161,7 @@ static void sreq_free(lms_sched *s, sreq *q)
     free(q->embd);
     free(q->masked);
     free(q->jc_bits);
+    free(q->schema);
     free(q);
 }
 
@@ -245,6 +247,14 @@ static sreq *sreq_new(const lms_sched *s, const lms_request *r)
     q->tokens = malloc((size_t)q->cap * sizeof *q->tokens);
     q->final = calloc(1, sizeof *q->final);
     bool ok = q->tokens != NULL && q->final != NULL;
+    if (ok && r->schema) {
+        const size_t n = lms_jschema_size(r->schema);
+        ok = (q->schema = malloc(n)) != NULL;
+        if (ok)
+            memcpy(q->schema, r->schema, n);
+        q->r.json = true;
+    }
+    q->r.schema = q->schema;
     for (int i = 0; i < r->n_stop && ok; i++)
         ok = (q->stops[i] = strdup(r->stop[i])) != NULL;
     if (!ok) {
@@ -252,6 +262,7 @@ static sreq *sreq_new(const lms_sched *s, const lms_request *r)
             free(q->stops[i]);
         free(q->tokens);
         free(q->final);
+        free(q->schema);
         free(q);
         return NULL;
     }
@@ -384,10 +395,13 @@ static int make_token_texts(lms_sched *s)
 static bool json_allows(const lms_sched *s, const sreq *q, int32_t id)
 {
     if (s->tt_eog[id])
-        return lms_jsonfsm_done(&q->jf);
+        return lms_jschk_done(&q->jf);
     const uint32_t a = s->tt_off[id], b = s->tt_off[id + 1];
-    lms_jsonfsm f = q->jf;
-    return a < b && lms_jsonfsm_feed(&f, s->tt_bytes + a, b - a);
+    if (a == b)
+        return false;
+    lms_jschk k;
+    lms_jschk_copy(&k, &q->jf);
+    return lms_jschk_feed(&k, s->tt_bytes + a, b - a);
 }
 
 #define JC_N 4 /* checker states whose allowed tokens are kept */
@@ -404,12 +418,12 @@ static const uint64_t *json_allowed_bits(const lms_sched *s, sreq *q)
 {
     const size_t nw = jc_words(s);
     for (int k = 0; k < q->jc_n; k++)
-        if (lms_jsonfsm_same(&q->jc_key[k], &q->jf))
+        if (lms_jschk_same(&q->jc_key[k], &q->jf))
             return q->jc_bits + (size_t)k * nw;
     const int k = q->jc_next;
     q->jc_next = (k + 1) % JC_N;
     q->jc_n = q->jc_n < JC_N ? q->jc_n + 1 : JC_N;
-    q->jc_key[k] = q->jf;
+    lms_jschk_copy(&q->jc_key[k], &q->jf);
     uint64_t *bits = q->jc_bits + (size_t)k * nw;
     memset(bits, 0, nw * sizeof *bits);
     for (int32_t i = 0; i < s->m->hp.n_vocab; i++)
@@ -455,7 +469,7 @@ static int start_request(lms_sched *s, sreq *q)
     for (int32_t i = 0; i < q->n_prompt; i++)
         lms_sampler_accept(q->smp, q->tokens[i]);
     if (q->r.json) {
-        lms_jsonfsm_init(&q->jf);
+        lms_jschk_init(&q->jf, q->schema);
         q->masked = malloc((size_t)s->m->hp.n_vocab * sizeof *q->masked);
         q->jc_bits = malloc(JC_N * jc_words(s) * sizeof *q->jc_bits);
         if (!q->masked || !q->jc_bits || make_token_texts(s) < 0)
@@ -600,7 +614,7 @@ static const char *handle_token(lms_sched *s, sreq *q, int32_t tok, float prob)
     lms_event *ev = new_event(q, LMS_EV_TOKEN);
     lms_sampler_accept(q->smp, tok);
     if (q->r.json && !s->tt_eog[tok]) /* allowed, so it feeds */
-        lms_jsonfsm_feed(&q->jf, s->tt_bytes + s->tt_off[tok], s->tt_off[tok + 1] - s->tt_off[tok]);
+        lms_jschk_feed(&q->jf, s->tt_bytes + s->tt_off[tok], s->tt_off[tok + 1] - s->tt_off[tok]);
     if (q->n_gen++ == 0)
         q->t_first = lms_now_ms();
     q->tokens[q->n_tokens++] = tok;

@@ -121,6 +121,8 @@ typedef struct lms_request {
     bool json;                 /* JSON mode: the output is held to one JSON object
                                 * (engine/jsonfsm.h); the end-of-generation token
                                 * only once it is closed */
+    const struct lms_jschema *schema; /* JSON mode held to this compiled schema
+                                * (engine/jsonschema.h), copied; implies json */
     int n_logprobs;            /* 0..LMS_MAX_LOGPROBS alternatives per token */
     double timeout_ms;         /* deadline from submit; 0 = none */
     bool embedding;            /* compute a pooled embedding instead */

@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "base/timeutil.h"
+#include "engine/jsonschema.h"
 #include "serve/serve_int.h"
 
 typedef struct oll_job {
@@ -217,14 +218,15 @@ static int generate(conn *c, json_t *body, bool chat)
                     reqparse_obj(body, "options", &opts, &e) < 0 ||
                     (opts && reqparse_gen(opts, &gp, &e) < 0)))
         rc = -1;
-    /* format: "json" holds the output to a JSON object; a JSON schema is
-     * not enforced, so it is refused rather than ignored */
+    /* format: "json" holds the output to a JSON object, a JSON schema to
+     * the objects it allows (engine/jsonschema.h) */
     bool json = json_is_string(fmt) && !strcmp(json_string_value(fmt), "json");
-    if (rc == 0 && fmt && !json_is_null(fmt) && !json &&
+    lms_jschema *schema = NULL;
+    if (rc == 0 && json_is_object(fmt) && !(schema = api_compile_schema(fmt, "format", &e)))
+        rc = -1;
+    if (rc == 0 && fmt && !json_is_null(fmt) && !json && !schema &&
         !(json_is_string(fmt) && !json_string_length(fmt)))
-        rc = reqerr_set(&e, 400, "format", json_is_object(fmt)
-                        ? "a JSON schema as 'format' is not supported yet; \"json\" is"
-                        : "'format' must be \"json\" (or a JSON schema, not supported yet)");
+        rc = reqerr_set(&e, 400, "format", "'format' must be \"json\" or a JSON schema");
     if (rc == 0)
         rc = prompt_tokens(c, body, chat, &toks, &n, &e);
     oll_job *j = rc == 0 ? calloc(1, sizeof *j) : NULL;
@@ -235,11 +237,13 @@ static int generate(conn *c, json_t *body, bool chat)
         *j = (oll_job){.chat = chat, .stream = stream, .t0 = lms_now_ms()};
         lms_request r = genparams_request(&gp, toks, n);
         r.json = json;
+        r.schema = schema;
         t = task_submit(c, &r, &oll_ops, j, &e);
         if (!t)
             oll_destroy(&(task){.state = j});
     }
     free(toks);
+    free(schema); /* the scheduler made its copy */
     genparams_deinit(&gp);
     if (!t)
         return reply_err(c, &e);

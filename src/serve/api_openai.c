@@ -44,6 +44,7 @@
 
 #include "base/timeutil.h"
 #include "model/tokenizer.h"
+#include "engine/jsonschema.h"
 #include "serve/serve_int.h"
 #include "serve/toolcall.h"
 
@@ -70,6 +71,7 @@ typedef struct gen_resp {
     int64_t created;
     bool tools;                /* chat with tools: replies are searched for calls */
     bool json;                 /* response_format json_object: JSON mode */
+    lms_jschema *schema;       /* response_format json_schema: its schema, compiled */
     int n;                     /* choices per prompt */
     int n_choices;             /* choices in all */
     int n_live;                /* choices not yet ended */
@@ -479,6 +481,7 @@ static void resp_free(gen_resp *r)
         free(r->pr[i].echo);
     }
     genparams_deinit(&r->gp);
+    free(r->schema);
     for (int i = 0; i < r->n_choices; i++) {
         gen_job *j = r->jobs[i];
         if (!j)
@@ -565,11 +568,16 @@ static int parse_chat(conn *c, const json_t *body, gen_resp *r, gen_prompt *pr, 
     if (reqparse_obj(body, "response_format", &rf, e) < 0 ||
         (rf && reqparse_str(rf, "type", &rft, e) < 0))
         return -1;
-    r->json = rft && !strcmp(rft, "json_object");
+    r->json = rft && (!strcmp(rft, "json_object") || !strcmp(rft, "json_schema"));
     if (rft && strcmp(rft, "text") != 0 && !r->json)
         return reqerr_set(e, 400, "response_format",
-                          "response_format '%.40s' is not supported yet ('json_object' and "
-                          "'text' are)", rft);
+                          "response_format '%.40s' is not supported ('text', 'json_object' and "
+                          "'json_schema' are)", rft);
+    if (rft && !strcmp(rft, "json_schema")) {
+        const json_t *js = json_object_get(rf, "json_schema");
+        if (!(r->schema = api_compile_schema(json_object_get(js, "schema"), "response_format", e)))
+            return -1;
+    }
     json_t *msgs = chatfmt_messages(json_object_get(body, "messages"), "messages", e);
     if (!msgs)
         return -1;
@@ -649,6 +657,7 @@ static int job_submit(conn *c, gen_resp *r, int i, reqerr *e)
     lms_request rq = genparams_request(&r->gp, p->toks, p->n);
     rq.n_logprobs = r->logprobs > 0 ? r->logprobs : 0;
     rq.json = r->json;
+    rq.schema = r->schema;
     rq.sp.seed += (uint64_t)(i % r->n);
     if (!(j->t = task_submit(c, &rq, &gen_ops, j, e)))
         return -1;

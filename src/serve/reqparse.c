@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "base/err.h"
+#include "engine/jsonschema.h"
 #include "serve/serve_int.h"
 
 /* ---- errors ------------------------------------------------------------------ */
@@ -399,4 +400,20 @@ int reqparse_token_ids(const json_t *a, const char *field, int32_t **out, int32_
     *out = v;
     *n_out = (int32_t)n;
     return 0;
+}
+
+lms_jschema *api_compile_schema(const json_t *schema, const char *param, reqerr *e)
+{
+    if (!json_is_object(schema)) {
+        reqerr_set(e, 400, param, "a JSON schema (an object) is needed");
+        return NULL;
+    }
+    size_t n;
+    char *text = json_dump_compact(schema, &n);
+    char err[256] = "out of memory";
+    lms_jschema *sc = text ? lms_jschema_compile(text, n, err, sizeof err) : NULL;
+    free(text);
+    if (!sc)
+        reqerr_set(e, 400, param, "the JSON schema: %s", err);
+    return sc;
 }

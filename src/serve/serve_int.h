@@ -386,6 +386,9 @@ int api_ollama_show(conn *c, json_t *body);
 int api_ollama_tags(conn *c);
 int api_ollama_ps(conn *c);
 int api_ollama_version(conn *c);
+/* reqparse.c: a request's JSON schema compiled for JSON mode, or NULL with
+ * a 400 naming param */
+struct lms_jschema *api_compile_schema(const json_t *schema, const char *param, reqerr *e);
 /* api_embeddings.c: Ollama's /api/embed and /api/embeddings */
 int api_ollama_embed(conn *c, json_t *body);
 int api_ollama_embeddings(conn *c, json_t *body);

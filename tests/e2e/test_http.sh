@@ -144,12 +144,18 @@ check "JSON mode: then the end token, finish stop" eq "$(py "$T/out" 'd["choices
 req POST /v1/chat/completions -d '{"messages":[{"role":"user","content":"Tell me a story"}],"max_tokens":40,"response_format":{"type":"json_object"},"seed":3}'
 check "JSON mode: the reply is an object's beginning" eq "$(py "$T/out" 'd["choices"][0]["message"]["content"].lstrip()[:2] in ("{", "{ ", "{\n", "{\"", "{}")')" True
 check "JSON mode: a reply that stopped parses" eq "$(py "$T/out" 'd["choices"][0]["finish_reason"] == "length" or isinstance(json.loads(d["choices"][0]["message"]["content"]), dict)')" True
-req POST /v1/chat/completions -d '{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"a","schema":{}}}}'
-check "json_schema refused (not enforced)" eq "$(py "$T/out" 'd["error"]["param"]')" response_format
+SCHEMA='{"type":"object","properties":{"a":{"type":"boolean"},"n":{"type":"integer"}},"required":["a","n"]}'
+req POST /v1/chat/completions -d "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":200,\"seed\":1,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"t\",\"schema\":$SCHEMA}}}"
+check "json_schema: the keys in order, a boolean first" eq "$(py "$T/out" '__import__("re").sub(r"\s", "", d["choices"][0]["message"]["content"])[:6] in ("{\"a\":t", "{\"a\":f")')" True
+check "json_schema: a reply that stopped is a valid instance" eq "$(py "$T/out" 'd["choices"][0]["finish_reason"] == "length" or (lambda o: list(o) == ["a", "n"] and isinstance(o["a"], bool) and isinstance(o["n"], int))(json.loads(d["choices"][0]["message"]["content"]))')" True
+req POST /v1/chat/completions -d '{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"a","schema":{"type":"object","properties":{"s":{"type":"string","pattern":"x+"}}}}}}'
+check "json_schema with an unsupported keyword refused, naming it" eq "$(code) $(py "$T/out" '"pattern" in d["error"]["message"]')" "400 True"
 req POST /api/generate -d '{"prompt":"Once","format":"json","stream":false,"options":{"num_predict":20}}'
 check "Ollama format json: an object's beginning" eq "$(py "$T/out" 'd["response"].lstrip()[:1]')" "{"
-req POST /api/generate -d '{"prompt":"Once","format":{"type":"object"},"stream":false}'
-check "Ollama format schema refused" eq "$(code)" 400
+req POST /api/generate -d "{\"prompt\":\"Once\",\"format\":$SCHEMA,\"stream\":false,\"options\":{\"num_predict\":30}}"
+check "Ollama format schema: the first key" eq "$(py "$T/out" '__import__("re").sub(r"\s", "", d["response"])[:5]')" '{"a":'
+req POST /api/generate -d '{"prompt":"Once","format":{"type":"string"},"stream":false}'
+check "Ollama format schema of a non-object refused" eq "$(code)" 400
 
 req POST /detokenize -d '{"tokens":[1,99999]}'
 check "detokenize refuses an id outside the vocabulary" eq "$(py "$T/out" 'd["error"]["param"]')" tokens

@@ -105,6 +105,10 @@ static void test_limits(void **state)
     assert_true(done);
     snprintf(s, sizeof s, "{%*s\"a\":1}", LMS_JSON_WS_MAX + 1, "");
     assert_int_equal(accepted(s, &done), 1 + LMS_JSON_WS_MAX);
+    /* one newline a run, no carriage return */
+    assert_int_equal(accepted("{\n  \"a\":1}", &done), 10);
+    assert_int_equal(accepted("{\n\n\"a\":1}", &done), 2);
+    assert_int_equal(accepted("{\r\n\"a\":1}", &done), 1);
     /* runs, not totals, are bounded */
     snprintf(s, sizeof s, "{\"a\":%*s1,%*s\"b\":2}", LMS_JSON_WS_MAX, "", LMS_JSON_WS_MAX, "");
     assert_int_equal(accepted(s, &done), strlen(s));

@@ -1,0 +1,746 @@
+/*
+ * jsonschema.c - JSON schemas for JSON mode (jsonschema.h): the compiler
+ * (jansson -> one block) and the checker, a schema layer over the syntax
+ * checker of jsonfsm.c.
+ *
+ * The block:
+ *
+ *   lms_jschema   size, counts, the root node
+ *   js_node[]     per node: the kinds of value it allows, and per kind the
+ *                 alternative that describes such a value (anyOf); object:
+ *                 its properties (or the node of a map's values); array:
+ *                 items, min and max; enum: its values' texts
+ *   js_prop[]     name (compact JSON text without the quotes), node, required
+ *   js_text[]     enum / const values as compact JSON text
+ *   bytes         the texts
+ *
+ * The checker feeds each byte to the syntax checker, then reads what the
+ * byte did from the coarse phase before and after it (a value began, a key
+ * byte, a key ended, a scalar ended, a container closed, a comma) and
+ * applies the schema's rule for that event.
+ */
+#include "engine/jsonschema.h"
+
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { K_OBJ = 1, K_ARR = 2, K_STR = 4, K_NUM = 8, K_INT = 16, K_BOOL = 32, K_NULL = 64 };
+#define K_ALL 127
+#define N_KINDS 7
+#define MAX_NODES 512
+#define MAX_PROPS 64
+#define MAX_ENUM 64
+#define MAX_COMPILE_DEPTH 32
+#define NONE (-1)
+
+typedef struct js_node {
+    uint8_t kinds;
+    bool any;               /* no constraint: any value of the kinds */
+    int16_t alt[N_KINDS];   /* per kind bit: the node of such a value (anyOf), NONE: this */
+    uint16_t n_props;
+    uint32_t props;         /* first in the property table */
+    int16_t map;            /* an object of any keys with values of this node, or NONE */
+    int16_t items;          /* array: node of every item, NONE: any */
+    uint16_t min_items, max_items;
+    uint16_t n_enum;
+    uint32_t enums;         /* first in the text table */
+} js_node;
+
+typedef struct js_text {
+    uint32_t off, len;
+} js_text;
+
+typedef struct js_prop {
+    js_text name;
+    int16_t node;
+    bool required;
+} js_prop;
+
+struct lms_jschema {
+    uint32_t size;
+    uint16_t n_nodes, root;
+    uint32_t n_props, n_texts;
+};
+
+static const js_node *nodes_of(const lms_jschema *s)
+{
+    return (const js_node *)(s + 1);
+}
+static const js_prop *props_of(const lms_jschema *s)
+{
+    return (const js_prop *)(nodes_of(s) + s->n_nodes);
+}
+static const js_text *texts_of(const lms_jschema *s)
+{
+    return (const js_text *)(props_of(s) + s->n_props);
+}
+static const char *bytes_of(const lms_jschema *s)
+{
+    return (const char *)(texts_of(s) + s->n_texts);
+}
+
+size_t lms_jschema_size(const lms_jschema *s)
+{
+    return s->size;
+}
+
+/* ---- compiler ------------------------------------------------------------ */
+
+typedef struct builder {
+    js_node nodes[MAX_NODES];
+    int n_nodes;
+    js_prop *props;
+    int n_props, cap_props;
+    js_text *texts;
+    int n_texts, cap_texts;
+    char *bytes;
+    size_t n_bytes, cap_bytes;
+    const json_t *root;     /* for $ref */
+    const json_t *ref_from[MAX_NODES];
+    int16_t ref_node[MAX_NODES];
+    int n_refs;
+    char *err;
+    size_t errsz;
+} builder;
+
+static int fail(builder *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(builder *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(b->err, b->errsz, fmt, ap);
+    va_end(ap);
+    return NONE;
+}
+
+static bool grow(void **p, int *cap, int need, size_t size)
+{
+    if (need <= *cap)
+        return true;
+    int c = *cap ? *cap * 2 : 16;
+    while (c < need)
+        c *= 2;
+    void *q = realloc(*p, (size_t)c * size);
+    if (!q)
+        return false;
+    *p = q;
+    *cap = c;
+    return true;
+}
+
+/* The text, into the byte pool. */
+static int add_bytes(builder *b, const char *p, size_t n, js_text *t)
+{
+    if (b->n_bytes + n > b->cap_bytes) {
+        size_t c = b->cap_bytes ? b->cap_bytes * 2 : 256;
+        while (c < b->n_bytes + n)
+            c *= 2;
+        char *q = realloc(b->bytes, c);
+        if (!q)
+            return fail(b, "out of memory");
+        b->bytes = q;
+        b->cap_bytes = c;
+    }
+    memcpy(b->bytes + b->n_bytes, p, n);
+    *t = (js_text){(uint32_t)b->n_bytes, (uint32_t)n};
+    b->n_bytes += n;
+    return 0;
+}
+
+static int new_node(builder *b)
+{
+    if (b->n_nodes >= MAX_NODES)
+        return fail(b, "the schema has more than %d parts", MAX_NODES);
+    js_node *n = &b->nodes[b->n_nodes];
+    memset(n, 0, sizeof *n);
+    for (int k = 0; k < N_KINDS; k++)
+        n->alt[k] = NONE;
+    n->map = n->items = NONE;
+    n->max_items = UINT16_MAX;
+    return b->n_nodes++;
+}
+
+static int kind_of_name(const char *t)
+{
+    static const char *const names[N_KINDS] = {"object", "array",   "string", "number",
+                                               "integer", "boolean", "null"};
+    for (int k = 0; k < N_KINDS; k++)
+        if (!strcmp(t, names[k]))
+            return 1 << k;
+    return 0;
+}
+
+static int kind_of_value(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_STRING: return K_STR;
+    case JSON_INTEGER: case JSON_REAL: return K_NUM;
+    case JSON_TRUE: case JSON_FALSE: return K_BOOL;
+    case JSON_NULL: return K_NULL;
+    default: return 0;
+    }
+}
+
+static int compile(builder *b, const json_t *sch, int depth);
+
+static int compile_ref(builder *b, const char *ref, int depth)
+{
+    const char *name = NULL;
+    const json_t *defs = NULL;
+    if (!strncmp(ref, "#/$defs/", 8))
+        defs = json_object_get(b->root, "$defs"), name = ref + 8;
+    else if (!strncmp(ref, "#/definitions/", 14))
+        defs = json_object_get(b->root, "definitions"), name = ref + 14;
+    const json_t *target = defs && name ? json_object_get(defs, name) : NULL;
+    if (!strcmp(ref, "#"))
+        target = b->root;
+    if (!target)
+        return fail(b, "$ref '%.100s' does not lead to a definition of the schema", ref);
+    for (int i = 0; i < b->n_refs; i++)
+        if (b->ref_from[i] == target)
+            return b->ref_node[i];
+    return compile(b, target, depth);
+}
+
+/* Merges alternative node a into dispatch node d (anyOf / oneOf). */
+static int add_alternative(builder *b, int d, int a)
+{
+    for (int k = 0; k < N_KINDS; k++) {
+        if (!(b->nodes[a].kinds & (1 << k)))
+            continue;
+        if (b->nodes[d].kinds & (1 << k))
+            return fail(b, "anyOf / oneOf alternatives must start differently (two allow the same "
+                           "kind of value)");
+        b->nodes[d].kinds |= (uint8_t)(1 << k);
+        b->nodes[d].alt[k] = (int16_t)a;
+    }
+    return 0;
+}
+
+static int compile_object(builder *b, int id, const json_t *sch, int depth)
+{
+    const json_t *props = json_object_get(sch, "properties"), *req = json_object_get(sch, "required");
+    const json_t *extra = json_object_get(sch, "additionalProperties");
+    if (props && !json_is_object(props))
+        return fail(b, "'properties' must be an object");
+    if (req && !json_is_array(req))
+        return fail(b, "'required' must be an array");
+    if (json_object_size(props) > MAX_PROPS)
+        return fail(b, "an object may have at most %d properties here", MAX_PROPS);
+    if (json_object_size(props) == 0 && !json_is_false(extra)) {
+        /* a map: any keys, values of additionalProperties' schema (any
+         * value when it is absent or true) */
+        int m = compile(b, json_is_object(extra) ? extra : json_true(), depth + 1);
+        if (m < 0)
+            return NONE;
+        b->nodes[id].map = (int16_t)m;
+        return 0;
+    }
+    /* the properties first, contiguous; their schemas after (which may add
+     * properties of their own) */
+    const uint32_t first = (uint32_t)b->n_props;
+    b->nodes[id].props = first;
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)props, key, v)
+    {
+        if (!grow((void **)&b->props, &b->cap_props, b->n_props + 1, sizeof *b->props))
+            return fail(b, "out of memory");
+        js_prop *p = &b->props[b->n_props];
+        json_t *ks = json_string(key);
+        char *t = ks ? json_dumps(ks, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+        json_decref(ks);
+        if (!t)
+            return fail(b, "out of memory");
+        int rc = add_bytes(b, t + 1, strlen(t) - 2, &p->name); /* without the quotes */
+        free(t);
+        if (rc < 0)
+            return NONE;
+        p->node = NONE;
+        p->required = false;
+        size_t i;
+        const json_t *r;
+        json_array_foreach(req, i, r) if (json_is_string(r) && !strcmp(json_string_value(r), key))
+            p->required = true;
+        b->n_props++;
+        b->nodes[id].n_props++;
+    }
+    uint32_t i = first;
+    json_object_foreach((json_t *)props, key, v)
+    {
+        int n = compile(b, v, depth + 1);
+        if (n < 0)
+            return NONE;
+        b->props[i++].node = (int16_t)n;
+    }
+    return 0;
+}
+
+static int compile(builder *b, const json_t *sch, int depth)
+{
+    if (depth > MAX_COMPILE_DEPTH)
+        return fail(b, "the schema nests deeper than %d", MAX_COMPILE_DEPTH);
+    if (json_is_true(sch) || (json_is_object(sch) && json_object_size(sch) == 0)) {
+        int id = new_node(b);
+        if (id >= 0)
+            b->nodes[id].kinds = K_ALL, b->nodes[id].any = true;
+        return id;
+    }
+    if (!json_is_object(sch))
+        return fail(b, "a schema must be an object");
+    static const char *const refused[] = {
+        "pattern", "patternProperties", "minLength", "maxLength", "minimum", "maximum",
+        "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "allOf", "not", "if", "then",
+        "else", "prefixItems", "contains", "minContains", "maxContains", "uniqueItems",
+        "propertyNames", "dependentRequired", "dependentSchemas", "unevaluatedProperties",
+        "unevaluatedItems", "minProperties", "maxProperties"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
+        if (json_object_get(sch, refused[i]))
+            return fail(b, "schema keyword '%s' is not supported", refused[i]);
+    const json_t *ref = json_object_get(sch, "$ref");
+    if (ref) {
+        if (!json_is_string(ref))
+            return fail(b, "'$ref' must be a string");
+        return compile_ref(b, json_string_value(ref), depth + 1);
+    }
+    int id = new_node(b);
+    if (id < 0)
+        return NONE;
+    if (b->n_refs < MAX_NODES) { /* a $ref to this schema, compiled further in, finds it */
+        b->ref_from[b->n_refs] = sch;
+        b->ref_node[b->n_refs++] = (int16_t)id;
+    }
+    const json_t *alts = json_object_get(sch, "anyOf");
+    alts = alts ? alts : json_object_get(sch, "oneOf");
+    if (alts) {
+        if (!json_is_array(alts) || json_array_size(alts) == 0)
+            return fail(b, "'anyOf' / 'oneOf' must be a non-empty array");
+        size_t i;
+        const json_t *a;
+        json_array_foreach(alts, i, a)
+        {
+            int n = compile(b, a, depth + 1);
+            if (n < 0 || add_alternative(b, id, n) < 0)
+                return NONE;
+        }
+        return id;
+    }
+    js_node *node = &b->nodes[id];
+    const json_t *type = json_object_get(sch, "type");
+    if (json_is_string(type)) {
+        node->kinds = (uint8_t)kind_of_name(json_string_value(type));
+        if (!node->kinds)
+            return fail(b, "unknown type '%.40s'", json_string_value(type));
+    } else if (json_is_array(type)) {
+        size_t i;
+        const json_t *t;
+        json_array_foreach(type, i, t)
+        {
+            int k = json_is_string(t) ? kind_of_name(json_string_value(t)) : 0;
+            if (!k)
+                return fail(b, "'type' lists an unknown type");
+            node->kinds |= (uint8_t)k;
+        }
+    } else if (type) {
+        return fail(b, "'type' must be a string or an array of strings");
+    }
+    const json_t *en = json_object_get(sch, "enum"), *cst = json_object_get(sch, "const");
+    if (en || cst) {
+        if (en && (!json_is_array(en) || json_array_size(en) == 0 ||
+                   json_array_size(en) > MAX_ENUM))
+            return fail(b, "'enum' must be an array of 1 to %d values", MAX_ENUM);
+        json_t *vals = en ? json_incref((json_t *)en) : json_pack("[O]", cst);
+        node->enums = (uint32_t)b->n_texts;
+        uint8_t kinds = 0;
+        size_t i;
+        const json_t *v;
+        int rc = 0;
+        json_array_foreach(vals, i, v)
+        {
+            int k = kind_of_value(v);
+            char *t = k ? json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+            if (!k)
+                rc = fail(b, "'enum' / 'const' values must be strings, numbers, booleans or null");
+            else if (!t || !grow((void **)&b->texts, &b->cap_texts, b->n_texts + 1, sizeof *b->texts))
+                rc = fail(b, "out of memory");
+            else
+                rc = add_bytes(b, t, strlen(t), &b->texts[b->n_texts++]);
+            free(t);
+            if (rc < 0)
+                break;
+            kinds |= (uint8_t)k;
+            node->n_enum++;
+        }
+        json_decref(vals);
+        if (rc < 0)
+            return NONE;
+        node->kinds = kinds; /* an enum's values say which kinds */
+        return id;
+    }
+    if (!node->kinds) {
+        if (json_object_get(sch, "properties") || json_object_get(sch, "additionalProperties"))
+            node->kinds = K_OBJ;
+        else if (json_object_get(sch, "items"))
+            node->kinds = K_ARR;
+        else
+            node->kinds = K_ALL, node->any = true;
+    }
+    if ((node->kinds & K_OBJ) && !node->any && compile_object(b, id, sch, depth) < 0)
+        return NONE;
+    if (node->kinds & K_ARR) {
+        const json_t *it = json_object_get(sch, "items");
+        int64_t mn = json_integer_value(json_object_get(sch, "minItems"));
+        const json_t *mx = json_object_get(sch, "maxItems");
+        if (it) {
+            int n = compile(b, it, depth + 1);
+            if (n < 0)
+                return NONE;
+            b->nodes[id].items = (int16_t)n;
+        }
+        if (mn < 0 || mn > UINT16_MAX || (mx && (json_integer_value(mx) < mn ||
+                                                json_integer_value(mx) > UINT16_MAX)))
+            return fail(b, "'minItems' / 'maxItems' must be in 0..65535, min <= max");
+        b->nodes[id].min_items = (uint16_t)mn;
+        if (mx)
+            b->nodes[id].max_items = (uint16_t)json_integer_value(mx);
+    }
+    return id;
+}
+
+lms_jschema *lms_jschema_compile(const char *text, size_t n, char *err, size_t errsz)
+{
+    json_error_t je;
+    json_t *root = json_loadb(text, n, 0, &je);
+    if (!root) {
+        snprintf(err, errsz, "the schema is not JSON: %s", je.text);
+        return NULL;
+    }
+    builder *b = calloc(1, sizeof *b);
+    lms_jschema *s = NULL;
+    if (!b) {
+        snprintf(err, errsz, "out of memory");
+        json_decref(root);
+        return NULL;
+    }
+    b->root = root;
+    b->err = err;
+    b->errsz = errsz;
+    int top = compile(b, root, 0);
+    if (top >= 0 && !(b->nodes[top].kinds & K_OBJ))
+        top = fail(b, "the schema's top-level value must be an object");
+    if (top >= 0) {
+        size_t size = sizeof *s + (size_t)b->n_nodes * sizeof(js_node) +
+                      (size_t)b->n_props * sizeof(js_prop) + (size_t)b->n_texts * sizeof(js_text) +
+                      b->n_bytes;
+        s = size <= UINT32_MAX ? malloc(size) : NULL;
+        if (s) {
+            *s = (lms_jschema){(uint32_t)size, (uint16_t)b->n_nodes, (uint16_t)top,
+                               (uint32_t)b->n_props, (uint32_t)b->n_texts};
+            memcpy((void *)nodes_of(s), b->nodes, (size_t)b->n_nodes * sizeof(js_node));
+            if (b->n_props) /* (empty tables are NULL) */
+                memcpy((void *)props_of(s), b->props, (size_t)b->n_props * sizeof(js_prop));
+            if (b->n_texts)
+                memcpy((void *)texts_of(s), b->texts, (size_t)b->n_texts * sizeof(js_text));
+            if (b->n_bytes)
+                memcpy((void *)bytes_of(s), b->bytes, b->n_bytes);
+        } else {
+            snprintf(err, errsz, "out of memory");
+        }
+    }
+    free(b->props);
+    free(b->texts);
+    free(b->bytes);
+    free(b);
+    json_decref(root);
+    return s;
+}
+
+/* ---- checker ------------------------------------------------------------- */
+
+void lms_jschk_init(lms_jschk *k, const lms_jschema *sc)
+{
+    memset(k, 0, sizeof *k);
+    lms_jsonfsm_init(&k->f);
+    k->sc = sc;
+    k->vnode = NONE;
+}
+
+bool lms_jschk_done(const lms_jschk *k)
+{
+    return lms_jsonfsm_done(&k->f);
+}
+
+void lms_jschk_copy(lms_jschk *dst, const lms_jschk *src)
+{
+    memcpy(dst, src, offsetof(lms_jschk, fr) + (size_t)src->depth * sizeof src->fr[0]);
+}
+
+bool lms_jschk_same(const lms_jschk *a, const lms_jschk *b)
+{
+    if (!lms_jsonfsm_same(&a->f, &b->f) || a->depth != b->depth || a->vnode != b->vnode ||
+        a->vpos != b->vpos || a->vcand != b->vcand || a->vint != b->vint)
+        return false;
+    for (int i = 0; i < a->depth; i++) {
+        const lms_jsframe *x = &a->fr[i], *y = &b->fr[i];
+        if (x->node != y->node || x->count != y->count || x->pos != y->pos || x->next != y->next ||
+            x->cur != y->cur || x->cand != y->cand || x->obj != y->obj)
+            return false;
+    }
+    return true;
+}
+
+static int kind_bit(int kind)
+{
+    int k = 0;
+    while (!(kind & (1 << k)))
+        k++;
+    return k;
+}
+
+/* The node a value at the current place must follow; NONE: anything. */
+static int expected_node(const lms_jschk *k)
+{
+    if (k->depth == 0)
+        return k->sc->root;
+    const lms_jsframe *fr = &k->fr[k->depth - 1];
+    if (fr->node == NONE)
+        return NONE;
+    const js_node *n = &nodes_of(k->sc)[fr->node];
+    if (!fr->obj)
+        return n->items;
+    if (n->map != NONE)
+        return n->map;
+    return fr->cur < n->n_props ? props_of(k->sc)[n->props + fr->cur].node : NONE;
+}
+
+/* A value begins with byte c. */
+static bool value_begins(lms_jschk *k, unsigned char c, bool container)
+{
+    int kind = c == '{' ? K_OBJ : c == '[' ? K_ARR : c == '"' ? K_STR : c == 't' || c == 'f' ? K_BOOL
+               : c == 'n' ? K_NULL : K_NUM;
+    int id = expected_node(k);
+    if (id != NONE) {
+        const js_node *n = &nodes_of(k->sc)[id];
+        const int want = kind == K_NUM ? (K_NUM | K_INT) : kind;
+        if (!(n->kinds & want))
+            return false;
+        int a = n->alt[kind_bit(kind == K_NUM && !(n->kinds & K_NUM) ? K_INT : kind)];
+        if (a != NONE)
+            id = a, n = &nodes_of(k->sc)[id];
+        if (n->any)
+            id = NONE;
+    }
+    if (container) {
+        if (k->depth >= LMS_JS_DEPTH)
+            return false;
+        k->fr[k->depth++] = (lms_jsframe){0, (int16_t)id, 0, 0, 0, 0xff, c == '{'};
+        return true;
+    }
+    k->vnode = (int16_t)id;
+    k->vpos = 0;
+    k->vint = false;
+    k->vcand = 0;
+    if (id != NONE) {
+        const js_node *n = &nodes_of(k->sc)[id];
+        k->vint = kind == K_NUM && !(n->kinds & K_NUM);
+        k->vcand = n->n_enum ? (n->n_enum >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << n->n_enum) - 1) : 0;
+    }
+    return true;
+}
+
+/* cand without the texts (t[i], or the names of props p[i]) whose byte
+ * pos is not c */
+static uint64_t narrow(const lms_jschema *sc, uint64_t cand, const js_text *t, const js_prop *p,
+                       int n, uint16_t pos, unsigned char c)
+{
+    for (int i = 0; i < n; i++) {
+        const js_text *x = t ? &t[i] : &p[i].name;
+        if ((cand >> i & 1) && (x->len <= pos || (unsigned char)bytes_of(sc)[x->off + pos] != c))
+            cand &= ~((uint64_t)1 << i);
+    }
+    return cand;
+}
+
+/* A byte of the scalar being read. */
+static bool scalar_byte(lms_jschk *k, unsigned char c)
+{
+    if (k->vnode == NONE)
+        return true;
+    const js_node *n = &nodes_of(k->sc)[k->vnode];
+    if (k->vint && (c == '.' || c == 'e' || c == 'E'))
+        return false;
+    if (n->n_enum) {
+        k->vcand = narrow(k->sc, k->vcand, &texts_of(k->sc)[n->enums], NULL, n->n_enum, k->vpos, c);
+        if (!k->vcand)
+            return false;
+    }
+    k->vpos++;
+    return true;
+}
+
+/* The value in the top container (or the top-level one) is complete. */
+static void value_done(lms_jschk *k)
+{
+    if (k->depth == 0)
+        return;
+    lms_jsframe *fr = &k->fr[k->depth - 1];
+    fr->count++;
+    fr->cur = 0xff;
+}
+
+/* The scalar being read ends. */
+static bool scalar_ends(lms_jschk *k)
+{
+    if (k->vnode != NONE) {
+        const js_node *n = &nodes_of(k->sc)[k->vnode];
+        if (n->n_enum) {
+            const js_text *t = &texts_of(k->sc)[n->enums];
+            bool whole = false;
+            for (int i = 0; i < n->n_enum; i++)
+                whole |= (k->vcand >> i & 1) && t[i].len == k->vpos;
+            if (!whole)
+                return false;
+        }
+    }
+    k->vnode = NONE;
+    value_done(k);
+    return true;
+}
+
+/* The properties a key may name next: from `next` up to the first
+ * required one (optional ones may be skipped, required ones not). */
+static uint64_t keys_allowed(const js_node *n, const js_prop *p, int next)
+{
+    uint64_t m = 0;
+    for (int i = next; i < n->n_props; i++) {
+        m |= (uint64_t)1 << i;
+        if (p[i].required)
+            break;
+    }
+    return m;
+}
+
+static bool required_left(const js_node *n, const js_prop *p, int next)
+{
+    for (int i = next; i < n->n_props; i++)
+        if (p[i].required)
+            return true;
+    return false;
+}
+
+/* Schema checks of the structural byte c (after any scalar it ended). */
+static bool structural(lms_jschk *k, unsigned char c, int old_depth, int new_depth,
+                       int new_phase)
+{
+    if (new_depth < old_depth) { /* c closed the top container */
+        const lms_jsframe *fr = &k->fr[k->depth - 1];
+        if (fr->node != NONE) {
+            const js_node *n = &nodes_of(k->sc)[fr->node];
+            if (c == '}' && n->map == NONE && required_left(n, props_of(k->sc) + n->props, fr->next))
+                return false;
+            if (c == ']' && fr->count < n->min_items)
+                return false;
+        }
+        k->depth--;
+        value_done(k);
+        return true;
+    }
+    if (c == ',' && k->depth > 0) {
+        const lms_jsframe *fr = &k->fr[k->depth - 1];
+        if (fr->node == NONE)
+            return true;
+        const js_node *n = &nodes_of(k->sc)[fr->node];
+        if (new_phase == LMS_JSON_PH_VALUE) /* in an array */
+            return fr->count < n->max_items;
+        return n->map != NONE || fr->next < n->n_props;
+    }
+    return true;
+}
+
+/* The top container's node when it is an object of named properties;
+ * NULL when its keys are free (no schema, or a map). */
+static const js_node *named_object(const lms_jschk *k)
+{
+    const lms_jsframe *fr = &k->fr[k->depth - 1];
+    if (fr->node == NONE)
+        return NULL;
+    const js_node *n = &nodes_of(k->sc)[fr->node];
+    return n->map == NONE ? n : NULL;
+}
+
+static bool key_byte(lms_jschk *k, unsigned char c, bool first)
+{
+    lms_jsframe *fr = &k->fr[k->depth - 1];
+    const js_node *n = named_object(k);
+    if (!n)
+        return true;
+    const js_prop *p = props_of(k->sc) + n->props;
+    if (first) { /* the opening quote */
+        fr->cand = keys_allowed(n, p, fr->next);
+        fr->pos = 0;
+        return fr->cand != 0;
+    }
+    fr->cand = narrow(k->sc, fr->cand, NULL, p, n->n_props, fr->pos, c);
+    fr->pos++;
+    return fr->cand != 0;
+}
+
+/* The closing quote of a key: it must be a whole property name. */
+static bool key_ends(lms_jschk *k)
+{
+    lms_jsframe *fr = &k->fr[k->depth - 1];
+    const js_node *n = named_object(k);
+    if (!n)
+        return true;
+    const js_prop *p = props_of(k->sc) + n->props;
+    for (int i = 0; i < n->n_props; i++)
+        if ((fr->cand >> i & 1) && p[i].name.len == fr->pos) {
+            fr->cur = (uint8_t)i;
+            fr->next = (uint8_t)(i + 1);
+            return true;
+        }
+    return false;
+}
+
+static bool step(lms_jschk *k, unsigned char c)
+{
+    const int op = lms_jsonfsm_phase(&k->f), od = k->f.depth;
+    if (!lms_jsonfsm_feed(&k->f, (const char *)&c, 1))
+        return false;
+    if (!k->sc)
+        return true;
+    const int np = lms_jsonfsm_phase(&k->f), nd = k->f.depth;
+    const bool was_scalar = op == LMS_JSON_PH_STRING || op == LMS_JSON_PH_NUMBER ||
+                            op == LMS_JSON_PH_LITERAL;
+    const bool is_scalar = np == LMS_JSON_PH_STRING || np == LMS_JSON_PH_NUMBER ||
+                           np == LMS_JSON_PH_LITERAL;
+    if (op == LMS_JSON_PH_VALUE && nd > od) /* a container opens */
+        return value_begins(k, c, true);
+    if (op == LMS_JSON_PH_VALUE && is_scalar) /* a scalar begins */
+        return value_begins(k, c, false) && scalar_byte(k, c);
+    if (was_scalar && is_scalar)
+        return scalar_byte(k, c);
+    if (was_scalar) { /* it ended: a string or literal with c, a number before c */
+        if (op != LMS_JSON_PH_NUMBER && !scalar_byte(k, c))
+            return false;
+        if (!scalar_ends(k))
+            return false;
+        return op != LMS_JSON_PH_NUMBER || structural(k, c, od, nd, np);
+    }
+    if (np == LMS_JSON_PH_KEY)
+        return key_byte(k, c, op != LMS_JSON_PH_KEY);
+    if (op == LMS_JSON_PH_KEY) /* the closing quote */
+        return key_ends(k);
+    return structural(k, c, od, nd, np);
+}
+
+bool lms_jschk_feed(lms_jschk *k, const char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!step(k, (unsigned char)p[i]))
+            return false;
+    return true;
+}
