@@ -21,10 +21,13 @@
 #include "base/timeutil.h"
 #include "engine/jsonschema.h"
 #include "serve/serve_int.h"
+#include "serve/toolcall.h"
 
 typedef struct oll_job {
     bool chat, stream;
-    sbuf text;   /* the reply (not streamed) */
+    bool tools;  /* chat with tools: the reply is searched for calls (toolcall.h) */
+    sbuf text;   /* the reply (not streamed; streamed with tools) */
+    size_t sent; /* streamed with tools: bytes of text sent as content */
     double t0;   /* arrival, ms (lms_now_ms) */
 } oll_job;
 
@@ -58,6 +61,39 @@ static json_t *reply_obj(const lms_server *s, const oll_job *j, const char *text
     }
     json_object_set_new(o, "done", json_boolean(done));
     return o;
+}
+
+/* Ollama's message.tool_calls: [{"function": {"name", "arguments": {...}}}]
+ * (the arguments an object, as Ollama gives them) */
+static json_t *tool_calls_json(const toolcalls *tc)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < tc->n; i++) {
+        json_t *args = json_loads(tc->v[i].arguments, JSON_DECODE_ANY, NULL);
+        if (!json_is_object(args)) {
+            json_decref(args);
+            args = json_object();
+        }
+        json_t *fn = json_object();
+        json_object_set_new(fn, "name", json_string_lossy(tc->v[i].name, strlen(tc->v[i].name)));
+        json_object_set_new(fn, "arguments", args);
+        json_array_append_new(a, json_pack("{s:o}", "function", fn));
+    }
+    return a;
+}
+
+/* With tools, at a normal end: the calls in the reply go into the message
+ * (the text before them stays content); *n_content: bytes of content. */
+static json_t *reply_calls(const oll_job *j, size_t *n_content)
+{
+    toolcalls tc;
+    *n_content = j->text.n;
+    if (!j->tools || toolcall_parse(j->text.p, j->text.n, &tc) < 0 || tc.n == 0)
+        return NULL;
+    *n_content = tc.content_len;
+    json_t *calls = tool_calls_json(&tc);
+    toolcalls_free(&tc);
+    return calls;
 }
 
 static json_int_t ns(double ms)
@@ -112,10 +148,16 @@ static void oll_on_event(task *t, const lms_event *ev, double t_ms)
     conn *c = t->c;
     (void)t_ms;
     if (ev->type == LMS_EV_TOKEN) {
-        if (!j->stream)
+        if (!j->stream || j->tools)
             sbuf_add(&j->text, ev->text, ev->text_len);
-        else if (ev->text_len > 0)
+        if (j->stream && j->tools) { /* content only once it cannot be part of a call */
+            size_t safe = toolcall_safe_len(j->text.p, j->text.n);
+            if (safe > j->sent)
+                send_line(c, reply_obj(c->srv, j, j->text.p + j->sent, safe - j->sent, false));
+            j->sent = safe > j->sent ? safe : j->sent;
+        } else if (j->stream && ev->text_len > 0) {
             send_line(c, reply_obj(c->srv, j, ev->text, ev->text_len, false));
+        }
         return;
     }
     if (ev->type != LMS_EV_END && ev->type != LMS_EV_ERROR)
@@ -123,7 +165,19 @@ static void oll_on_event(task *t, const lms_event *ev, double t_ms)
     const char *f = ev->stats.finish;
     bool failed = ev->type == LMS_EV_ERROR || (f && !strcmp(f, "abort"));
     const char *why = ev->type == LMS_EV_ERROR ? ev->message : "the generation was aborted";
+    size_t n_content;
+    json_t *calls = failed ? NULL : reply_calls(j, &n_content);
     if (j->stream) {
+        if (j->tools && !failed) { /* the content held back, then the calls */
+            size_t end = calls ? n_content : j->text.n;
+            if (end > j->sent)
+                send_line(c, reply_obj(c->srv, j, j->text.p + j->sent, end - j->sent, false));
+            if (calls) {
+                json_t *o = reply_obj(c->srv, j, "", 0, false);
+                json_object_set_new(json_object_get(o, "message"), "tool_calls", calls);
+                send_line(c, o);
+            }
+        }
         json_t *o = failed ? err_obj(why) : reply_obj(c->srv, j, "", 0, true);
         if (!failed)
             add_stats(o, j, &ev->stats);
@@ -134,7 +188,9 @@ static void oll_on_event(task *t, const lms_event *ev, double t_ms)
         reqerr_set(&e, ev->type == LMS_EV_ERROR ? 500 : 503, NULL, "%s", why);
         reply_err(c, &e);
     } else {
-        json_t *o = reply_obj(c->srv, j, j->text.p ? j->text.p : "", j->text.n, true);
+        json_t *o = reply_obj(c->srv, j, j->text.p ? j->text.p : "", n_content, true);
+        if (calls)
+            json_object_set_new(json_object_get(o, "message"), "tool_calls", calls);
         add_stats(o, j, &ev->stats);
         http_reply_json(c, 200, o);
     }
@@ -234,7 +290,8 @@ static int generate(conn *c, json_t *body, bool chat)
         rc = reqerr_set(&e, 503, NULL, "out of memory");
     task *t = NULL;
     if (rc == 0) {
-        *j = (oll_job){.chat = chat, .stream = stream, .t0 = lms_now_ms()};
+        *j = (oll_job){.chat = chat, .stream = stream, .t0 = lms_now_ms(),
+                       .tools = chat && json_array_size(json_object_get(body, "tools")) > 0};
         lms_request r = genparams_request(&gp, toks, n);
         r.json = json;
         r.schema = schema;

@@ -148,6 +148,9 @@ SCHEMA='{"type":"object","properties":{"a":{"type":"boolean"},"n":{"type":"integ
 req POST /v1/chat/completions -d "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":200,\"seed\":1,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"t\",\"schema\":$SCHEMA}}}"
 check "json_schema: the keys in order, a boolean first" eq "$(py "$T/out" '__import__("re").sub(r"\s", "", d["choices"][0]["message"]["content"])[:6] in ("{\"a\":t", "{\"a\":f")')" True
 check "json_schema: a reply that stopped is a valid instance" eq "$(py "$T/out" 'd["choices"][0]["finish_reason"] == "length" or (lambda o: list(o) == ["a", "n"] and isinstance(o["a"], bool) and isinstance(o["n"], int))(json.loads(d["choices"][0]["message"]["content"]))')" True
+CALL='{"type":"object","properties":{"name":{"const":"get_weather"},"arguments":{"type":"object","properties":{"city":{"enum":["Paris"]}},"required":["city"]}},"required":["name","arguments"]}'
+req POST /v1/chat/completions -d "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],$TOOLS,\"max_tokens\":250,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"c\",\"schema\":$CALL}}}"
+check "a reply held to a call's shape comes back as tool_calls" eq "$(py "$T/out" '(d["choices"][0]["finish_reason"], d["choices"][0]["message"]["tool_calls"][0]["function"]["name"], json.loads(d["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]))')" "('tool_calls', 'get_weather', {'city': 'Paris'})"
 req POST /v1/chat/completions -d '{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"a","schema":{"type":"object","properties":{"s":{"type":"string","pattern":"x+"}}}}}}'
 check "json_schema with an unsupported keyword refused, naming it" eq "$(code) $(py "$T/out" '"pattern" in d["error"]["message"]')" "400 True"
 req POST /api/generate -d '{"prompt":"Once","format":"json","stream":false,"options":{"num_predict":20}}'

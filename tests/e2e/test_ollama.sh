@@ -34,6 +34,20 @@ check "embed with no input: 400, Ollama's error shape" eq "$(code) $(py "$T/out"
 req POST /api/embeddings -d '{"prompt":["a","b"]}'
 check "embeddings (older) wants one string" eq "$(code)" 400
 
+# tools: a reply that is a call (held to one by a schema format) comes back
+# as message.tool_calls, arguments an object; streamed: no call text leaks
+OT='"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}]'
+OF='"format":{"type":"object","properties":{"name":{"const":"get_weather"},"arguments":{"type":"object","properties":{"city":{"enum":["Paris"]}},"required":["city"]}},"required":["name","arguments"]}'
+req POST /api/chat -d "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"}],$OT,$OF,\"stream\":false,\"options\":{\"num_predict\":250}}"
+check "chat tools: the call in message.tool_calls" eq "$(py "$T/out" 'd["message"]["tool_calls"] == [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}] and d["message"]["content"] == ""')" True
+curl -s -N "$BASE/api/chat" -d "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"}],$OT,$OF,\"options\":{\"num_predict\":250}}" >"$T/tnd"
+check "chat tools streamed: one line with the call, no call text as content" eq "$(python3 -c '
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+calls = [l["message"]["tool_calls"] for l in lines if "tool_calls" in l["message"]]
+text = "".join(l["message"]["content"] for l in lines)
+print(calls == [[{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]] and text == "" and lines[-1]["done"])' "$T/tnd")" True
+
 # generate, not streamed, raw prompt: the greedy golden text
 req POST /api/generate -d '{"model":"stories260K","prompt":"Once upon a time","raw":true,"stream":false,"options":{"num_predict":8,"temperature":0}}'
 check "generate 200" eq "$(code)" 200
