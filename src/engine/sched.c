@@ -103,6 +103,9 @@ struct lms_sched {
     sreq **lg_owner;         /* [n_parallel] the request of each logits row */
     int32_t *lg_tok;         /* [n_parallel] its sampled token */
     float *lg_prob;          /* [n_parallel] and that token's probability */
+    bool *lg_plp;            /* [lg_cap] the row is a prompt log-probability, not a draw */
+    int32_t lg_cap;          /* logits rows: n_parallel, + PLP_ROWS once a request has
+                              * prompt_logprobs */
     /* JSON mode: every token's text (lms_token_to_piece), made at the first
      * JSON-mode request; scheduler thread */
     char *tt_bytes;          /* the pieces back to back */
@@ -225,7 +228,7 @@ static int check_request(const lms_sched *s, const lms_request *r, char *err, si
         return lms_errf(err, errsz, LMS_ERR_INVAL, "logprobs must be in [0, %d]", LMS_MAX_LOGPROBS);
     if (r->embedding)
         return 0;
-    if (r->max_tokens == 0)
+    if (r->max_tokens == 0 && !r->prompt_logprobs)
         return lms_errf(err, errsz, LMS_ERR_INVAL, "max_tokens must be at least 1");
     for (int32_t i = 0; i < r->sp.n_bias && i < LMS_MAX_LOGIT_BIAS; i++)
         if (r->sp.bias[i].id >= n_vocab)
@@ -451,6 +454,77 @@ static int32_t sample_row(const lms_sched *s, sreq *q, const float *logits, floa
     return any ? lms_sampler_sample(q->smp, q->masked, prob) : -1;
 }
 
+/* ---- prompt log-probabilities ---------------------------------------------- */
+
+/* Rows of prompt log-probabilities a step computes at most (their logits
+ * rows come on top of the n_parallel that draws need). */
+#define PLP_ROWS 32
+
+static bool is_plp_row(const sreq *q, int32_t pos)
+{
+    return q->r.prompt_logprobs && pos < q->n_prompt - 1;
+}
+
+/* Room for PLP_ROWS more logits rows, made at the first request that asks. */
+static int grow_logits(lms_sched *s)
+{
+    const int32_t cap = s->p.n_parallel + PLP_ROWS;
+    if (s->lg_cap >= cap)
+        return 0;
+    const size_t nv = (size_t)s->m->hp.n_vocab;
+    float *lg = realloc(s->logits, (size_t)cap * nv * sizeof *lg);
+    if (lg)
+        s->logits = lg;
+    sreq **ow = realloc(s->lg_owner, (size_t)cap * sizeof *ow);
+    if (ow)
+        s->lg_owner = ow;
+    int32_t *tk = realloc(s->lg_tok, (size_t)cap * sizeof *tk);
+    if (tk)
+        s->lg_tok = tk;
+    float *pr = realloc(s->lg_prob, (size_t)cap * sizeof *pr);
+    if (pr)
+        s->lg_prob = pr;
+    bool *pl = realloc(s->lg_plp, (size_t)cap * sizeof *pl);
+    if (pl)
+        s->lg_plp = pl;
+    if (!lg || !ow || !tk || !pr || !pl)
+        return LMS_ERR_NOMEM;
+    s->lg_cap = cap;
+    return 0;
+}
+
+/* Sends prompt token pos + 1's log-probability from the logits of row pos
+ * (log-softmax; the n_logprobs most likely tokens as alternatives). */
+static void emit_prompt_logprob(const lms_sched *s, sreq *q, const float *row, int32_t pos)
+{
+    lms_event *ev = new_event(q, LMS_EV_PROMPT);
+    if (!ev)
+        return;
+    const int32_t nv = s->m->hp.n_vocab, tok = q->tokens[pos + 1];
+    float mx = -INFINITY;
+    for (int32_t i = 0; i < nv; i++)
+        mx = row[i] > mx ? row[i] : mx;
+    double sum = 0;
+    for (int32_t i = 0; i < nv; i++)
+        sum += exp((double)(row[i] - mx));
+    const float lse = mx + (float)log(sum);
+    ev->token = tok;
+    ev->logprob = row[tok] - lse;
+    ev->prob = expf(ev->logprob);
+    const int n = q->r.n_logprobs;
+    for (int32_t i = 0; i < nv && n > 0; i++) { /* insertion into the sorted top n */
+        if (ev->n_top == n && row[i] - lse <= ev->top[n - 1].logprob)
+            continue;
+        int k = ev->n_top < n ? ev->n_top++ : n - 1;
+        while (k > 0 && ev->top[k - 1].logprob < row[i] - lse) {
+            ev->top[k] = ev->top[k - 1];
+            k--;
+        }
+        ev->top[k] = (lms_token_prob){i, row[i] - lse};
+    }
+    q->r.cb(q->r.user, ev);
+}
+
 /* ---- admission --------------------------------------------------------------- */
 
 /* Sets up the per-sequence generation state of an admitted request. */
@@ -468,6 +542,8 @@ static int start_request(lms_sched *s, sreq *q)
         return LMS_ERR_NOMEM;
     for (int32_t i = 0; i < q->n_prompt; i++)
         lms_sampler_accept(q->smp, q->tokens[i]);
+    if (q->r.prompt_logprobs && grow_logits(s) < 0)
+        return LMS_ERR_NOMEM;
     if (q->r.json) {
         lms_jschk_init(&q->jf, q->schema);
         q->masked = malloc((size_t)s->m->hp.n_vocab * sizeof *q->masked);
@@ -485,7 +561,7 @@ static int place_request(lms_sched *s, sreq *q)
 {
     lms_kv_cache *kv = lms_ctx_kv(s->ctx);
     int32_t mapped = 0;
-    if (!s->p.no_prefix_cache && !q->r.embedding)
+    if (!s->p.no_prefix_cache && !q->r.embedding && !q->r.prompt_logprobs)
         mapped = lms_kv_prefix_map(kv, &q->kv, q->tokens, (q->n_prompt - 1) / LMS_KV_BLOCK, 0);
     int rc = lms_kv_seq_reserve(kv, &q->kv, q->n_total);
     if (rc < 0) {
@@ -513,7 +589,7 @@ static int place_request(lms_sched *s, sreq *q)
  * the other request prefills every step. */
 static bool waits_for_prefix(const lms_sched *s, const sreq *q)
 {
-    if (s->p.no_prefix_cache || q->r.embedding)
+    if (s->p.no_prefix_cache || q->r.embedding || q->r.prompt_logprobs)
         return false;
     const int32_t mappable = (q->n_prompt - 1) / LMS_KV_BLOCK; /* as place_request */
     for (int32_t i = 0; i < s->n_run; i++) {
@@ -572,7 +648,7 @@ static void admit(lms_sched *s)
  * returns the number of rows. */
 static int32_t build_batch(lms_sched *s, int32_t budget)
 {
-    int32_t n = 0;
+    int32_t n = 0, plp = 0; /* plp: prompt log-probability rows, at most PLP_ROWS */
     for (int pass = 0; pass < 2; pass++) {
         int32_t cap = pass == 0 ? s->p.n_batch : budget;
         for (int32_t i = 0; i < s->n_run && n < cap; i++) {
@@ -581,6 +657,13 @@ static int32_t build_batch(lms_sched *s, int32_t budget)
                 continue;
             int32_t want = q->state == ST_DECODE ? 1 : q->n_prompt - q->n_past;
             int32_t take = want < cap - n ? want : cap - n;
+            if (q->state != ST_DECODE && q->r.prompt_logprobs) {
+                int32_t rows = q->n_prompt - 1 - q->n_past; /* of them log-probability rows */
+                rows = rows < take ? rows : take;
+                if (rows > PLP_ROWS - plp)
+                    take = rows = PLP_ROWS - plp;
+                plp += rows > 0 ? rows : 0;
+            }
             for (int32_t j = 0; j < take; j++, n++) {
                 int32_t pos = q->n_past + j;
                 s->b_tok[n] = q->tokens[pos];
@@ -588,7 +671,8 @@ static int32_t build_batch(lms_sched *s, int32_t budget)
                 s->b_seq[n] = &q->kv;
                 s->b_owner[n] = q;
                 s->b_embd[n] = q->r.embedding;
-                s->b_lg[n] = !q->r.embedding && pos == q->n_tokens - 1;
+                s->b_lg[n] = !q->r.embedding &&
+                             ((pos == q->n_tokens - 1 && q->r.max_tokens != 0) || is_plp_row(q, pos));
             }
         }
     }
@@ -695,15 +779,20 @@ static void after_forward(lms_sched *s, int32_t n_rows)
      * vocabulary each), then the events go out in row order. */
     int32_t n_lg = 0;
     for (int32_t r = 0; r < n_rows; r++)
-        if (s->b_lg[r])
+        if (s->b_lg[r]) {
+            s->lg_plp[n_lg] = is_plp_row(s->b_owner[r], s->b_pos[r]);
             s->lg_owner[n_lg++] = s->b_owner[r];
+        }
 #pragma omp parallel for schedule(dynamic, 1) if (n_lg >= 2)
     for (int32_t i = 0; i < n_lg; i++)
-        s->lg_tok[i] = sample_row(s, s->lg_owner[i], s->logits + (size_t)i * nv, &s->lg_prob[i]);
+        if (!s->lg_plp[i])
+            s->lg_tok[i] = sample_row(s, s->lg_owner[i], s->logits + (size_t)i * nv, &s->lg_prob[i]);
     int32_t lg_row = 0, out_row = 0;
     for (int32_t r = 0; r < n_rows; r++) {
         sreq *q = s->b_owner[r];
         q->n_past = s->b_pos[r] + 1;
+        if (q->r.prompt_logprobs && q->r.max_tokens == 0 && q->n_past >= q->n_prompt)
+            q->done = "length"; /* the prompt's log-probabilities were all it asked */
         if (s->b_embd[r]) {
             const float *h = hidden + (size_t)out_row * e;
             for (int32_t i = 0; i < e; i++)
@@ -712,7 +801,10 @@ static void after_forward(lms_sched *s, int32_t n_rows)
         }
         if (s->b_lg[r] || s->b_embd[r])
             out_row++;
-        if (s->b_lg[r]) {
+        if (s->b_lg[r] && s->lg_plp[lg_row]) {
+            emit_prompt_logprob(s, q, s->logits + (size_t)lg_row * nv, s->b_pos[r]);
+            lg_row++;
+        } else if (s->b_lg[r]) {
             const int32_t tok = s->lg_tok[lg_row];
             /* -1: JSON mode, and no token continues the text */
             q->done = tok < 0 ? "stop" : handle_token(s, q, tok, s->lg_prob[lg_row]);
@@ -922,8 +1014,10 @@ static int alloc_buffers(lms_sched *s)
     s->lg_owner = malloc((size_t)s->p.n_parallel * sizeof *s->lg_owner);
     s->lg_tok = malloc((size_t)s->p.n_parallel * sizeof *s->lg_tok);
     s->lg_prob = malloc((size_t)s->p.n_parallel * sizeof *s->lg_prob);
+    s->lg_plp = calloc((size_t)s->p.n_parallel, sizeof *s->lg_plp);
+    s->lg_cap = s->p.n_parallel;
     return s->run && s->b_tok && s->b_pos && s->b_seq && s->b_lg && s->b_embd && s->b_owner &&
-                   s->logits && s->lg_owner && s->lg_tok && s->lg_prob
+                   s->logits && s->lg_owner && s->lg_tok && s->lg_prob && s->lg_plp
                ? 0
                : LMS_ERR_NOMEM;
 }
@@ -931,7 +1025,7 @@ static int alloc_buffers(lms_sched *s)
 static void free_buffers(lms_sched *s)
 {
     void *bufs[] = {s->run, s->b_tok, s->b_pos, s->b_seq, s->b_lg, s->b_embd, s->b_owner,
-                    s->logits, s->lg_owner, s->lg_tok, s->lg_prob, s->aborts};
+                    s->logits, s->lg_owner, s->lg_tok, s->lg_prob, s->lg_plp, s->aborts};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
 }

@@ -63,6 +63,7 @@ enum lms_event_type {
     LMS_EV_END = 2,   /* terminal: finished, with stats */
     LMS_EV_ERROR = 3, /* terminal: failed, with a message */
     LMS_EV_EMBD = 4,  /* embedding vector (then LMS_EV_END) */
+    LMS_EV_PROMPT = 5, /* a prompt token's log-probability (prompt_logprobs) */
 };
 
 enum lms_pooling {
@@ -86,7 +87,10 @@ typedef struct lms_event {
     uint64_t id;               /* request id from submit */
     void *user;                /* the request's user pointer */
     /* LMS_EV_TOKEN: text is valid UTF-8 (may be empty when a character is
-     * incomplete or a stop string may be starting) */
+     * incomplete or a stop string may be starting). LMS_EV_PROMPT: no
+     * text; token is prompt token i (i = 1 .. n - 1, in order, before any
+     * LMS_EV_TOKEN), logprob and top its model log-probabilities given
+     * tokens 0 .. i - 1 (no sampling settings applied). */
     char *text;
     size_t text_len;
     int32_t token;             /* -1 for text released at the end */
@@ -124,6 +128,9 @@ typedef struct lms_request {
     const struct lms_jschema *schema; /* JSON mode held to this compiled schema
                                 * (engine/jsonschema.h), copied; implies json */
     int n_logprobs;            /* 0..LMS_MAX_LOGPROBS alternatives per token */
+    bool prompt_logprobs;      /* LMS_EV_PROMPT for every prompt token after the first; the
+                                * prompt is computed whole (no prefix cache); max_tokens
+                                * may then be 0 (no generation) */
     double timeout_ms;         /* deadline from submit; 0 = none */
     bool embedding;            /* compute a pooled embedding instead */
     int pooling;               /* enum lms_pooling */

@@ -72,6 +72,7 @@ typedef struct gen_resp {
     bool tools;                /* chat with tools: replies are searched for calls */
     bool json;                 /* response_format json_object: JSON mode */
     lms_jschema *schema;       /* response_format json_schema: its schema, compiled */
+    bool prompt_lp;            /* completions with echo and logprobs: the prompt's too */
     int n;                     /* choices per prompt */
     int n_choices;             /* choices in all */
     int n_live;                /* choices not yet ended */
@@ -93,6 +94,7 @@ struct gen_job {
     size_t text_off;           /* legacy logprobs text_offset */
     char *echo;                /* completions: prompt text to echo, or NULL */
     size_t sent;               /* streamed with tools: bytes of text sent as content */
+    size_t plp_off;            /* prompt log-probabilities: text offset of the next token */
     const char *finish;        /* after a normal end: the finish reason */
     lms_req_stats stats;       /* after a normal end */
 };
@@ -163,6 +165,26 @@ static json_t *legacy_lp_new(void)
     json_object_set_new(o, "top_logprobs", json_array());
     json_object_set_new(o, "text_offset", json_array());
     return o;
+}
+
+/* Legacy logprobs of echoed prompts: the first token with null entries
+ * (nothing comes before it), then one entry per LMS_EV_PROMPT. */
+static void prompt_lp_first(const lms_model *m, gen_job *j, int32_t tok)
+{
+    char piece[512];
+    int n = token_piece(m, tok, piece, sizeof piece);
+    json_array_append_new(json_object_get(j->lp, "tokens"), json_string_lossy(piece, (size_t)n));
+    json_array_append_new(json_object_get(j->lp, "token_logprobs"), json_null());
+    json_array_append_new(json_object_get(j->lp, "top_logprobs"), json_null());
+    json_array_append_new(json_object_get(j->lp, "text_offset"), json_integer(0));
+    j->plp_off = (size_t)n;
+}
+
+static void prompt_lp_add(const lms_model *m, gen_job *j, const lms_event *ev)
+{
+    char piece[512];
+    legacy_lp_add(j->lp, m, ev, j->plp_off);
+    j->plp_off += (size_t)token_piece(m, ev->token, piece, sizeof piece);
 }
 
 /* ---- chunks -------------------------------------------------------------------------- */
@@ -442,6 +464,11 @@ static void gen_on_event(task *t, const lms_event *ev, double t_ms)
         on_token(t, j, ev);
         return;
     }
+    if (ev->type == LMS_EV_PROMPT) {
+        if (j->lp)
+            prompt_lp_add(t->c->srv->model, j, ev);
+        return;
+    }
     if (ev->type != LMS_EV_END && ev->type != LMS_EV_ERROR)
         return;
     j->t = NULL; /* removed after this event */
@@ -541,6 +568,10 @@ static int parse_common(conn *c, const json_t *body, gen_resp *r, genparams *gp,
     r->n = (int)n;
     if (!r->stream)
         r->include_usage = false;
+    /* completions with echo and logprobs may generate nothing: the prompt's
+     * log-probabilities are the answer (as evaluation harnesses ask) */
+    gp->zero_max_ok = r->kind == JOB_COMPL && json_is_true(json_object_get(body, "echo")) &&
+                      json_is_integer(json_object_get(body, "logprobs"));
     return reqparse_gen(body, gp, e);
 }
 
@@ -599,11 +630,25 @@ static int parse_one_prompt(conn *c, const json_t *p, bool echo, gen_prompt *pr,
     if (!json_is_array(p) || json_array_size(p) == 0)
         return reqerr_set(e, 400, "prompt", "'prompt' must be a string, an array of token ids, "
                           "or an array of those");
-    if (echo)
-        return reqerr_set(e, 400, "echo", "'echo' needs a text prompt");
     if (json_array_size(p) > (1u << 24))
         return reqerr_set(e, 413, "prompt", "the prompt is too long");
-    return reqparse_token_ids(p, "prompt", &pr->toks, &pr->n, e);
+    if (reqparse_token_ids(p, "prompt", &pr->toks, &pr->n, e) < 0 || !echo)
+        return echo ? -1 : 0;
+    /* echo of token ids: their pieces */
+    const lms_model *m = c->srv->model;
+    sbuf t = {0};
+    for (int32_t i = 0; i < pr->n; i++) {
+        char piece[512];
+        if (pr->toks[i] >= m->hp.n_vocab) {
+            sbuf_free(&t);
+            return reqerr_set(e, 400, "prompt", "prompt[%d] = %d is not a token id of the model",
+                              i, pr->toks[i]);
+        }
+        sbuf_add(&t, piece, (size_t)token_piece(m, pr->toks[i], piece, sizeof piece));
+    }
+    pr->echo = t.oom ? NULL : strdup(t.p ? t.p : "");
+    sbuf_free(&t);
+    return pr->echo ? 0 : reqerr_set(e, 503, NULL, "out of memory");
 }
 
 /* prompt: a string, an array of ids, or an array of several of those. */
@@ -637,8 +682,9 @@ static int parse_completion(conn *c, const json_t *body, gen_resp *r, gen_prompt
         reqparse_bool(body, "echo", &echo, e) < 0)
         return -1;
     r->logprobs = (int)lp;
-    if (echo && r->logprobs >= 0)
-        return reqerr_set(e, 400, "echo", "'echo' with 'logprobs' is not supported");
+    r->prompt_lp = echo && r->logprobs >= 0;
+    if (r->prompt_lp && r->stream)
+        return reqerr_set(e, 400, "echo", "'echo' with 'logprobs' is not supported when streaming");
     return parse_prompts(c, body, echo, r->n, pr, n_pr, e);
 }
 
@@ -658,6 +704,7 @@ static int job_submit(conn *c, gen_resp *r, int i, reqerr *e)
     rq.n_logprobs = r->logprobs > 0 ? r->logprobs : 0;
     rq.json = r->json;
     rq.schema = r->schema;
+    rq.prompt_logprobs = r->prompt_lp;
     rq.sp.seed += (uint64_t)(i % r->n);
     if (!(j->t = task_submit(c, &rq, &gen_ops, j, e)))
         return -1;
@@ -666,7 +713,7 @@ static int job_submit(conn *c, gen_resp *r, int i, reqerr *e)
 }
 
 /* The response's choices, prompt by prompt; -1 when out of memory. */
-static int make_jobs(gen_resp *r)
+static int make_jobs(const lms_model *m, gen_resp *r)
 {
     r->n_choices = r->n_prompts * r->n;
     for (int i = 0; i < r->n_choices; i++) {
@@ -681,6 +728,8 @@ static int make_jobs(gen_resp *r)
             (!r->stream && r->logprobs >= 0 &&
              !(j->lp = r->kind == JOB_CHAT ? json_array() : legacy_lp_new())))
             return -1;
+        if (r->prompt_lp) /* the prompt's first token has no log-probability */
+            prompt_lp_first(m, j, r->pr[i / r->n].toks[0]);
     }
     return 0;
 }
@@ -690,7 +739,7 @@ static int make_jobs(gen_resp *r)
 static int start(conn *c, gen_resp *r)
 {
     reqerr e;
-    if (make_jobs(r) < 0) {
+    if (make_jobs(c->srv->model, r) < 0) {
         resp_free(r);
         reqerr_set(&e, 503, NULL, "out of memory");
         return http_reply_err(c, &e);

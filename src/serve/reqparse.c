@@ -369,7 +369,7 @@ int reqparse_gen(const json_t *o, genparams *gp, reqerr *e)
     if (mk && reqparse_int(o, mk, -1, INT32_MAX, &x, e) < 0)
         return -1;
     if (mk) {
-        if (x == 0)
+        if (x == 0 && !gp->zero_max_ok)
             return reqerr_set(e, 400, mk, "'%s' must be at least 1", mk);
         gp->max_tokens = (int32_t)x;
     }

@@ -106,6 +106,8 @@ typedef struct genparams {
     int n_stop;
     bool ignore_eos;
     bool has_seed;
+    bool zero_max_ok;            /* set before parsing: max_tokens 0 is allowed (echo with
+                                  * prompt log-probabilities, nothing generated) */
     double timeout_ms;           /* the request's own deadline ("timeout", seconds); 0 = none */
 } genparams;
 

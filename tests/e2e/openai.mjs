@@ -113,6 +113,9 @@ async function choices(model) {
     ok(usage && usage.completion_tokens === r.usage.completion_tokens, 'streamed usage of all choices');
     const g = await client.completions.create({ model, prompt: ['Once upon a time', 'The dog'], max_tokens: 6, temperature: 0, n: 2 });
     ok(g.choices.length === 4 && g.choices[0].text === g.choices[1].text && g.choices[2].text === g.choices[3].text, 'completions: two prompts times n=2');
+    const ev = await client.completions.create({ model, prompt: 'Once upon a time', max_tokens: 0, echo: true, logprobs: 1 });
+    const lp = ev.choices[0].logprobs;
+    ok(ev.choices[0].text === 'Once upon a time' && lp.token_logprobs.length === ev.usage.prompt_tokens && lp.token_logprobs[0] === null, 'echo + logprobs with max_tokens 0: the prompt\'s log-probabilities');
     const one = await client.completions.create({ model, prompt: 'The dog', max_tokens: 6, temperature: 0 });
     ok(g.choices[2].text === one.choices[0].text, 'the second prompt\'s choices are its own');
     const bad = await status(client.chat.completions.create({ ...req, n: 65 }));

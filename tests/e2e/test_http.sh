@@ -135,6 +135,21 @@ req POST /detokenize -d "{\"tokens\":$TOKS}"
 check "detokenize(tokenize(text)) == text" eq "$(py "$T/out" 'd["content"]')" "Once upon a time"
 req POST /tokenize -d '{"content":"Once","add_special":true,"with_pieces":true}'
 check "tokenize with BOS and pieces" eq "$(py "$T/out" 'd["tokens"][0]["piece"]')" "<s>"
+# ---- prompt log-probabilities (completions: echo + logprobs, max_tokens 0 allowed) ----
+req POST /v1/completions -d '{"prompt":"Once upon a time","max_tokens":0,"echo":true,"logprobs":2}'
+check "echo + logprobs, max_tokens 0: the prompt, nothing generated" eq "$(py "$T/out" '(d["choices"][0]["text"], d["usage"]["completion_tokens"])')" "('Once upon a time', 0)"
+check "one entry per prompt token, the first null, the others log-probabilities" eq "$(py "$T/out" '(lambda l: len(l["token_logprobs"]) == d["usage"]["prompt_tokens"] and l["token_logprobs"][0] is None and all(x <= 0 for x in l["token_logprobs"][1:]) and all(len(t) == 2 for t in l["top_logprobs"][1:]))(d["choices"][0]["logprobs"])')" True
+py "$T/out" 'd["choices"][0]["logprobs"]["token_logprobs"]' >"$T/plp"
+req POST /v1/completions -d '{"prompt":"Once upon a time","max_tokens":3,"echo":true,"logprobs":0,"temperature":0}'
+check "with generated tokens: the same prompt entries, then theirs" eq "$(py "$T/out" 'str(d["choices"][0]["logprobs"]["token_logprobs"][:-3]) == open(sys.argv[1][:-3] + "plp").read().strip() and len(d["choices"][0]["logprobs"]["tokens"]) == d["usage"]["prompt_tokens"] + 3')" True
+req POST /tokenize -d '{"content":"Once upon a time","add_special":true}'
+req POST /v1/completions -d "{\"prompt\":$(py "$T/out" 'json.dumps(d["tokens"])'),\"max_tokens\":0,\"echo\":true,\"logprobs\":2}"
+check "the same from token ids (echo of their pieces)" eq "$(py "$T/out" 'str(d["choices"][0]["logprobs"]["token_logprobs"])')" "$(cat "$T/plp")"
+req POST /v1/completions -d '{"prompt":"Once","max_tokens":0}'
+check "max_tokens 0 without echo + logprobs refused" eq "$(code)" 400
+req POST /v1/completions -d '{"prompt":"Once","echo":true,"logprobs":1,"stream":true}'
+check "echo + logprobs streamed refused" eq "$(code)" 400
+
 # ---- JSON mode (response_format json_object, Ollama's format "json") -----------
 req POST /tokenize -d '{"content":"{}"}'
 CLOSE=$(py "$T/out" 'd["tokens"][-1]')

@@ -4,6 +4,7 @@
  * block accounting (every block back in the pool when all work is done),
  * and two schedulers taking turns.
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include "base/err.h"
+#include "engine/forward.h"
 #include "engine/kv_cache.h"
 #include "engine/sched.h"
 #include "model/model.h"
@@ -33,6 +35,10 @@ typedef struct result {
     lms_req_stats stats;
     int n_embd;
     float embd0;
+    int n_plp;                 /* LMS_EV_PROMPT events */
+    int32_t plp_tok[MAX_TOK];
+    float plp_lp[MAX_TOK], plp_top0[MAX_TOK];
+    int32_t plp_top0_id[MAX_TOK];
 } result;
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -51,6 +57,16 @@ static void on_event(void *user, lms_event *ev)
         if (r->n_text + ev->text_len < sizeof r->text) {
             memcpy(r->text + r->n_text, ev->text, ev->text_len);
             r->n_text += ev->text_len;
+        }
+    } else if (ev->type == LMS_EV_PROMPT) {
+        if (r->n_tok > 0)
+            fail_msg("a prompt log-probability after a generated token");
+        if (r->n_plp < MAX_TOK) {
+            r->plp_tok[r->n_plp] = ev->token;
+            r->plp_lp[r->n_plp] = ev->logprob;
+            r->plp_top0[r->n_plp] = ev->n_top ? ev->top[0].logprob : 1.0f;
+            r->plp_top0_id[r->n_plp] = ev->n_top ? ev->top[0].id : -1;
+            r->n_plp++;
         }
     } else if (ev->type == LMS_EV_EMBD) {
         r->n_embd = ev->n_embd;
@@ -221,6 +237,83 @@ static void test_prefix_wait(void **state)
     assert_int_equal(b.stats.n_cached, 992); /* every full block before the last token */
     assert_int_equal(a.n_tok, b.n_tok);
     assert_memory_equal(a.toks, b.toks, sizeof a.toks[0] * (size_t)a.n_tok);
+    assert_idle_pool(s);
+    lms_sched_destroy(s);
+}
+
+/* Prompt log-probabilities: one event per prompt token after the first,
+ * each the log-softmax of a forward pass's logits at the token before it
+ * (computed here with lms_forward directly); max_tokens 0 generates
+ * nothing; with tokens to generate, the greedy ones are those of a plain
+ * request. The prompt is longer than a step's PLP_ROWS, so it spans steps. */
+static void test_prompt_logprobs(void **state)
+{
+    (void)state;
+    static int32_t toks[120];
+    static result a, b, c;
+    int n = 0;
+    toks[n++] = 1;
+    while (n < 100)
+        toks[n] = 10 + (n * 13) % 400, n++;
+    lms_sched *s = make_sched(2, 0, 8);
+    lms_request req = {.tokens = toks, .n_tokens = n, .max_tokens = 0, .sp = lms_sampler_defaults(),
+                       .cb = on_event, .user = &a, .prompt_logprobs = true, .n_logprobs = 2};
+    req.sp.temperature = 0;
+    uint64_t id;
+    char err[256];
+    assert_int_equal(lms_sched_submit(s, &req, &id, err, sizeof err), 0);
+    wait_done(&a);
+    assert_int_equal(a.end_type, LMS_EV_END);
+    assert_int_equal(a.stats.n_gen, 0);
+    assert_int_equal(a.n_plp, n - 1);
+    /* the reference: every position's logits from one forward pass */
+    lms_ctx_params cp = {.n_ctx = 256, .n_batch = 128, .n_seq = 1, .n_threads = 2};
+    lms_ctx *ctx;
+    assert_int_equal(lms_ctx_create(g_model, &cp, &ctx, err, sizeof err), 0);
+    lms_kv_seq seq = {0};
+    assert_int_equal(lms_kv_seq_reserve(lms_ctx_kv(ctx), &seq, n), 0);
+    static int32_t pos[120];
+    static bool want[120];
+    static lms_kv_seq *sp[120];
+    for (int i = 0; i < n; i++)
+        pos[i] = i, want[i] = true, sp[i] = &seq;
+    const int32_t nv = g_model->hp.n_vocab;
+    float *lg = malloc((size_t)n * nv * sizeof *lg);
+    lms_batch bt = {.n_tokens = n, .tokens = toks, .pos = pos, .seq = sp, .logits = want};
+    assert_int_equal(lms_forward(ctx, &bt, lg), 0);
+    double worst = 0;
+    for (int i = 0; i + 1 < n; i++) {
+        const float *row = lg + (size_t)i * nv;
+        float mx = row[0];
+        int32_t arg = 0;
+        for (int32_t t = 1; t < nv; t++)
+            if (row[t] > mx)
+                mx = row[t], arg = t;
+        double sum = 0;
+        for (int32_t t = 0; t < nv; t++)
+            sum += exp((double)(row[t] - mx));
+        const double ref = row[toks[i + 1]] - mx - log(sum);
+        assert_int_equal(a.plp_tok[i], toks[i + 1]);
+        worst = fmax(worst, fabs(ref - a.plp_lp[i]));
+        assert_int_equal(a.plp_top0_id[i], arg);
+        assert_true(a.plp_top0[i] >= a.plp_lp[i]);
+    }
+    printf("prompt log-probabilities: %d, largest difference from the forward pass %.2g\n", a.n_plp,
+           worst);
+    assert_true(worst < 1e-3);
+    free(lg);
+    lms_kv_seq_release(lms_ctx_kv(ctx), &seq);
+    lms_ctx_destroy(ctx);
+    /* with tokens to generate: the same greedy tokens as a plain request */
+    req.max_tokens = 6;
+    req.user = &b;
+    assert_int_equal(lms_sched_submit(s, &req, &id, err, sizeof err), 0);
+    wait_done(&b);
+    submit(s, toks, n, 6, &c);
+    wait_done(&c);
+    assert_int_equal(b.n_plp, n - 1);
+    assert_int_equal(b.n_tok, c.n_tok);
+    assert_memory_equal(b.toks, c.toks, sizeof b.toks[0] * (size_t)b.n_tok);
     assert_idle_pool(s);
     lms_sched_destroy(s);
 }
@@ -449,6 +542,7 @@ int main(void)
         cmocka_unit_test(test_watchdog_restart),
         cmocka_unit_test(test_schedulers_take_turns),
         cmocka_unit_test(test_prefix_wait),
+        cmocka_unit_test(test_prompt_logprobs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
