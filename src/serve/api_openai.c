@@ -575,6 +575,61 @@ static int parse_common(conn *c, const json_t *body, gen_resp *r, genparams *gp,
     return reqparse_gen(body, gp, e);
 }
 
+/* tool_choice "required" or a named function: the reply is held (JSON
+ * mode) to a bare call object, {"name": ..., "arguments": {...}}, which the
+ * tool-call reader takes as the reply's call. One function: its name and
+ * its parameters' schema (any object where that schema asks for more than
+ * jsonschema.h follows); several: one of their names, any object. */
+static lms_jschema *forced_call(const json_t *tools, const json_t *choice, reqerr *e)
+{
+    const char *want = NULL;
+    if (json_is_object(choice)) {
+        want = json_string_value(json_object_get(json_object_get(choice, "function"), "name"));
+        if (!want)
+            return reqerr_set(e, 400, "tool_choice", "'tool_choice' names no function"), NULL;
+    } else if (!json_is_string(choice) || strcmp(json_string_value(choice), "required")) {
+        return NULL; /* "auto", "none" or absent: nothing forced */
+    }
+    json_t *names = json_array();
+    const json_t *params = NULL;
+    size_t i;
+    const json_t *t;
+    json_array_foreach(tools, i, t)
+    {
+        const json_t *fn = json_object_get(t, "function");
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        if (name && (!want || !strcmp(name, want))) {
+            json_array_append_new(names, json_string(name));
+            params = json_object_get(fn, "parameters");
+        }
+    }
+    if (json_array_size(names) == 0) {
+        json_decref(names);
+        return reqerr_set(e, 400, "tool_choice", "'tool_choice' names '%.100s', not one of the "
+                          "tools", want ? want : ""), NULL;
+    }
+    const bool one = json_array_size(names) == 1;
+    lms_jschema *sc = NULL;
+    for (int pass = 0; pass < 2 && !sc; pass++) { /* the parameters' schema, else any object */
+        json_t *args = pass == 0 && one && json_is_object(params) ? json_incref((json_t *)params)
+                                                                  : json_pack("{s:s}", "type", "object");
+        json_t *schema = json_pack("{s:s, s:{s:{s:O}, s:o}, s:[s,s]}", "type", "object",
+                                   "properties", "name", one ? "const" : "enum",
+                                   one ? json_array_get(names, 0) : names, "arguments", args,
+                                   "required", "name", "arguments");
+        size_t n;
+        char *text = schema ? json_dump_compact(schema, &n) : NULL;
+        char err[256];
+        sc = text ? lms_jschema_compile(text, n, err, sizeof err) : NULL;
+        free(text);
+        json_decref(schema);
+    }
+    json_decref(names);
+    if (!sc)
+        reqerr_set(e, 503, NULL, "out of memory");
+    return sc;
+}
+
 static int parse_chat(conn *c, const json_t *body, gen_resp *r, gen_prompt *pr, reqerr *e)
 {
     bool lp = false;
@@ -608,6 +663,19 @@ static int parse_chat(conn *c, const json_t *body, gen_resp *r, gen_prompt *pr, 
         const json_t *js = json_object_get(rf, "json_schema");
         if (!(r->schema = api_compile_schema(json_object_get(js, "schema"), "response_format", e)))
             return -1;
+    }
+    if (r->tools) { /* tool_choice "required" or a named function */
+        e->status = 0;
+        lms_jschema *call = forced_call(tools, choice, e);
+        if (!call && e->status)
+            return -1;
+        if (call && r->json) {
+            free(call);
+            return reqerr_set(e, 400, "tool_choice", "a forced tool call and a response_format "
+                              "other than text cannot both hold");
+        }
+        if (call)
+            r->json = true, r->schema = call;
     }
     json_t *msgs = chatfmt_messages(json_object_get(body, "messages"), "messages", e);
     if (!msgs)

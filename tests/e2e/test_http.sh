@@ -166,6 +166,14 @@ check "json_schema: a reply that stopped is a valid instance" eq "$(py "$T/out" 
 CALL='{"type":"object","properties":{"name":{"const":"get_weather"},"arguments":{"type":"object","properties":{"city":{"enum":["Paris"]}},"required":["city"]}},"required":["name","arguments"]}'
 req POST /v1/chat/completions -d "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],$TOOLS,\"max_tokens\":250,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"c\",\"schema\":$CALL}}}"
 check "a reply held to a call's shape comes back as tool_calls" eq "$(py "$T/out" '(d["choices"][0]["finish_reason"], d["choices"][0]["message"]["tool_calls"][0]["function"]["name"], json.loads(d["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]))')" "('tool_calls', 'get_weather', {'city': 'Paris'})"
+# tool_choice naming a function: the reply is held to a call of it
+FT='"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"enum":["Paris","Rome"]}},"required":["city"]}}},{"type":"function","function":{"name":"get_time","parameters":{"type":"object"}}}]'
+req POST /v1/chat/completions -d "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],$FT,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}},\"max_tokens\":250}"
+check "tool_choice naming a function forces its call" eq "$(py "$T/out" '(d["choices"][0]["finish_reason"], d["choices"][0]["message"]["tool_calls"][0]["function"]["name"], json.loads(d["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"])["city"] in ("Paris", "Rome"))')" "('tool_calls', 'get_weather', True)"
+req POST /v1/chat/completions -d "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],$FT,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"nope\"}}}"
+check "tool_choice naming no tool refused" eq "$(code) $(py "$T/out" 'd["error"]["param"]')" "400 tool_choice"
+req POST /v1/chat/completions -d "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],$FT,\"tool_choice\":\"required\",\"response_format\":{\"type\":\"json_object\"}}"
+check "a forced call with a response_format refused" eq "$(code)" 400
 req POST /v1/chat/completions -d '{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"a","schema":{"type":"object","properties":{"s":{"type":"string","pattern":"x+"}}}}}}'
 check "json_schema with an unsupported keyword refused, naming it" eq "$(code) $(py "$T/out" '"pattern" in d["error"]["message"]')" "400 True"
 req POST /api/generate -d '{"prompt":"Once","format":"json","stream":false,"options":{"num_predict":20}}'
