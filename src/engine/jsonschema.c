@@ -418,11 +418,17 @@ lms_jschema *lms_jschema_compile(const char *text, size_t n, char *err, size_t e
         snprintf(err, errsz, "the schema is not JSON: %s", je.text);
         return NULL;
     }
+    lms_jschema *s = lms_jschema_from_json(root, err, errsz);
+    json_decref(root);
+    return s;
+}
+
+lms_jschema *lms_jschema_from_json(const json_t *root, char *err, size_t errsz)
+{
     builder *b = calloc(1, sizeof *b);
     lms_jschema *s = NULL;
     if (!b) {
         snprintf(err, errsz, "out of memory");
-        json_decref(root);
         return NULL;
     }
     b->root = root;
@@ -454,7 +460,6 @@ lms_jschema *lms_jschema_compile(const char *text, size_t n, char *err, size_t e
     free(b->texts);
     free(b->bytes);
     free(b);
-    json_decref(root);
     return s;
 }
 

@@ -36,6 +36,9 @@ typedef struct lms_jschema lms_jschema;
 
 /* Compiles schema text; NULL with a message in err. Free with free(). */
 lms_jschema *lms_jschema_compile(const char *text, size_t n, char *err, size_t errsz);
+/* The same from a parsed schema (jansson). */
+struct json_t;
+lms_jschema *lms_jschema_from_json(const struct json_t *schema, char *err, size_t errsz);
 /* Bytes of the block: a copy is memcpy(dst, s, lms_jschema_size(s)). */
 size_t lms_jschema_size(const lms_jschema *s);
 

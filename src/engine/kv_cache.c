@@ -102,16 +102,27 @@ lms_from_float_fn lms_kv_row_writer(int type)
  * apart from p, writable: MADV_POPULATE_WRITE (Linux 5.14+), which leaves
  * the contents alone, else a write to each page (the pool holds nothing
  * yet). */
+/* Faults in bytes [lo, lo + n) writable, contents untouched
+ * (MADV_POPULATE_WRITE); false where the kernel cannot. */
+static bool populate(uint8_t *lo, size_t n)
+{
+#if defined(__linux__) && defined(MADV_POPULATE_WRITE)
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uint8_t *a = (uint8_t *)((uintptr_t)lo & ~(uintptr_t)(page - 1));
+    return madvise(a, (size_t)(lo + n - a), MADV_POPULATE_WRITE) == 0;
+#else
+    (void)lo, (void)n;
+    return false;
+#endif
+}
+
 static void pool_prefault(uint8_t *p, size_t stride, int32_t n_layer, size_t n)
 {
     const size_t page = (size_t)sysconf(_SC_PAGESIZE);
     for (int32_t il = 0; il < n_layer && n > 0; il++) {
         uint8_t *lo = p + (size_t)il * stride;
-#if defined(__linux__) && defined(MADV_POPULATE_WRITE)
-        uint8_t *a = (uint8_t *)((uintptr_t)lo & ~(uintptr_t)(page - 1));
-        if (madvise(a, (size_t)(lo + n - a), MADV_POPULATE_WRITE) == 0)
+        if (populate(lo, n))
             continue;
-#endif
         for (size_t o = 0; o < n; o += page)
             ((volatile uint8_t *)lo)[o] = 0;
     }
@@ -143,16 +154,12 @@ static void *bgfault_main(void *arg)
     struct kv_bgfault *b = arg;
 #if defined(__linux__) && defined(MADV_POPULATE_WRITE)
     setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
     bool ok = true;
     for (size_t o = b->from; ok && o < b->to && !atomic_load(&b->stop); o += KV_BG_CHUNK) {
         const size_t n = b->to - o < KV_BG_CHUNK ? b->to - o : KV_BG_CHUNK;
         for (int32_t il = 0; ok && il < b->n_layer; il++)
-            for (int k = 0; k < 2 && ok; k++) {
-                uint8_t *lo = b->pools[k] + (size_t)il * b->stride + o;
-                uint8_t *a = (uint8_t *)((uintptr_t)lo & ~(uintptr_t)(page - 1));
-                ok = madvise(a, (size_t)(lo + n - a), MADV_POPULATE_WRITE) == 0;
-            }
+            for (int k = 0; k < 2 && ok; k++)
+                ok = populate(b->pools[k] + (size_t)il * b->stride + o, n);
         nanosleep(&(struct timespec){0, KV_BG_PAUSE_NS}, NULL);
     }
 #endif

@@ -360,7 +360,17 @@ static void apply_aborts(lms_sched *s)
 
 /* ---- JSON mode ----------------------------------------------------------- */
 
-/* Every token's text, once. */
+static void free_token_texts(lms_sched *s)
+{
+    free(s->tt_bytes);
+    free(s->tt_off);
+    free(s->tt_eog);
+    s->tt_bytes = NULL;
+    s->tt_off = NULL;
+    s->tt_eog = NULL;
+}
+
+/* Every token's text, once (a failure leaves none, to be tried again). */
 static int make_token_texts(lms_sched *s)
 {
     if (s->tt_off)
@@ -368,27 +378,33 @@ static int make_token_texts(lms_sched *s)
     const lms_tokenizer *tok = s->m->tok;
     const int32_t nv = s->m->hp.n_vocab;
     char piece[256];
-    size_t total = 0;
-    for (int32_t i = 0; i < nv; i++) {
-        int n = lms_token_to_piece(tok, i, false, piece, sizeof piece);
-        total += n > 0 ? (size_t)n : 0;
-    }
-    s->tt_bytes = malloc(total ? total : 1);
+    size_t cap = (size_t)nv * 4 + 256, at = 0; /* grown as needed */
+    s->tt_bytes = malloc(cap);
     s->tt_off = malloc(((size_t)nv + 1) * sizeof *s->tt_off);
     s->tt_eog = malloc((size_t)nv * sizeof *s->tt_eog);
-    if (!s->tt_bytes || !s->tt_off || !s->tt_eog || total > UINT32_MAX)
+    if (!s->tt_bytes || !s->tt_off || !s->tt_eog) {
+        free_token_texts(s);
         return LMS_ERR_NOMEM;
-    uint32_t at = 0;
+    }
     for (int32_t i = 0; i < nv; i++) {
         int n = lms_token_to_piece(tok, i, false, piece, sizeof piece);
-        s->tt_off[i] = at;
-        if (n > 0) {
-            memcpy(s->tt_bytes + at, piece, (size_t)n);
-            at += (uint32_t)n;
-        }
+        s->tt_off[i] = (uint32_t)at;
         s->tt_eog[i] = lms_token_is_eog(tok, i);
+        if (n <= 0)
+            continue;
+        if (at + (size_t)n > cap) {
+            char *b = at + (size_t)n <= UINT32_MAX ? realloc(s->tt_bytes, cap * 2) : NULL;
+            if (!b) {
+                free_token_texts(s);
+                return LMS_ERR_NOMEM;
+            }
+            s->tt_bytes = b;
+            cap *= 2;
+        }
+        memcpy(s->tt_bytes + at, piece, (size_t)n);
+        at += (size_t)n;
     }
-    s->tt_off[nv] = at;
+    s->tt_off[nv] = (uint32_t)at;
     return 0;
 }
 
@@ -1097,9 +1113,7 @@ static void free_all(lms_sched *s)
     if (s->wdc)
         lms_watchdog_unregister(s->wdc);
     free_buffers(s);
-    free(s->tt_bytes);
-    free(s->tt_off);
-    free(s->tt_eog);
+    free_token_texts(s);
     lms_ctx_destroy(s->ctx);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);

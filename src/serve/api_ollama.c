@@ -151,10 +151,10 @@ static void oll_on_event(task *t, const lms_event *ev, double t_ms)
         if (!j->stream || j->tools)
             sbuf_add(&j->text, ev->text, ev->text_len);
         if (j->stream && j->tools) { /* content only once it cannot be part of a call */
-            size_t safe = toolcall_safe_len(j->text.p, j->text.n);
+            size_t safe = toolcall_safe_len(j->text.p, j->text.n); /* never decreases */
             if (safe > j->sent)
                 send_line(c, reply_obj(c->srv, j, j->text.p + j->sent, safe - j->sent, false));
-            j->sent = safe > j->sent ? safe : j->sent;
+            j->sent = safe;
         } else if (j->stream && ev->text_len > 0) {
             send_line(c, reply_obj(c->srv, j, ev->text, ev->text_len, false));
         }

@@ -28,8 +28,10 @@
  * the usage; choice i samples with seed + i. One choice failing fails the
  * response: the error goes out and the other choices are aborted.
  *
- * response_format {"type": "json_object"} turns on the scheduler's JSON
- * mode (engine/jsonfsm.h) for every choice.
+ * response_format json_object / json_schema, and tool_choice naming a
+ * function (or "required", forced_call), turn on the scheduler's JSON mode
+ * (engine/jsonschema.h) for every choice. Completions with echo and
+ * logprobs also ask the scheduler for the prompt's log-probabilities.
  *
  * A chat request with `tools` (and tool_choice other than "none") has its
  * reply searched for function calls (toolcall.h): they become
@@ -92,7 +94,7 @@ struct gen_job {
     sbuf text;                 /* non-streamed answer */
     json_t *lp;                /* non-streamed logprobs (chat: content array; legacy object) */
     size_t text_off;           /* legacy logprobs text_offset */
-    char *echo;                /* completions: prompt text to echo, or NULL */
+    const char *echo;          /* completions: its prompt's text to echo, or NULL */
     size_t sent;               /* streamed with tools: bytes of text sent as content */
     size_t plp_off;            /* prompt log-probabilities: text offset of the next token */
     const char *finish;        /* after a normal end: the finish reason */
@@ -256,8 +258,6 @@ static json_t *usage_json(const gen_resp *r)
     int64_t n_prompt = 0, n_cached = 0, n_gen = 0;
     for (int i = 0; i < r->n_choices; i++) {
         const gen_job *j = r->jobs[i];
-        if (!j)
-            continue;
         n_gen += j->stats.n_gen;
         if (i % r->n == 0) {
             n_prompt += j->stats.n_prompt;
@@ -515,7 +515,6 @@ static void resp_free(gen_resp *r)
             continue;
         sbuf_free(&j->text);
         json_decref(j->lp);
-        free(j->echo);
         free(j);
     }
     free(r);
@@ -580,15 +579,16 @@ static int parse_common(conn *c, const json_t *body, gen_resp *r, genparams *gp,
  * tool-call reader takes as the reply's call. One function: its name and
  * its parameters' schema (any object where that schema asks for more than
  * jsonschema.h follows); several: one of their names, any object. */
-static lms_jschema *forced_call(const json_t *tools, const json_t *choice, reqerr *e)
+static int forced_call(const json_t *tools, const json_t *choice, lms_jschema **out, reqerr *e)
 {
     const char *want = NULL;
+    *out = NULL;
     if (json_is_object(choice)) {
         want = json_string_value(json_object_get(json_object_get(choice, "function"), "name"));
         if (!want)
-            return reqerr_set(e, 400, "tool_choice", "'tool_choice' names no function"), NULL;
+            return reqerr_set(e, 400, "tool_choice", "'tool_choice' names no function");
     } else if (!json_is_string(choice) || strcmp(json_string_value(choice), "required")) {
-        return NULL; /* "auto", "none" or absent: nothing forced */
+        return 0; /* "auto", "none" or absent: nothing forced */
     }
     json_t *names = json_array();
     const json_t *params = NULL;
@@ -606,7 +606,7 @@ static lms_jschema *forced_call(const json_t *tools, const json_t *choice, reqer
     if (json_array_size(names) == 0) {
         json_decref(names);
         return reqerr_set(e, 400, "tool_choice", "'tool_choice' names '%.100s', not one of the "
-                          "tools", want ? want : ""), NULL;
+                          "tools", want ? want : "");
     }
     const bool one = json_array_size(names) == 1;
     lms_jschema *sc = NULL;
@@ -617,17 +617,15 @@ static lms_jschema *forced_call(const json_t *tools, const json_t *choice, reqer
                                    "properties", "name", one ? "const" : "enum",
                                    one ? json_array_get(names, 0) : names, "arguments", args,
                                    "required", "name", "arguments");
-        size_t n;
-        char *text = schema ? json_dump_compact(schema, &n) : NULL;
         char err[256];
-        sc = text ? lms_jschema_compile(text, n, err, sizeof err) : NULL;
-        free(text);
+        sc = schema ? lms_jschema_from_json(schema, err, sizeof err) : NULL;
         json_decref(schema);
     }
     json_decref(names);
     if (!sc)
-        reqerr_set(e, 503, NULL, "out of memory");
-    return sc;
+        return reqerr_set(e, 503, NULL, "out of memory");
+    *out = sc;
+    return 0;
 }
 
 static int parse_chat(conn *c, const json_t *body, gen_resp *r, gen_prompt *pr, reqerr *e)
@@ -665,9 +663,8 @@ static int parse_chat(conn *c, const json_t *body, gen_resp *r, gen_prompt *pr, 
             return -1;
     }
     if (r->tools) { /* tool_choice "required" or a named function */
-        e->status = 0;
-        lms_jschema *call = forced_call(tools, choice, e);
-        if (!call && e->status)
+        lms_jschema *call;
+        if (forced_call(tools, choice, &call, e) < 0)
             return -1;
         if (call && r->json) {
             free(call);
@@ -700,23 +697,16 @@ static int parse_one_prompt(conn *c, const json_t *p, bool echo, gen_prompt *pr,
                           "or an array of those");
     if (json_array_size(p) > (1u << 24))
         return reqerr_set(e, 413, "prompt", "the prompt is too long");
-    if (reqparse_token_ids(p, "prompt", &pr->toks, &pr->n, e) < 0 || !echo)
-        return echo ? -1 : 0;
-    /* echo of token ids: their pieces */
-    const lms_model *m = c->srv->model;
-    sbuf t = {0};
-    for (int32_t i = 0; i < pr->n; i++) {
-        char piece[512];
-        if (pr->toks[i] >= m->hp.n_vocab) {
-            sbuf_free(&t);
-            return reqerr_set(e, 400, "prompt", "prompt[%d] = %d is not a token id of the model",
-                              i, pr->toks[i]);
-        }
-        sbuf_add(&t, piece, (size_t)token_piece(m, pr->toks[i], piece, sizeof piece));
-    }
-    pr->echo = t.oom ? NULL : strdup(t.p ? t.p : "");
+    if (reqparse_token_ids(p, "prompt", &pr->toks, &pr->n, e) < 0)
+        return -1;
+    if (!echo)
+        return 0;
+    sbuf t = {0}; /* echo of token ids: their text, as /detokenize gives it */
+    int rc = api_detok_text(c->srv->model->tok, pr->toks, pr->n, false, "prompt", &t, e);
+    if (rc == 0 && !(pr->echo = strndup(t.p ? t.p : "", t.n)))
+        rc = reqerr_set(e, 503, NULL, "out of memory");
     sbuf_free(&t);
-    return pr->echo ? 0 : reqerr_set(e, 503, NULL, "out of memory");
+    return rc;
 }
 
 /* prompt: a string, an array of ids, or an array of several of those. */
@@ -791,10 +781,9 @@ static int make_jobs(const lms_model *m, gen_resp *r)
         r->jobs[i] = j;
         j->r = r;
         j->index = i;
-        const char *echo = r->pr[i / r->n].echo;
-        if ((echo && !(j->echo = strdup(echo))) ||
-            (!r->stream && r->logprobs >= 0 &&
-             !(j->lp = r->kind == JOB_CHAT ? json_array() : legacy_lp_new())))
+        j->echo = r->pr[i / r->n].echo;
+        if (!r->stream && r->logprobs >= 0 &&
+            !(j->lp = r->kind == JOB_CHAT ? json_array() : legacy_lp_new()))
             return -1;
         if (r->prompt_lp) /* the prompt's first token has no log-probability */
             prompt_lp_first(m, j, r->pr[i / r->n].toks[0]);

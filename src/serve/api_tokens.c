@@ -80,6 +80,34 @@ int api_tokenize(conn *c, json_t *body)
     return http_reply_json(c, 200, o);
 }
 
+int api_detok_text(const lms_tokenizer *tok, const int32_t *ids, int32_t n, bool special,
+                   const char *field, sbuf *out, reqerr *e)
+{
+    const int32_t n_vocab = lms_tokenizer_n_vocab(tok);
+    const size_t cap = lms_detok_max_out(tok);
+    char *buf = malloc(cap);
+    if (!buf)
+        return reqerr_set(e, 503, NULL, "out of memory");
+    lms_detok d;
+    lms_detok_init(&d, tok, lms_tokenizer_add_space_prefix(tok)); /* text as tokenized */
+    d.special = special;
+    for (int32_t i = 0; i < n; i++) {
+        if (ids[i] >= n_vocab) {
+            free(buf);
+            return reqerr_set(e, 400, field, "%s[%d] = %d is not in the vocabulary (0..%d)", field,
+                              i, ids[i], n_vocab - 1);
+        }
+        int k = lms_detok_push(&d, ids[i], buf, cap);
+        if (k > 0)
+            sbuf_add(out, buf, (size_t)k);
+    }
+    int k = lms_detok_flush(&d, buf, cap);
+    if (k > 0)
+        sbuf_add(out, buf, (size_t)k);
+    free(buf);
+    return out->oom ? reqerr_set(e, 503, NULL, "out of memory") : 0;
+}
+
 int api_detokenize(conn *c, json_t *body)
 {
     reqerr e;
@@ -95,36 +123,9 @@ int api_detokenize(conn *c, json_t *body)
     }
     if (json_array_size(a) > 0 && reqparse_token_ids(a, "tokens", &ids, &n, &e) < 0)
         return http_reply_err(c, &e);
-    int32_t n_vocab = lms_tokenizer_n_vocab(tok);
-    size_t cap = lms_detok_max_out(tok);
     sbuf out = {0};
-    char *buf = malloc(cap);
-    lms_detok d;
-    lms_detok_init(&d, tok, lms_tokenizer_add_space_prefix(tok)); /* text as tokenized */
-    d.special = true;
-    int rc = buf ? 0 : -1;
-    for (int32_t i = 0; i < n && rc == 0; i++) {
-        if (ids[i] >= n_vocab) {
-            reqerr_set(&e, 400, "tokens", "tokens[%d] = %d is not in the vocabulary (0..%d)", i,
-                       ids[i], n_vocab - 1);
-            rc = 1;
-            break;
-        }
-        int k = lms_detok_push(&d, ids[i], buf, cap);
-        if (k > 0)
-            sbuf_add(&out, buf, (size_t)k);
-    }
-    if (rc == 0) {
-        int k = lms_detok_flush(&d, buf, cap);
-        if (k > 0)
-            sbuf_add(&out, buf, (size_t)k);
-        if (out.oom)
-            rc = -1;
-    }
-    if (rc < 0)
-        reqerr_set(&e, 503, NULL, "out of memory");
     int ret;
-    if (rc != 0) {
+    if (api_detok_text(tok, ids, n, true, "tokens", &out, &e) < 0) {
         ret = http_reply_err(c, &e);
     } else {
         json_t *o = json_object();
@@ -132,7 +133,6 @@ int api_detokenize(conn *c, json_t *body)
         ret = http_reply_json(c, 200, o);
     }
     sbuf_free(&out);
-    free(buf);
     free(ids);
     return ret;
 }

@@ -408,11 +408,8 @@ lms_jschema *api_compile_schema(const json_t *schema, const char *param, reqerr 
         reqerr_set(e, 400, param, "a JSON schema (an object) is needed");
         return NULL;
     }
-    size_t n;
-    char *text = json_dump_compact(schema, &n);
-    char err[256] = "out of memory";
-    lms_jschema *sc = text ? lms_jschema_compile(text, n, err, sizeof err) : NULL;
-    free(text);
+    char err[256];
+    lms_jschema *sc = lms_jschema_from_json(schema, err, sizeof err);
     if (!sc)
         reqerr_set(e, 400, param, "the JSON schema: %s", err);
     return sc;

@@ -397,6 +397,11 @@ int api_ollama_embeddings(conn *c, json_t *body);
 /* api_tokens.c */
 int api_tokenize(conn *c, json_t *body);
 int api_detokenize(conn *c, json_t *body);
+/* The text of token ids n (special: control tokens shown), appended to
+ * out, as /detokenize gives it; an id outside the vocabulary is a 400
+ * naming field[i]. */
+int api_detok_text(const lms_tokenizer *tok, const int32_t *ids, int32_t n, bool special,
+                   const char *field, sbuf *out, reqerr *e);
 /* api_ops.c */
 int api_health(conn *c);
 int api_stats(conn *c);

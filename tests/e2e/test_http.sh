@@ -145,6 +145,8 @@ check "with generated tokens: the same prompt entries, then theirs" eq "$(py "$T
 req POST /tokenize -d '{"content":"Once upon a time","add_special":true}'
 req POST /v1/completions -d "{\"prompt\":$(py "$T/out" 'json.dumps(d["tokens"])'),\"max_tokens\":0,\"echo\":true,\"logprobs\":2}"
 check "the same from token ids (echo of their pieces)" eq "$(py "$T/out" 'str(d["choices"][0]["logprobs"]["token_logprobs"])')" "$(cat "$T/plp")"
+req POST /v1/completions -d '{"prompt":[1,99999],"max_tokens":0,"echo":true,"logprobs":1}'
+check "echo of a token id outside the vocabulary refused, naming it" eq "$(code) $(py "$T/out" '"prompt[1]" in d["error"]["message"]')" "400 True"
 req POST /v1/completions -d '{"prompt":"Once","max_tokens":0}'
 check "max_tokens 0 without echo + logprobs refused" eq "$(code)" 400
 req POST /v1/completions -d '{"prompt":"Once","echo":true,"logprobs":1,"stream":true}'
