@@ -22,6 +22,7 @@
 #include "engine/jsonschema.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,7 +48,12 @@ typedef struct js_node {
     uint16_t min_items, max_items;
     uint16_t n_enum;
     uint32_t enums;         /* first in the text table */
+    uint32_t min_len, max_len; /* string characters */
+    uint8_t bounds;         /* B_* flags: which of lo, hi apply, and how */
+    double lo, hi;
 } js_node;
+
+enum { B_LO = 1, B_HI = 2, B_LO_EXCL = 4, B_HI_EXCL = 8 };
 
 typedef struct js_text {
     uint32_t off, len;
@@ -144,7 +150,8 @@ static int add_bytes(builder *b, const char *p, size_t n, js_text *t)
         b->bytes = q;
         b->cap_bytes = c;
     }
-    memcpy(b->bytes + b->n_bytes, p, n);
+    if (n) /* (an empty name: no pool yet, perhaps) */
+        memcpy(b->bytes + b->n_bytes, p, n);
     *t = (js_text){(uint32_t)b->n_bytes, (uint32_t)n};
     b->n_bytes += n;
     return 0;
@@ -160,6 +167,7 @@ static int new_node(builder *b)
         n->alt[k] = NONE;
     n->map = n->items = NONE;
     n->max_items = UINT16_MAX;
+    n->max_len = UINT32_MAX;
     return b->n_nodes++;
 }
 
@@ -279,6 +287,63 @@ static int compile_object(builder *b, int id, const json_t *sch, int depth)
     return 0;
 }
 
+/* minLength / maxLength and the numeric bounds of node id. A node with a
+ * limit is no longer "any" value of its kinds. */
+static int compile_limits(builder *b, int id, const json_t *sch)
+{
+    js_node *n = &b->nodes[id];
+    const json_t *mnl = json_object_get(sch, "minLength"), *mxl = json_object_get(sch, "maxLength");
+    if ((mnl && (!json_is_integer(mnl) || json_integer_value(mnl) < 0 ||
+                 json_integer_value(mnl) > UINT32_MAX - 1)) ||
+        (mxl && (!json_is_integer(mxl) || json_integer_value(mxl) < 0 ||
+                 json_integer_value(mxl) > UINT32_MAX - 1)))
+        return fail(b, "'minLength' / 'maxLength' must be integers from 0");
+    if (mnl)
+        n->min_len = (uint32_t)json_integer_value(mnl);
+    if (mxl)
+        n->max_len = (uint32_t)json_integer_value(mxl);
+    if (n->min_len > n->max_len)
+        return fail(b, "'minLength' is above 'maxLength'");
+    static const struct {
+        const char *key;
+        uint8_t flag;
+    } bk[] = {{"minimum", B_LO}, {"maximum", B_HI}, {"exclusiveMinimum", B_LO | B_LO_EXCL},
+              {"exclusiveMaximum", B_HI | B_HI_EXCL}};
+    for (size_t i = 0; i < sizeof bk / sizeof bk[0]; i++) {
+        const json_t *v = json_object_get(sch, bk[i].key);
+        if (!v)
+            continue;
+        if (json_is_boolean(v) && (bk[i].flag & (B_LO_EXCL | B_HI_EXCL))) {
+            /* draft 4: a flag on minimum / maximum */
+            if (json_is_true(v))
+                n->bounds |= bk[i].flag & (B_LO_EXCL | B_HI_EXCL);
+            continue;
+        }
+        if (!json_is_number(v))
+            return fail(b, "'%s' must be a number", bk[i].key);
+        const double x = json_number_value(v);
+        const bool lo = bk[i].flag & B_LO;
+        /* the tighter of minimum and exclusiveMinimum (maximum likewise) */
+        if (!(n->bounds & (lo ? B_LO : B_HI)) || (lo ? x >= n->lo : x <= n->hi)) {
+            const uint8_t excl = lo ? B_LO_EXCL : B_HI_EXCL;
+            if ((n->bounds & (lo ? B_LO : B_HI)) && x == (lo ? n->lo : n->hi))
+                n->bounds |= bk[i].flag & excl;
+            else
+                n->bounds = (uint8_t)((n->bounds & ~excl) | bk[i].flag);
+            if (lo)
+                n->lo = x;
+            else
+                n->hi = x;
+        }
+    }
+    if ((n->bounds & (B_LO | B_HI)) == (B_LO | B_HI) &&
+        (n->lo > n->hi || (n->lo == n->hi && (n->bounds & (B_LO_EXCL | B_HI_EXCL)))))
+        return fail(b, "the bounds leave no number");
+    if ((n->bounds || mnl || mxl) && n->any)
+        n->any = false;
+    return 0;
+}
+
 static int compile(builder *b, const json_t *sch, int depth)
 {
     if (depth > MAX_COMPILE_DEPTH)
@@ -292,14 +357,24 @@ static int compile(builder *b, const json_t *sch, int depth)
     if (!json_is_object(sch))
         return fail(b, "a schema must be an object");
     static const char *const refused[] = {
-        "pattern", "patternProperties", "minLength", "maxLength", "minimum", "maximum",
-        "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "allOf", "not", "if", "then",
-        "else", "prefixItems", "contains", "minContains", "maxContains", "uniqueItems",
-        "propertyNames", "dependentRequired", "dependentSchemas", "unevaluatedProperties",
-        "unevaluatedItems", "minProperties", "maxProperties"};
+        "pattern", "patternProperties", "multipleOf", "not", "if", "then", "else",
+        "prefixItems", "contains", "minContains", "maxContains", "uniqueItems", "propertyNames",
+        "dependentRequired", "dependentSchemas", "unevaluatedProperties", "unevaluatedItems",
+        "minProperties", "maxProperties"};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
         if (json_object_get(sch, refused[i]))
             return fail(b, "schema keyword '%s' is not supported", refused[i]);
+    const json_t *all = json_object_get(sch, "allOf");
+    if (all) {
+        if (!json_is_array(all) || json_array_size(all) != 1)
+            return fail(b, "schema keyword 'allOf' is supported with one schema only");
+        static const char *const beside[] = {"type", "properties", "items", "enum", "const",
+                                             "anyOf", "oneOf", "$ref"};
+        for (size_t i = 0; i < sizeof beside / sizeof beside[0]; i++)
+            if (json_object_get(sch, beside[i]))
+                return fail(b, "'allOf' beside '%s' is not supported", beside[i]);
+        return compile(b, json_array_get(all, 0), depth + 1);
+    }
     const json_t *ref = json_object_get(sch, "$ref");
     if (ref) {
         if (!json_is_string(ref))
@@ -388,6 +463,8 @@ static int compile(builder *b, const json_t *sch, int depth)
         else
             node->kinds = K_ALL, node->any = true;
     }
+    if (compile_limits(b, id, sch) < 0)
+        return NONE;
     if ((node->kinds & K_OBJ) && !node->any && compile_object(b, id, sch, depth) < 0)
         return NONE;
     if (node->kinds & K_ARR) {
@@ -486,7 +563,10 @@ void lms_jschk_copy(lms_jschk *dst, const lms_jschk *src)
 bool lms_jschk_same(const lms_jschk *a, const lms_jschk *b)
 {
     if (!lms_jsonfsm_same(&a->f, &b->f) || a->depth != b->depth || a->vnode != b->vnode ||
-        a->vpos != b->vpos || a->vcand != b->vcand || a->vint != b->vint)
+        a->vpos != b->vpos || a->vcand != b->vcand || a->vint != b->vint ||
+        a->vlen != b->vlen || a->vesc != b->vesc || a->vhi != b->vhi || a->vhex != b->vhex ||
+        a->vneg != b->vneg || a->vni != b->vni || a->vnf != b->vnf || a->vval != b->vval ||
+        a->vkind != b->vkind)
         return false;
     for (int i = 0; i < a->depth; i++) {
         const lms_jsframe *x = &a->fr[i], *y = &b->fr[i];
@@ -548,6 +628,15 @@ static bool value_begins(lms_jschk *k, unsigned char c, bool container)
     k->vpos = 0;
     k->vint = false;
     k->vcand = 0;
+    k->vlen = 0;
+    k->vesc = 0;
+    k->vhi = false;
+    k->vhex = 0;
+    k->vneg = false;
+    k->vkind = (uint8_t)kind;
+    k->vni = 0;
+    k->vnf = 0xff;
+    k->vval = 0.0;
     if (id != NONE) {
         const js_node *n = &nodes_of(k->sc)[id];
         k->vint = kind == K_NUM && !(n->kinds & K_NUM);
@@ -569,6 +658,137 @@ static uint64_t narrow(const lms_jschema *sc, uint64_t cand, const js_text *t, c
     return cand;
 }
 
+/* One more character of a string held to at most n->max_len. */
+static bool str_char(lms_jschk *k, const js_node *n)
+{
+    if (k->vlen >= n->max_len)
+        return false;
+    k->vlen++;
+    return true;
+}
+
+/* A byte of a string (its quotes included) under length limits. */
+static bool string_byte(lms_jschk *k, const js_node *n, unsigned char c)
+{
+    if (k->vpos == 0) /* the opening quote */
+        return true;
+    if (k->vesc == 1) { /* after a backslash */
+        k->vesc = c == 'u' ? 2 : 0;
+        k->vhex = 0;
+        if (c == 'u')
+            return true;
+        k->vhi = false;
+        return str_char(k, n);
+    }
+    if (k->vesc >= 2) { /* a \u digit (the syntax checker saw it is hex) */
+        const int d = c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10;
+        k->vhex = (uint16_t)(k->vhex * 16 + d);
+        if (++k->vesc < 6)
+            return true;
+        k->vesc = 0;
+        const bool low = k->vhex >= 0xDC00 && k->vhex <= 0xDFFF;
+        if (low && k->vhi) { /* ends the pair its high half counted */
+            k->vhi = false;
+            return true;
+        }
+        k->vhi = k->vhex >= 0xD800 && k->vhex <= 0xDBFF;
+        return str_char(k, n);
+    }
+    if (c == '\\') {
+        k->vesc = 1;
+        /* at the limit only the low half of a pair may follow */
+        return k->vlen < n->max_len || k->vhi;
+    }
+    if (c == '"') /* the closing quote */
+        return k->vlen >= n->min_len;
+    if ((c & 0xC0) == 0x80) /* a UTF-8 continuation byte */
+        return true;
+    k->vhi = false;
+    return str_char(k, n);
+}
+
+/* Whether some number between a and b (each end included when its flag
+ * says) meets n's bounds; integers only when whole. */
+static bool range_meets(const js_node *n, double a, bool a_in, double b, bool b_in, bool whole)
+{
+    double lo = -INFINITY, hi = INFINITY;
+    bool lo_in = true, hi_in = true;
+    if (n->bounds & B_LO)
+        lo = n->lo, lo_in = !(n->bounds & B_LO_EXCL);
+    if (n->bounds & B_HI)
+        hi = n->hi, hi_in = !(n->bounds & B_HI_EXCL);
+    if (whole) { /* the first and last integers of each set */
+        const double f1 = ceil(a) + (!a_in && ceil(a) == a), l1 = floor(b) - (!b_in && floor(b) == b);
+        const double f2 = ceil(lo) + (!lo_in && ceil(lo) == lo),
+                     l2 = floor(hi) - (!hi_in && floor(hi) == hi);
+        return fmax(f1, f2) <= fmin(l1, l2);
+    }
+    const double x = fmax(a, lo), y = fmin(b, hi);
+    const bool x_in = a > lo ? a_in : a < lo ? lo_in : a_in && lo_in;
+    const bool y_in = b < hi ? b_in : b > hi ? hi_in : b_in && hi_in;
+    return x < y || (x == y && x_in && y_in);
+}
+
+#define NUM_DIGITS 15 /* significant digits a bounded number may have (exact in a double) */
+
+/* Whether the number read so far can still end within n's bounds. Its
+ * completions: with a fraction begun, [v, v + 10^-digits); before the
+ * point, for each count c of integer digits still to come, [i 10^c,
+ * (i + 1) 10^c) (the point and a fraction may follow); mirrored when
+ * negative. */
+static bool number_feasible(const lms_jschk *k, const js_node *n)
+{
+    if (k->vni == 0) /* "-" alone */
+        return range_meets(n, -INFINITY, false, 0.0, true, k->vint);
+    if (k->vnf != 0xff) {
+        const double v = k->vval / pow(10.0, k->vnf), w = pow(10.0, -(double)k->vnf);
+        return k->vneg ? range_meets(n, -(v + w), false, -v, true, false)
+                       : range_meets(n, v, true, v + w, false, false);
+    }
+    const int more_max = k->vval == 0.0 ? 0 : NUM_DIGITS - k->vni; /* no digit after a leading 0 */
+    double scale = 1.0;
+    for (int more = 0; more <= more_max; more++, scale *= 10.0) {
+        const double a = k->vval * scale, b = (k->vval + 1.0) * scale;
+        if (k->vneg ? range_meets(n, -b, false, -a, true, k->vint)
+                    : range_meets(n, a, true, b, false, k->vint))
+            return true;
+        if (k->vneg ? (n->bounds & B_LO) && -a < n->lo : (n->bounds & B_HI) && a > n->hi)
+            break; /* more digits only go further out */
+    }
+    return false;
+}
+
+/* A byte of a number under bounds (written without an exponent then). */
+static bool number_byte(lms_jschk *k, const js_node *n, unsigned char c)
+{
+    if (c == 'e' || c == 'E')
+        return false;
+    if (c == '-') {
+        k->vneg = true;
+        return number_feasible(k, n);
+    }
+    if (c == '.') {
+        k->vnf = 0;
+        return number_feasible(k, n);
+    }
+    if (k->vni + (k->vnf == 0xff ? 0 : k->vnf) >= NUM_DIGITS)
+        return false;
+    k->vval = k->vval * 10.0 + (c - '0');
+    if (k->vnf != 0xff)
+        k->vnf++;
+    else
+        k->vni++;
+    return number_feasible(k, n);
+}
+
+/* The number read, once it ended, within n's bounds. */
+static bool number_in_bounds(const lms_jschk *k, const js_node *n)
+{
+    double v = k->vval / (k->vnf == 0xff ? 1.0 : pow(10.0, k->vnf));
+    v = k->vneg ? -v : v;
+    return range_meets(n, v, true, v, true, false);
+}
+
 /* A byte of the scalar being read. */
 static bool scalar_byte(lms_jschk *k, unsigned char c)
 {
@@ -576,6 +796,10 @@ static bool scalar_byte(lms_jschk *k, unsigned char c)
         return true;
     const js_node *n = &nodes_of(k->sc)[k->vnode];
     if (k->vint && (c == '.' || c == 'e' || c == 'E'))
+        return false;
+    if (k->vkind == K_STR && (n->min_len || n->max_len != UINT32_MAX) && !string_byte(k, n, c))
+        return false;
+    if (k->vkind == K_NUM && n->bounds && !number_byte(k, n, c))
         return false;
     if (n->n_enum) {
         k->vcand = narrow(k->sc, k->vcand, &texts_of(k->sc)[n->enums], NULL, n->n_enum, k->vpos, c);
@@ -601,6 +825,8 @@ static bool scalar_ends(lms_jschk *k)
 {
     if (k->vnode != NONE) {
         const js_node *n = &nodes_of(k->sc)[k->vnode];
+        if (k->vkind == K_NUM && n->bounds && !number_in_bounds(k, n))
+            return false;
         if (n->n_enum) {
             const js_text *t = &texts_of(k->sc)[n->enums];
             bool whole = false;

@@ -14,11 +14,19 @@
  *   additionalProperties   a schema, with no properties: an object of any
  *                     keys whose values follow it (a map); otherwise ignored
  *   items, minItems, maxItems
+ *   minLength, maxLength   a string's characters (code points; an escape
+ *                     is one, a surrogate pair one)
+ *   minimum, maximum, exclusiveMinimum, exclusiveMaximum   (numbers; the
+ *                     draft-4 boolean forms too): a number is then written
+ *                     without an exponent, and each prefix must still
+ *                     reach an allowed value
  *   enum, const       values of any kind, matched as their compact JSON text
  *   anyOf, oneOf      alternatives told apart by the first byte of a value
  *                     (e.g. a string or null)
  *   $ref              "#/$defs/NAME" or "#/definitions/NAME" (recursion
  *                     allowed)
+ *   allOf             with one schema (as generators write a described
+ *                     $ref): that schema
  * Ignored: title, description, default, examples, format, $schema, $id,
  * $comment, deprecated, readOnly, writeOnly. The top-level value must be
  * an object.
@@ -61,6 +69,19 @@ typedef struct lms_jschk {
     int16_t vnode;          /* its node, -1 when none is being read */
     uint16_t vpos;          /* its bytes so far */
     bool vint;              /* it must be an integer */
+    /* string being read (length limits): characters so far, escape state
+     * (0 none, 1 after the backslash, 2-5 the \u digits read + 2), the
+     * \u value, and whether the last character was a high surrogate */
+    uint32_t vlen;
+    uint8_t vesc;
+    bool vhi;
+    uint16_t vhex;
+    /* number being read (bounds): sign, digits of the integer part and of
+     * the fraction (0xff: no point yet) */
+    bool vneg;
+    uint8_t vni, vnf;
+    double vval;            /* every digit so far, as one integer */
+    uint8_t vkind;          /* the scalar's kind (the schema's K_ bit) */
     uint8_t depth;          /* frames in use */
     lms_jsframe fr[LMS_JS_DEPTH];
 } lms_jschk;

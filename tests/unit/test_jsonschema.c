@@ -3,8 +3,9 @@
  * objects the schema allows are accepted and done, every proper prefix
  * accepted, and each kind of violation refused at the byte where it
  * begins: property order and required properties, types, integers, enums,
- * array bounds, maps, anyOf, $ref (recursive); schemas the compiler
- * refuses, with the keyword named.
+ * array bounds, maps, anyOf, $ref (recursive), string lengths, numeric
+ * bounds (every prefix must still reach an allowed number), allOf of one;
+ * schemas the compiler refuses, with the keyword named.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,6 +117,105 @@ static void test_refs_maps_alternatives(void **state)
     free(sc);
 }
 
+static const char *schema_limits =
+    "{\"$defs\":{\"d\":{\"type\":\"boolean\"}},\"type\":\"object\",\"properties\":{"
+    "\"s\":{\"type\":\"string\",\"minLength\":2,\"maxLength\":3},"
+    "\"i\":{\"type\":\"integer\",\"minimum\":10,\"maximum\":20},"
+    "\"x\":{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":1.5},"
+    "\"n\":{\"type\":\"integer\",\"minimum\":-5,\"exclusiveMaximum\":0},"
+    "\"w\":{\"allOf\":[{\"$ref\":\"#/$defs/d\"}],\"description\":\"a described ref\"}},"
+    "\"required\":[\"s\",\"i\"]}";
+
+/* string lengths in characters, numeric bounds on every prefix, allOf */
+static void test_limits(void **state)
+{
+    (void)state;
+    lms_jschema *sc = compile_ok(schema_limits);
+    check_valid(sc, "{\"s\":\"ab\",\"i\":10}");
+    check_valid(sc, "{\"s\":\"a\\u00e9c\",\"i\":20,\"x\":1.5}");
+    check_valid(sc, "{\"s\":\"\xc3\xa9\xf0\x9f\x98\x80\",\"i\":15,\"x\":0.001,\"n\":-5,\"w\":true}");
+    check_valid(sc, "{\"s\":\"\\ud83d\\ude00ab\",\"i\":12,\"n\":-1}"); /* a pair is one */
+    check_valid(sc, "{\"s\":\"\\n\\\"\",\"i\":19,\"x\":0.75}");
+    check_refused(sc, "{\"s\":\"a\"", 7);                 /* minLength 2 */
+    check_refused(sc, "{\"s\":\"abcd\"", 9);              /* maxLength 3 */
+    check_refused(sc, "{\"s\":\"abc\\n\"", 9);            /* an escape is a character */
+    check_refused(sc, "{\"s\":\"ab\",\"i\":9", 14);       /* 9, 9x, 9xx...: none in 10..20 */
+    check_refused(sc, "{\"s\":\"ab\",\"i\":1,", 15);      /* 1 could have become 1x */
+    check_refused(sc, "{\"s\":\"ab\",\"i\":21", 15);
+    check_refused(sc, "{\"s\":\"ab\",\"i\":-1", 14);
+    check_refused(sc, "{\"s\":\"ab\",\"i\":10,\"x\":0}", 22);  /* exclusive */
+    check_refused(sc, "{\"s\":\"ab\",\"i\":10,\"x\":1.6", 23);
+    check_refused(sc, "{\"s\":\"ab\",\"i\":10,\"x\":2", 21);
+    check_refused(sc, "{\"s\":\"ab\",\"i\":10,\"x\":1e0", 22); /* no exponent */
+    check_refused(sc, "{\"s\":\"ab\",\"i\":10,\"n\":0", 21);
+    check_refused(sc, "{\"s\":\"ab\",\"i\":10,\"n\":-6", 22);
+    check_refused(sc, "{\"s\":\"ab\",\"i\":10,\"w\":1", 21);  /* allOf's boolean */
+    free(sc);
+    sc = compile_ok("{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"number\",\"maximum\":0.3,"
+                    "\"minimum\":-0.3}}}");
+    check_valid(sc, "{\"v\":0.3}"); /* the digits' value, not a sum of tenths */
+    check_valid(sc, "{\"v\":-0.3}");
+    check_valid(sc, "{\"v\":-0}");
+    check_refused(sc, "{\"v\":0.31", 8);
+    check_refused(sc, "{\"v\":-0.31", 9);
+    check_refused(sc, "{\"v\":1", 5);
+    free(sc);
+    /* a bound state is part of the cache key */
+    sc = compile_ok(schema_limits);
+    lms_jschk a, b;
+    lms_jschk_init(&a, sc);
+    lms_jschk_init(&b, sc);
+    assert_true(lms_jschk_feed(&a, "{\"s\":\"a", 7));
+    assert_true(lms_jschk_feed(&b, "{\"s\":\"ab", 8));
+    assert_false(lms_jschk_same(&a, &b));
+    free(sc);
+}
+
+/* numbers written at random against random bounds: an in-bounds number
+ * and every prefix of it accepted, an out-of-bounds one refused */
+static void test_bounds_random(void **state)
+{
+    (void)state;
+    uint64_t r = 0x9e3779b97f4a7c15u;
+#define RND() (r ^= r << 13, r ^= r >> 7, r ^= r << 17, r)
+    for (int it = 0; it < 300; it++) {
+        const bool whole = RND() % 2;
+        const int lo = (int)(RND() % 400) - 200, span = (int)(RND() % 300);
+        const bool lx = RND() % 3 == 0, hx = RND() % 3 == 0;
+        char sch[256];
+        snprintf(sch, sizeof sch,
+                 "{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"%s\",\"%s\":%g,\"%s\":%g}}}",
+                 whole ? "integer" : "number", lx ? "exclusiveMinimum" : "minimum", lo / 10.0,
+                 hx ? "exclusiveMaximum" : "maximum", (lo + span) / 10.0 + (span == 0 && !lx && !hx ? 0 : 0.05));
+        char err[256];
+        lms_jschema *sc = lms_jschema_compile(sch, strlen(sch), err, sizeof err);
+        if (!sc)
+            continue; /* bounds leaving no number */
+        const double l = lo / 10.0, h = (lo + span) / 10.0 + (span == 0 && !lx && !hx ? 0 : 0.05);
+        for (int j = 0; j < 40; j++) {
+            char t[64];
+            const int v = (int)(RND() % 6000) - 3000;
+            double x;
+            if (whole) {
+                x = v / 10;
+                snprintf(t, sizeof t, "{\"v\":%d}", v / 10);
+            } else {
+                x = v / 100.0;
+                snprintf(t, sizeof t, "{\"v\":%s%d.%02d}", v < 0 ? "-" : "", abs(v) / 100, abs(v) % 100);
+            }
+            const bool in = (lx ? x > l : x >= l) && (hx ? x < h : x <= h);
+            bool done;
+            const size_t at = accepted(sc, t, &done);
+            if (in)
+                check_valid(sc, t);
+            else if (at == strlen(t) && done)
+                fail_msg("%s accepted under %s", t, sch);
+        }
+        free(sc);
+    }
+#undef RND
+}
+
 static void test_refused_schemas(void **state)
 {
     (void)state;
@@ -131,6 +231,14 @@ static void test_refused_schemas(void **state)
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#/$defs/nope\"}}}", "$ref"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"strin\"}}}", "unknown type"},
         {"{\"type\":", "not JSON"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"minLength\":3,"
+         "\"maxLength\":2}}}",
+         "above 'maxLength'"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"minimum\":3,\"exclusiveMaximum\":3}}}",
+         "no number"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"minLength\":-1}}}", "'minLength'"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"allOf\":[{},{}]}}}", "one schema"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"maximum\":\"9\"}}}", "a number"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char err[256] = "";
@@ -168,6 +276,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_properties),
         cmocka_unit_test(test_refs_maps_alternatives),
+        cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_bounds_random),
         cmocka_unit_test(test_refused_schemas),
         cmocka_unit_test(test_plain_and_copy),
     };
