@@ -129,11 +129,15 @@ int cmd_chat(int argc, char **argv)
     const char *model = NULL, *system = NULL, *tpl_name = NULL;
     int64_t n_ctx = 0, threads = 0, n_predict = 512;
     lms_gen_params gp = {.sp = lms_sampler_defaults(), .cancel = &interrupted};
+    app_lora_opts lo = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         double d;
         bool ok = true;
-        if (i + 1 >= argc)
+        const int g = app_lora_arg(argc, argv, &i, &lo);
+        if (g != 0)
+            ok = g > 0;
+        else if (i + 1 >= argc)
             ok = false;
         else if (!strcmp(a, "-m"))
             model = argv[++i];
@@ -155,7 +159,7 @@ int cmd_chat(int argc, char **argv)
             ok = false;
         if (!ok) {
             fprintf(stderr, "usage: lmserv chat -m MODEL [--system TEXT] [--template NAME|FILE] "
-                            "[-c CTX] [-t N] [-n N] [--temp T] [--seed S]\n");
+                            "[-c CTX] [-t N] [-n N] [--temp T] [--seed S] " APP_LORA_USAGE "\n");
             return 2;
         }
     }
@@ -169,15 +173,20 @@ int cmd_chat(int argc, char **argv)
     if (app_load(model, (int32_t)n_ctx, 512, (int32_t)threads, &m, &c) < 0)
         return 1;
     char err[512];
-    char *tpl = app_chat_template(m, tpl_name, err, sizeof err);
-    if (!tpl) {
+    lms_lora_set lora;
+    char *tpl = NULL;
+    if (app_lora_load(&lo, m, c, &lora) == 0 &&
+        !(tpl = app_chat_template(m, tpl_name, err, sizeof err)))
         fprintf(stderr, "lmserv chat: %s\n", err);
+    if (!tpl) { /* (app_lora_load prints its own error) */
+        app_lora_release(&lo);
         lms_ctx_destroy(c);
         lms_model_free(m);
         return 1;
     }
     lms_session s;
     lms_session_init(&s, c);
+    lms_session_set_lora(&s, &lora);
     char *sys = system ? strdup(system) : NULL;
     json_t *hist = new_history(sys);
     struct sigaction sa = {.sa_handler = on_sigint};
@@ -216,6 +225,7 @@ int cmd_chat(int argc, char **argv)
     json_decref(hist);
     free(tpl);
     lms_session_deinit(&s);
+    app_lora_release(&lo);
     lms_ctx_destroy(c);
     lms_model_free(m);
     return 0;

@@ -26,6 +26,7 @@ typedef struct run_opts {
     bool chat, no_bos, ignore_eos;
     lms_sampler_params sp;
     app_gpu_opts gpu;
+    app_lora_opts lora;
 } run_opts;
 
 static volatile sig_atomic_t interrupted;
@@ -75,6 +76,8 @@ static int parse(int argc, char **argv, run_opts *o)
         const char *a = argv[i];
         bool ok;
         int g = app_gpu_arg(argc, argv, &i, &o->gpu);
+        if (g == 0)
+            g = app_lora_arg(argc, argv, &i, &o->lora);
         if (g != 0) {
             if (g < 0)
                 return -1;
@@ -116,7 +119,7 @@ static int parse(int argc, char **argv, run_opts *o)
     if (!o->model || !o->prompt) {
         fprintf(stderr, "usage: lmserv run -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] "
                         "[--top-p P] [--min-p P] [--seed S] [--repeat-penalty R] [--chat] "
-                        APP_GPU_USAGE "\n");
+                        APP_GPU_USAGE " " APP_LORA_USAGE "\n");
         return -1;
     }
     return 0;
@@ -140,11 +143,19 @@ int cmd_run(int argc, char **argv)
     if (app_load_gpu(o.model, (int32_t)o.n_ctx, 512, (int32_t)o.threads, &o.gpu, &m, &c) < 0)
         return 1;
     int32_t *toks = NULL, n = 0;
-    char err[512];
-    int rc = app_prompt_tokens(m, o.prompt, o.system, o.chat, !o.no_bos, &toks, &n, err, sizeof err);
+    char err[512] = "";
+    lms_lora_set lora;
+    int rc = app_lora_load(&o.lora, m, c, &lora);
+    if (rc < 0) {
+        lms_ctx_destroy(c);
+        lms_model_free(m);
+        return 1;
+    }
+    rc = app_prompt_tokens(m, o.prompt, o.system, o.chat, !o.no_bos, &toks, &n, err, sizeof err);
     if (rc >= 0) {
         lms_session s;
         lms_session_init(&s, c);
+        lms_session_set_lora(&s, &lora);
         lms_gen_params gp = {.sp = o.sp, .n_predict = (int32_t)o.n_predict, .stop = o.stop,
                              .n_stop = o.n_stop, .ignore_eos = o.ignore_eos, .cancel = &interrupted};
         lms_gen_stats st;
@@ -163,6 +174,7 @@ int cmd_run(int argc, char **argv)
     if (rc < 0)
         fprintf(stderr, "lmserv run: %s\n", err);
     free(toks);
+    app_lora_release(&o.lora);
     lms_ctx_destroy(c);
     lms_model_free(m);
     return rc < 0 ? 1 : 0;

@@ -59,6 +59,67 @@ int app_gpu_arg(int argc, char **argv, int *i, app_gpu_opts *o)
     return 1;
 }
 
+int app_lora_arg(int argc, char **argv, int *i, app_lora_opts *o)
+{
+    const char *a = argv[*i];
+    const bool scaled = !strcmp(a, "--lora-scaled");
+    if (!scaled && strcmp(a, "--lora") != 0)
+        return 0;
+    if (o->n == LMS_LORA_MAX) {
+        fprintf(stderr, "lmserv: at most %d LoRA adapters\n", LMS_LORA_MAX);
+        return -1;
+    }
+    const char *path = args_value(argc, argv, i);
+    double scale = 1.0;
+    if (!path)
+        return -1;
+    if (scaled && (*i + 1 >= argc || !args_float(a, argv[++*i], -1e6, 1e6, &scale)))
+        return -1;
+    o->path[o->n] = path;
+    o->scale[o->n++] = (float)scale;
+    return 1;
+}
+
+int app_lora_load(app_lora_opts *o, const lms_model *m, const lms_ctx *c, lms_lora_set *set)
+{
+    char err[512];
+    lms_lora_use uses[LMS_LORA_MAX];
+    memset(set, 0, sizeof *set);
+    if (o->n == 0)
+        return 0;
+    if (lms_ctx_gpu_plan(c)) {
+        fprintf(stderr, "lmserv: LoRA adapters run on the CPU only; use --gpu-layers 0\n");
+        return LMS_ERR_UNSUPPORTED;
+    }
+    for (int k = 0; k < o->n; k++) {
+        int rc = lms_lora_load(o->path[k], m, &o->loaded[k], err, sizeof err);
+        if (rc < 0) {
+            fprintf(stderr, "lmserv: %s\n", err);
+            app_lora_release(o);
+            return rc;
+        }
+        uses[k] = (lms_lora_use){o->loaded[k], o->scale[k]};
+        fprintf(stderr, "lora: %s (%d tensors, rank %d, alpha %g) scale %g\n",
+                lms_lora_name(o->loaded[k]), lms_lora_n_tensors(o->loaded[k]),
+                lms_lora_rank(o->loaded[k]), (double)lms_lora_alpha(o->loaded[k]),
+                (double)o->scale[k]);
+    }
+    int rc = lms_lora_set_make(set, uses, o->n, err, sizeof err);
+    if (rc < 0) {
+        fprintf(stderr, "lmserv: %s\n", err);
+        app_lora_release(o);
+    }
+    return rc;
+}
+
+void app_lora_release(app_lora_opts *o)
+{
+    for (int k = 0; k < LMS_LORA_MAX; k++) {
+        lms_lora_release(o->loaded[k]);
+        o->loaded[k] = NULL;
+    }
+}
+
 void app_gpu_apply(const app_gpu_opts *o, lms_ctx_params *p)
 {
     if (!o)

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "engine/forward.h"
+#include "model/lora.h"
 #include "model/model.h"
 
 /* Loads the model and creates a context (n_ctx <= 0: min(train, 4096)).
@@ -47,6 +48,28 @@ void app_gpu_apply(const app_gpu_opts *o, lms_ctx_params *p);
  * when the GPU is used. */
 int app_load_gpu(const char *path, int32_t n_ctx, int32_t n_batch, int32_t n_threads,
                  const app_gpu_opts *gpu, lms_model **m, lms_ctx **c);
+
+/* LoRA adapters on the command line (run, eval), as llama.cpp's flags:
+ *   --lora FILE               scale 1
+ *   --lora-scaled FILE SCALE
+ * repeatable up to LMS_LORA_MAX times. */
+typedef struct app_lora_opts {
+    const char *path[LMS_LORA_MAX];
+    float scale[LMS_LORA_MAX];
+    int n;
+    lms_lora *loaded[LMS_LORA_MAX]; /* app_lora_load's, released by app_lora_release */
+} app_lora_opts;
+
+#define APP_LORA_USAGE "[--lora FILE] [--lora-scaled FILE SCALE]"
+
+/* If argv[*i] is --lora or --lora-scaled, parses it (advancing *i): 1 when
+ * taken, 0 when not a LoRA option, -1 (message printed) on a bad value. */
+int app_lora_arg(int argc, char **argv, int *i, app_lora_opts *o);
+/* Loads the adapters for m and fills set (empty when none were named).
+ * Refuses a context with GPU layers. Prints the error and returns < 0 on
+ * failure (nothing left loaded). */
+int app_lora_load(app_lora_opts *o, const lms_model *m, const lms_ctx *c, lms_lora_set *set);
+void app_lora_release(app_lora_opts *o);
 
 /* Parses "1 2 3" (spaces, commas or newlines) into a malloc'd array.
  * Prints the error and returns < 0 on a bad list. */

@@ -14,6 +14,11 @@
  * to f16 before they weight V, matrix products convert activations to the
  * weight's companion type (see kernels.h), and everything else (RMSNorm,
  * RoPE, SiLU, residual adds) is float32 with the same formulas.
+ *
+ * LoRA adapters (model/lora.h) are applied per token: after each adapted
+ * product, y += scale * B (A x) for the rows whose sequence uses the
+ * adapter (section LoRA below); a batch without adapters runs exactly the
+ * code it ran before they existed.
  */
 #include "engine/forward.h"
 
@@ -31,6 +36,8 @@
 #include "engine/forward_int.h"
 #include "kernels/kernels.h"
 #include "kernels/matmul.h"
+
+static void lora_free(fwd_lora *F);
 
 /* Whole pages: a buffer never shares a page with another allocation, so
  * the CUDA prompt offload can page-lock it (forward_cuda.c). */
@@ -185,6 +192,7 @@ void lms_ctx_destroy(lms_ctx *c)
     fwd_gpu_destroy(c);
 #endif
     lms_kv_cache_deinit(&c->kv);
+    lora_free(&c->lora);
     void *bufs[] = {c->x, c->xn, c->qb, c->kb, c->vb, c->att, c->ga, c->up, c->hidden,
                     c->scores, c->qh, c->tiles, c->vconv, c->qf, c->dec, c->qbuf};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -339,6 +347,287 @@ static void add_norm_rows(float *x, const float *d, const float *w, float *out, 
         add_norm_row(x, d, w, out, t, e, eps);
 }
 
+/* ---- LoRA ------------------------------------------------------------------
+ *
+ * Each adapted product gets y[t] += s_t * B (A x[t]) for the rows t whose
+ * sequence uses the adapter, s_t = user scale * alpha / rank. The rows of a
+ * step are grouped by adapter once (lora_group), then for each adapted
+ * weight and group: T = A·x over the group's rows ([m][rank],
+ * lora_down_row), then y += s * T·B^T in chunks of outputs (lora_up_chunk).
+ * Both are f32 with each output summed by one thread in a fixed order, so
+ * a row's result does not depend on what else is in the batch. As in
+ * llama.cpp, the input of a product with an f16, bf16 or q8_0 adapter
+ * tensor is first rounded to that tensor's companion type (lora_round).
+ * A batch without adapters (b->lora NULL) never enters this code. */
+
+/* Below this many multiply-adds a LoRA product runs on the calling thread. */
+#define LORA_PAR_MIN 65536
+/* Outputs per lora_up work item (its delta lives on the stack). */
+#define LORA_CHUNK 256
+
+static int lora_alloc(lms_ctx *c)
+{
+    fwd_lora *F = &c->lora;
+    if (F->groups)
+        return 0;
+    const size_t n = (size_t)c->p.n_batch * LMS_LORA_MAX;
+    F->groups = malloc(n * sizeof *F->groups);
+    F->rows = malloc(n * sizeof *F->rows);
+    F->scales = malloc(n * sizeof *F->scales);
+    F->tmp = malloc(n * sizeof *F->tmp);
+    F->head = malloc((size_t)c->p.n_batch * sizeof *F->head);
+    const lms_hparams *hp = &c->m->hp;
+    const int64_t q = (int64_t)hp->n_head * hp->head_dim, e = hp->n_embd;
+    F->wide = e > q ? e : q;
+    F->wide = F->wide > hp->n_ff ? F->wide : hp->n_ff;
+    F->xq_row = ((size_t)F->wide * sizeof(float) + 2 * 64 + 63) / 64 * 64;
+    F->xr = malloc((size_t)c->p.n_batch * (size_t)F->wide * sizeof *F->xr);
+    F->xq = aligned_alloc(64, (size_t)c->p.n_batch * F->xq_row);
+    if (F->groups && F->rows && F->scales && F->tmp && F->head && F->xr && F->xq)
+        return 0;
+    free(F->groups), free(F->rows), free(F->scales), free(F->tmp), free(F->head);
+    free(F->xr), free(F->xq);
+    memset(F, 0, sizeof *F);
+    return LMS_ERR_NOMEM;
+}
+
+static void lora_free(fwd_lora *F)
+{
+    free(F->groups), free(F->rows), free(F->scales), free(F->tmp), free(F->head), free(F->t);
+    free(F->xr), free(F->xq);
+}
+
+/* x rounded through type vt (n values) as a product with a weight whose
+ * companion type is vt would see it; returns x itself for f32. */
+static const float *lora_round(int vt, const float *x, int64_t n, uint8_t *tmp, float *out)
+{
+    if (vt == LMS_TYPE_F32)
+        return x;
+    const lms_kernel_table *k = lms_kernels_get();
+    k->from_float[vt](x, tmp, n);
+    k->to_float[vt](tmp, out, n);
+    return out;
+}
+
+/* The batch's adapter sets are well formed; whether any is not empty. */
+static int lora_check(const lms_ctx *c, const lms_batch *b, bool *any)
+{
+    *any = false;
+    for (int32_t t = 0; t < b->n_tokens; t++) {
+        const lms_lora_set *s = b->lora[t];
+        if (!s)
+            continue;
+        if (s->n < 0 || s->n > LMS_LORA_MAX)
+            return LMS_ERR_INVAL;
+        for (int32_t i = 0; i < s->n; i++) {
+            if (!s->use[i].lora)
+                return LMS_ERR_INVAL;
+            for (int32_t j = 0; j < i; j++)
+                if (s->use[j].lora == s->use[i].lora)
+                    return LMS_ERR_INVAL;
+        }
+        *any |= s->n > 0;
+    }
+    if (*any && c->gpu)
+        return LMS_ERR_UNSUPPORTED; /* the GPU layers have no LoRA path */
+    return 0;
+}
+
+/* Groups n rows by adapter (sets[r]: row r's set or NULL) into c->lora;
+ * makes room for the largest rank. Uses with scale 0 are skipped. */
+static int lora_group(lms_ctx *c, const lms_lora_set *const *sets, int32_t n)
+{
+    fwd_lora *F = &c->lora;
+    const lms_lora_set *prev = NULL;
+    int32_t prev_g[LMS_LORA_MAX] = {0}, k = 0, max_rank = 0;
+    F->n_groups = 0;
+    for (int32_t r = 0; r < n; r++) {
+        const lms_lora_set *s = sets[r];
+        if (!s)
+            continue;
+        for (int32_t i = 0; i < s->n; i++) {
+            if (s->use[i].scale == 0.0f)
+                continue;
+            int32_t g = 0;
+            if (s == prev) { /* the rows of one sequence come together */
+                g = prev_g[i];
+            } else {
+                while (g < F->n_groups && F->groups[g].lora != s->use[i].lora)
+                    g++;
+                if (g == F->n_groups) {
+                    F->groups[F->n_groups++] = (fwd_lora_group){s->use[i].lora, 0, 0};
+                    int32_t rk = lms_lora_rank(s->use[i].lora);
+                    max_rank = rk > max_rank ? rk : max_rank;
+                }
+                prev_g[i] = g;
+            }
+            F->groups[g].n_rows++;
+            F->tmp[k++] = g;
+        }
+        prev = s;
+    }
+    for (int32_t g = 0, off = 0; g < F->n_groups; g++) {
+        F->groups[g].off = off;
+        off += F->groups[g].n_rows;
+        F->groups[g].n_rows = 0;
+    }
+    k = 0;
+    for (int32_t r = 0; r < n; r++) {
+        const lms_lora_set *s = sets[r];
+        for (int32_t i = 0; s && i < s->n; i++) {
+            if (s->use[i].scale == 0.0f)
+                continue;
+            fwd_lora_group *g = &F->groups[F->tmp[k++]];
+            F->rows[g->off + g->n_rows] = r;
+            F->scales[g->off + g->n_rows] = s->use[i].scale;
+            g->n_rows++;
+        }
+    }
+    if (max_rank > F->t_rank) {
+        float *t = malloc((size_t)c->p.n_batch * (size_t)max_rank * sizeof *t);
+        if (!t)
+            return LMS_ERR_NOMEM;
+        free(F->t);
+        F->t = t;
+        F->t_rank = max_rank;
+    }
+    if (max_rank > F->wide) { /* the rounding scratch also holds rows of rank values */
+        const size_t row = ((size_t)max_rank * sizeof(float) + 2 * 64 + 63) / 64 * 64;
+        float *xr = malloc((size_t)c->p.n_batch * (size_t)max_rank * sizeof *xr);
+        uint8_t *xq = aligned_alloc(64, (size_t)c->p.n_batch * row);
+        if (!xr || !xq) {
+            free(xr), free(xq);
+            return LMS_ERR_NOMEM;
+        }
+        free(F->xr), free(F->xq);
+        F->xr = xr, F->xq = xq, F->xq_row = row, F->wide = max_rank;
+    }
+    return 0;
+}
+
+/* t[r] = A[r] · x for the rank rows of A ([rank][n]). */
+FWD_CLONES static void lora_dots(const float *a, int32_t rank, int64_t n, const float *x, float *t)
+{
+    for (int32_t r = 0; r < rank; r++) {
+        const float *ar = a + (size_t)r * (size_t)n;
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t i = 0; i < n; i++)
+            sum += ar[i] * x[i];
+        t[r] = sum;
+    }
+}
+
+/* Row i of a group's first half: t_i = A · round(x[rows[i]]), then
+ * rounded for B; xr_i / xq_i: the row's scratch. */
+static void lora_down_row(const lms_lora_pair *p, const float *x, float *t_i, float *xr_i,
+                          uint8_t *xq_i)
+{
+    const float *xi = lora_round(p->a_vt, x, p->n_in, xq_i, xr_i);
+    lora_dots(p->a, p->rank, p->n_in, xi, t_i);
+    if (p->b_vt != LMS_TYPE_F32)
+        lora_round(p->b_vt, t_i, p->rank, xq_i, t_i);
+}
+
+/* y[o0, o1) += s * sum_r t[r] * bt[r][o0, o1) (o1 - o0 <= LORA_CHUNK). */
+FWD_CLONES static void lora_up_chunk(const float *bt, int32_t rank, int64_t n_out, const float *t,
+                                     float s, int64_t o0, int64_t o1, float *y)
+{
+    float d[LORA_CHUNK];
+    const int64_t len = o1 - o0;
+    for (int64_t o = 0; o < len; o++)
+        d[o] = 0.0f;
+    for (int32_t r = 0; r < rank; r++) {
+        const float *br = bt + (size_t)r * (size_t)n_out + o0, tr = t[r];
+#pragma omp simd
+        for (int64_t o = 0; o < len; o++)
+            d[o] += tr * br[o];
+    }
+#pragma omp simd
+    for (int64_t o = 0; o < len; o++)
+        y[o0 + o] += s * d[o];
+}
+
+/* Work item `it` of lora_apply_group's second half: row it / n_ch, chunk
+ * it % n_ch of its outputs. */
+static void lora_up_item(const lms_lora_pair *p, const float *t, const int32_t *rows,
+                         const float *sc, int64_t n_ch, int64_t it, float *y)
+{
+    const int64_t i = it / n_ch, o0 = it % n_ch * LORA_CHUNK;
+    const int64_t o1 = o0 + LORA_CHUNK < p->n_out ? o0 + LORA_CHUNK : p->n_out;
+    lora_up_chunk(p->bt, p->rank, p->n_out, t + (size_t)i * (size_t)p->rank, sc[i] * p->factor, o0,
+                  o1, y + (size_t)rows[i] * (size_t)p->n_out);
+}
+
+/* Adds group g's delta of pair p: x rows of p->n_in, y rows of p->n_out. */
+static void lora_apply_group(lms_ctx *c, const fwd_lora_group *g, const lms_lora_pair *p,
+                             const float *x, float *y)
+{
+    const fwd_lora *F = &c->lora;
+    const int32_t m = g->n_rows, rank = p->rank;
+    const int32_t *rows = F->rows + g->off;
+    const float *sc = F->scales + g->off;
+    float *t = F->t;
+    const int64_t n_down = (int64_t)m * rank * p->n_in, n_up = (int64_t)m * rank * p->n_out;
+    float *xr = F->xr;
+    uint8_t *xq = F->xq;
+    const size_t xq_row = F->xq_row, wide = (size_t)F->wide;
+    if (n_down < LORA_PAR_MIN) {
+        for (int32_t i = 0; i < m; i++)
+            lora_down_row(p, x + (size_t)rows[i] * (size_t)p->n_in, t + (size_t)i * (size_t)rank,
+                          xr + (size_t)i * wide, xq + (size_t)i * xq_row);
+    } else {
+#pragma omp parallel for schedule(static)
+        for (int32_t i = 0; i < m; i++)
+            lora_down_row(p, x + (size_t)rows[i] * (size_t)p->n_in, t + (size_t)i * (size_t)rank,
+                          xr + (size_t)i * wide, xq + (size_t)i * xq_row);
+    }
+    /* work items: (row, chunk of LORA_CHUNK outputs) */
+    const int64_t n_ch = (p->n_out + LORA_CHUNK - 1) / LORA_CHUNK, items = (int64_t)m * n_ch;
+    if (n_up < LORA_PAR_MIN) {
+        for (int64_t it = 0; it < items; it++)
+            lora_up_item(p, t, rows, sc, n_ch, it, y);
+    } else {
+#pragma omp parallel for schedule(static)
+        for (int64_t it = 0; it < items; it++)
+            lora_up_item(p, t, rows, sc, n_ch, it, y);
+    }
+}
+
+/* y += each adapter's delta for weight `target` of layer il (il < 0: the
+ * output head) over the grouped rows; x and y are the product's input
+ * and output rows. */
+static void lora_apply(lms_ctx *c, int il, int target, const float *x, float *y)
+{
+    for (int32_t gi = 0; gi < c->lora.n_groups; gi++) {
+        const fwd_lora_group *g = &c->lora.groups[gi];
+        const lms_lora_pair *p = il < 0 ? lms_lora_output_pair(g->lora)
+                                        : lms_lora_layer_pair(g->lora, il, target);
+        if (p)
+            lora_apply_group(c, g, p, x, y);
+    }
+}
+
+/* Token embeddings: x[t] += s * B · A[token] (A holds a row per token). */
+static void lora_embd(lms_ctx *c, const lms_batch *b)
+{
+    const int64_t e = c->m->hp.n_embd;
+    for (int32_t gi = 0; gi < c->lora.n_groups; gi++) {
+        const fwd_lora_group *g = &c->lora.groups[gi];
+        const lms_lora_pair *p = lms_lora_embd_pair(g->lora);
+        if (!p)
+            continue;
+        for (int32_t i = 0; i < g->n_rows; i++) {
+            const int32_t t = c->lora.rows[g->off + i];
+            const float *at = lora_round(p->b_vt, p->a + (size_t)b->tokens[t] * (size_t)p->rank,
+                                         p->rank, c->lora.xq, c->lora.xr);
+            for (int64_t o0 = 0; o0 < e; o0 += LORA_CHUNK)
+                lora_up_chunk(p->bt, p->rank, e, at, c->lora.scales[g->off + i] * p->factor, o0,
+                              o0 + LORA_CHUNK < e ? o0 + LORA_CHUNK : e, c->x + (size_t)t * (size_t)e);
+        }
+    }
+}
+
 /* ---- one layer ------------------------------------------------------------ */
 
 /* Q/K/V projections, optional biases and per-head norms, RoPE, and K/V
@@ -352,6 +641,11 @@ static void qkv(lms_ctx *c, const lms_layer *l, int il, const lms_batch *b)
     const lms_mat *ws[3] = {&mq, &mk, &mv};
     float *ys[3] = {c->qb, c->kb, c->vb};
     lms_matmul_n(ws, ys, 3, c->xn, n, c->qbuf);
+    if (b->lora) {
+        lora_apply(c, il, LMS_LORA_Q, c->xn, c->qb);
+        lora_apply(c, il, LMS_LORA_K, c->xn, c->kb);
+        lora_apply(c, il, LMS_LORA_V, c->xn, c->vb);
+    }
     add_bias(c->qb, &l->bq, n, q);
     add_bias(c->kb, &l->bk, n, kv);
     add_bias(c->vb, &l->bv, n, kv);
@@ -422,11 +716,17 @@ static void layer(lms_ctx *c, int il, const lms_batch *b)
     qkv(c, l, il, b);
     fwd_attention(c, il, b);
     matmul(c, &l->wo, c->att, n, c->xn);
+    if (b->lora)
+        lora_apply(c, il, LMS_LORA_O, c->att, c->xn);
     add_norm_rows(c->x, c->xn, l->ffn_norm.data, c->xn, n, e, hp->rms_eps);
     lms_mat mg = as_mat(&l->w_gate), mu = as_mat(&l->w_up);
     const lms_mat *ws[2] = {&mg, &mu};
     float *ys[2] = {c->ga, c->up};
     lms_matmul_n(ws, ys, 2, c->xn, n, c->qbuf);
+    if (b->lora) {
+        lora_apply(c, il, LMS_LORA_GATE, c->xn, c->ga);
+        lora_apply(c, il, LMS_LORA_UP, c->xn, c->up);
+    }
     if (n * f < ROWS_PAR_MIN) {
         for (int64_t t = 0; t < n; t++)
             swiglu(c->ga + t * f, c->up + t * f, f);
@@ -436,6 +736,8 @@ static void layer(lms_ctx *c, int il, const lms_batch *b)
             swiglu(c->ga + t * f, c->up + t * f, f);
     }
     matmul(c, &l->w_down, c->ga, n, c->xn);
+    if (b->lora)
+        lora_apply(c, il, LMS_LORA_DOWN, c->ga, c->xn);
     for (int64_t i = 0; i < n * e; i++)
         c->x[i] += c->xn[i];
 }
@@ -462,6 +764,18 @@ int lms_forward(lms_ctx *c, const lms_batch *b, float *logits)
     int rc = check_batch(c, b);
     if (rc < 0)
         return rc;
+    lms_batch bl;
+    if (b->lora) { /* adapters: grouped once for the layers; none at all: the plain path */
+        bool any;
+        if ((rc = lora_check(c, b, &any)) < 0)
+            return rc;
+        bl = *b;
+        if (!any)
+            bl.lora = NULL;
+        else if ((rc = lora_alloc(c)) < 0 || (rc = lora_group(c, bl.lora, bl.n_tokens)) < 0)
+            return rc;
+        b = &bl;
+    }
 #ifdef _OPENMP
     /* the team size is per calling thread (the scheduler's, the CLI's) and
      * the per-thread scratch is sized for exactly n_threads */
@@ -472,6 +786,8 @@ int lms_forward(lms_ctx *c, const lms_batch *b, float *logits)
     lms_mat emb = as_mat(&m->tok_embd);
     for (int64_t t = 0; t < n; t++)
         lms_mat_get_row(&emb, b->tokens[t], c->x + t * e);
+    if (b->lora)
+        lora_embd(c, b);
 #ifdef LMS_HAVE_CUDA
     if (c->gpu && (rc = fwd_gpu_layers(c, b)) < 0)
         return rc;
@@ -490,6 +806,8 @@ int lms_forward(lms_ctx *c, const lms_batch *b, float *logits)
         rms_norm(c->x + t * e, m->output_norm.data, c->hidden + n_out * e, e, m->hp.rms_eps);
         if (lg) {
             memcpy(c->xn + n_lg * e, c->hidden + n_out * e, (size_t)e * sizeof(float));
+            if (b->lora)
+                c->lora.head[n_lg] = b->lora[t];
             n_lg++;
         }
         n_out++;
@@ -501,6 +819,11 @@ int lms_forward(lms_ctx *c, const lms_batch *b, float *logits)
             return fwd_gpu_output(c, c->xn, n_lg, logits);
 #endif
         matmul(c, &m->output, c->xn, n_lg, logits);
+        if (b->lora) {
+            if ((rc = lora_group(c, c->lora.head, n_lg)) < 0)
+                return rc;
+            lora_apply(c, -1, 0, c->xn, logits);
+        }
     }
     return 0;
 }

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "engine/kv_cache.h"
+#include "model/lora.h"
 #include "model/model.h"
 
 typedef struct lms_ctx_params {
@@ -59,6 +60,12 @@ typedef struct lms_batch {
     lms_kv_seq *const *seq;  /* [n_tokens] sequence of each token */
     const bool *logits;      /* [n_tokens] which rows want logits; NULL: last only */
     const bool *embd;        /* [n_tokens] rows that want only the hidden state, or NULL */
+    /* [n_tokens] each token's LoRA adapters (NULL or an empty set: none),
+     * or NULL when no token has any. Each set names an adapter at most
+     * once (lms_lora_set_make sees to it) and every adapter was checked
+     * against the model (lms_lora_check). CPU layers only: a context with
+     * GPU layers refuses a batch with adapters (LMS_ERR_UNSUPPORTED). */
+    const lms_lora_set *const *lora;
 } lms_batch;
 
 /* Execution state for one model: KV pool and scratch buffers.

@@ -32,6 +32,29 @@ typedef struct att_tile {
     int32_t n_tok;
 } att_tile;
 
+/* LoRA work of one step (forward.c): the distinct adapters of the rows,
+ * each with the rows that use it and their user scales. */
+typedef struct fwd_lora_group {
+    const lms_lora *lora;
+    int32_t off;      /* its entries in rows[] / scales[] */
+    int32_t n_rows;
+} fwd_lora_group;
+
+typedef struct fwd_lora {
+    int32_t n_groups;
+    fwd_lora_group *groups;     /* [n_batch * LMS_LORA_MAX] */
+    int32_t *rows;              /* [n_batch * LMS_LORA_MAX] activation rows, by group */
+    float *scales;              /* [n_batch * LMS_LORA_MAX] their user scales */
+    int32_t *tmp;               /* [n_batch * LMS_LORA_MAX] group of each use (grouping) */
+    const lms_lora_set **head;  /* [n_batch] the set of each logits row */
+    float *t;                   /* [n_batch][t_rank] A·x of a group's rows */
+    int32_t t_rank;
+    float *xr;                  /* [n_batch][wide] input rows rounded as llama.cpp does */
+    uint8_t *xq;                /* [n_batch][xq_row] the same in the rounding type */
+    size_t xq_row;              /* bytes: room for a row of `wide` values in any type */
+    int64_t wide;               /* max(n_embd, n_head * head_dim, n_ff) */
+} fwd_lora;
+
 struct lms_ctx {
     const lms_model *m;
     lms_ctx_params p;
@@ -55,6 +78,7 @@ struct lms_ctx {
     int32_t n_gpu;      /* layers on the GPU (0: CPU only) */
     fwd_gpu *gpu;       /* NULL when nothing is on the GPU */
     lms_gpu_plan plan;  /* valid when gpu != NULL */
+    fwd_lora lora;      /* allocated at the first batch with adapters */
 };
 
 /* Attention paths (forward.c): the reference (tiled gemm scores, V rows

@@ -32,6 +32,16 @@ void lms_session_reset(lms_session *s)
     s->seq.n_pos = 0;
 }
 
+void lms_session_set_lora(lms_session *s, const lms_lora_set *set)
+{
+    static const lms_lora_set none;
+    if (!set)
+        set = &none;
+    if (set->id != s->lora.id)
+        lms_session_reset(s);
+    s->lora = *set;
+}
+
 static int remember(lms_session *s, int32_t tok)
 {
     if (s->n_toks == s->cap) {
@@ -52,20 +62,24 @@ static int eval_prompt(lms_session *s, const int32_t *prompt, int32_t from, int3
     const int32_t nb = lms_ctx_params_of(s->ctx)->n_batch;
     int32_t *pos = malloc((size_t)nb * sizeof *pos);
     lms_kv_seq **seqs = malloc((size_t)nb * sizeof *seqs);
-    int rc = pos && seqs ? 0 : LMS_ERR_NOMEM;
+    const lms_lora_set **sets = malloc((size_t)nb * sizeof *sets);
+    int rc = pos && seqs && sets ? 0 : LMS_ERR_NOMEM;
     for (int32_t i = from; i < n && rc == 0; i += nb) {
         int32_t m = n - i < nb ? n - i : nb;
         for (int32_t j = 0; j < m; j++) {
             pos[j] = i + j;
             seqs[j] = &s->seq;
+            sets[j] = &s->lora;
         }
-        lms_batch b = {.n_tokens = m, .tokens = prompt + i, .pos = pos, .seq = seqs};
+        lms_batch b = {.n_tokens = m, .tokens = prompt + i, .pos = pos, .seq = seqs,
+                       .lora = s->lora.n > 0 ? sets : NULL};
         rc = lms_forward(s->ctx, &b, i + m == n ? logits : NULL);
         for (int32_t j = 0; j < m && rc == 0; j++)
             rc = remember(s, prompt[i + j]);
     }
     free(pos);
     free(seqs);
+    free(sets);
     return rc;
 }
 
@@ -163,7 +177,9 @@ static int decode_loop(lms_session *s, const lms_gen_params *gp, float *logits, 
             break;
         int32_t pos = s->n_toks;
         lms_kv_seq *sp = &s->seq;
-        lms_batch b = {.n_tokens = 1, .tokens = &tok, .pos = &pos, .seq = &sp};
+        const lms_lora_set *set = &s->lora;
+        lms_batch b = {.n_tokens = 1, .tokens = &tok, .pos = &pos, .seq = &sp,
+                       .lora = s->lora.n > 0 ? &set : NULL};
         if ((rc = lms_forward(s->ctx, &b, logits)) < 0 || (rc = remember(s, tok)) < 0)
             break;
     }

@@ -24,6 +24,7 @@ typedef struct lms_session {
     lms_kv_seq seq;
     int32_t *toks;      /* tokens whose K/V are in seq */
     int32_t n_toks, cap;
+    lms_lora_set lora;  /* adapters of the conversation (lms_session_set_lora) */
 } lms_session;
 
 typedef struct lms_gen_params {
@@ -52,6 +53,10 @@ typedef struct lms_gen_stats {
 void lms_session_init(lms_session *s, lms_ctx *ctx);
 void lms_session_deinit(lms_session *s);
 void lms_session_reset(lms_session *s);
+/* Applies these adapters from the next generate on (a copy of the set is
+ * kept; the adapters are borrowed and must outlive their use). A set with
+ * another id than the current one drops the cached conversation. */
+void lms_session_set_lora(lms_session *s, const lms_lora_set *set);
 
 int lms_session_generate(lms_session *s, const int32_t *prompt, int32_t n_prompt,
                          const lms_gen_params *gp, lms_gen_piece_fn cb, void *ud,

@@ -51,6 +51,7 @@ typedef struct sreq {
     int state;
     bool abort;
     lms_kv_seq kv;
+    lms_lora_set lora;       /* its adapters, one reference held on each */
     int32_t n_past;          /* positions computed */
     int32_t n_cached;
     int32_t n_registered;    /* full blocks registered in the prefix cache */
@@ -97,6 +98,7 @@ struct lms_sched {
     int32_t n_run;
     int32_t *b_tok, *b_pos;  /* batch rows [n_batch] */
     lms_kv_seq **b_seq;
+    const lms_lora_set **b_lora; /* each row's adapters (NULL: none) */
     bool *b_lg, *b_embd;
     sreq **b_owner;
     float *logits;           /* [n_parallel][n_vocab] */
@@ -155,6 +157,8 @@ static void sreq_free(lms_sched *s, sreq *q)
 {
     lms_event_free(q->final);
     lms_kv_seq_release(lms_ctx_kv(s->ctx), &q->kv);
+    for (int32_t i = 0; i < q->lora.n; i++)
+        lms_lora_release(q->lora.use[i].lora);
     lms_sampler_destroy(q->smp);
     lms_stopstr_deinit(&q->stop);
     for (int i = 0; i < LMS_MAX_STOP; i++)
@@ -226,6 +230,21 @@ static int check_request(const lms_sched *s, const lms_request *r, char *err, si
         return lms_errf(err, errsz, LMS_ERR_LIMIT, "at most %d stop strings", LMS_MAX_STOP);
     if (r->n_logprobs < 0 || r->n_logprobs > LMS_MAX_LOGPROBS)
         return lms_errf(err, errsz, LMS_ERR_INVAL, "logprobs must be in [0, %d]", LMS_MAX_LOGPROBS);
+    if (r->n_loras < 0 || r->n_loras > LMS_LORA_MAX || (r->n_loras > 0 && !r->loras))
+        return lms_errf(err, errsz, LMS_ERR_LIMIT, "at most %d LoRA adapters per request",
+                        LMS_LORA_MAX);
+    for (int i = 0; i < r->n_loras; i++) {
+        int rc;
+        if (!r->loras[i].lora)
+            return lms_errf(err, errsz, LMS_ERR_INVAL, "LoRA adapter %d is NULL", i);
+        if ((rc = lms_lora_check(r->loras[i].lora, s->m, err, errsz)) < 0)
+            return rc;
+        if (lms_ctx_gpu_plan(s->ctx))
+            return lms_errf(err, errsz, LMS_ERR_UNSUPPORTED,
+                            "LoRA adapters run on the CPU only; this model has %d layers on the "
+                            "GPU (start it with --gpu-layers 0 to use adapters)",
+                            lms_ctx_gpu_plan(s->ctx)->n_layer_gpu);
+    }
     if (r->embedding)
         return 0;
     if (r->max_tokens == 0 && !r->prompt_logprobs)
@@ -237,12 +256,16 @@ static int check_request(const lms_sched *s, const lms_request *r, char *err, si
     return lms_sampler_params_check(&r->sp, err, errsz);
 }
 
-static sreq *sreq_new(const lms_sched *s, const lms_request *r)
+/* set: the request's adapters (lms_lora_set_make); q takes a reference
+ * to each once it exists. */
+static sreq *sreq_new(const lms_sched *s, const lms_request *r, const lms_lora_set *set)
 {
     sreq *q = calloc(1, sizeof *q);
     if (!q)
         return NULL;
     q->r = *r;
+    q->r.loras = NULL; /* the caller's array: q->lora is the copy */
+    q->r.n_loras = 0;
     int64_t budget = r->max_tokens < 0 ? s->p.n_ctx : (int64_t)r->n_tokens + r->max_tokens;
     q->n_total = r->embedding ? r->n_tokens : (int32_t)(budget < s->p.n_ctx ? budget : s->p.n_ctx);
     q->n_prompt = r->n_tokens;
@@ -270,6 +293,9 @@ static sreq *sreq_new(const lms_sched *s, const lms_request *r)
         return NULL;
     }
     memcpy(q->tokens, r->tokens, (size_t)r->n_tokens * sizeof *q->tokens);
+    q->lora = *set;
+    for (int32_t i = 0; i < q->lora.n; i++)
+        lms_lora_retain(q->lora.use[i].lora);
     q->n_tokens = r->n_tokens;
     q->r.tokens = q->tokens;
     q->r.stop = (const char *const *)q->stops;
@@ -287,7 +313,10 @@ int lms_sched_submit(lms_sched *s, const lms_request *r, uint64_t *id, char *err
     int32_t ctx_blocks = (s->p.n_ctx + LMS_KV_BLOCK - 1) / LMS_KV_BLOCK;
     if ((blocks < ctx_blocks ? blocks : ctx_blocks) > lms_ctx_kv(s->ctx)->n_blocks)
         return lms_errf(err, errsz, LMS_ERR_LIMIT, "the request needs more KV cache than the pool has");
-    sreq *q = sreq_new(s, r);
+    lms_lora_set set;
+    if ((rc = lms_lora_set_make(&set, r->loras, r->n_loras, err, errsz)) < 0)
+        return rc;
+    sreq *q = sreq_new(s, r, &set);
     if (!q)
         return lms_errf(err, errsz, LMS_ERR_NOMEM, "out of memory");
     pthread_mutex_lock(&s->mu);
@@ -578,7 +607,8 @@ static int place_request(lms_sched *s, sreq *q)
     lms_kv_cache *kv = lms_ctx_kv(s->ctx);
     int32_t mapped = 0;
     if (!s->p.no_prefix_cache && !q->r.embedding && !q->r.prompt_logprobs)
-        mapped = lms_kv_prefix_map(kv, &q->kv, q->tokens, (q->n_prompt - 1) / LMS_KV_BLOCK, 0);
+        mapped = lms_kv_prefix_map(kv, &q->kv, q->tokens, (q->n_prompt - 1) / LMS_KV_BLOCK,
+                                   q->lora.id);
     int rc = lms_kv_seq_reserve(kv, &q->kv, q->n_total);
     if (rc < 0) {
         lms_kv_seq_release(kv, &q->kv);
@@ -588,7 +618,7 @@ static int place_request(lms_sched *s, sreq *q)
     q->n_registered = mapped;
     q->last_hash = 0;
     for (int32_t i = 0; i < mapped; i++)
-        q->last_hash = lms_kv_block_hash(q->last_hash, q->tokens + i * LMS_KV_BLOCK, 0);
+        q->last_hash = lms_kv_block_hash(q->last_hash, q->tokens + i * LMS_KV_BLOCK, q->lora.id);
     q->kv.n_pos = q->n_past;
     pthread_mutex_lock(&s->mu);
     s->st.prefix_queries += (uint64_t)q->n_prompt;
@@ -610,7 +640,7 @@ static bool waits_for_prefix(const lms_sched *s, const sreq *q)
     const int32_t mappable = (q->n_prompt - 1) / LMS_KV_BLOCK; /* as place_request */
     for (int32_t i = 0; i < s->n_run; i++) {
         const sreq *o = s->run[i];
-        if (o->state != ST_PREFILL || o->r.embedding || o->abort)
+        if (o->state != ST_PREFILL || o->r.embedding || o->abort || o->lora.id != q->lora.id)
             continue;
         const int32_t nb = o->n_prompt / LMS_KV_BLOCK < mappable ? o->n_prompt / LMS_KV_BLOCK
                                                                   : mappable;
@@ -662,8 +692,9 @@ static void admit(lms_sched *s)
 
 /* Fills the batch with at most `budget` rows (decodes always fit);
  * returns the number of rows. */
-static int32_t build_batch(lms_sched *s, int32_t budget)
+static int32_t build_batch(lms_sched *s, int32_t budget, bool *any_lora)
 {
+    *any_lora = false;
     int32_t n = 0, plp = 0; /* plp: prompt log-probability rows, at most PLP_ROWS */
     for (int pass = 0; pass < 2; pass++) {
         int32_t cap = pass == 0 ? s->p.n_batch : budget;
@@ -685,6 +716,8 @@ static int32_t build_batch(lms_sched *s, int32_t budget)
                 s->b_tok[n] = q->tokens[pos];
                 s->b_pos[n] = pos;
                 s->b_seq[n] = &q->kv;
+                s->b_lora[n] = q->lora.n > 0 ? &q->lora : NULL;
+                *any_lora |= q->lora.n > 0;
                 s->b_owner[n] = q;
                 s->b_embd[n] = q->r.embedding;
                 s->b_lg[n] = !q->r.embedding &&
@@ -702,7 +735,8 @@ static void register_blocks(lms_sched *s, sreq *q)
         return;
     lms_kv_cache *kv = lms_ctx_kv(s->ctx);
     while ((q->n_registered + 1) * LMS_KV_BLOCK <= q->n_past) {
-        q->last_hash = lms_kv_prefix_register(kv, &q->kv, q->n_registered, q->last_hash, q->tokens, 0);
+        q->last_hash = lms_kv_prefix_register(kv, &q->kv, q->n_registered, q->last_hash, q->tokens,
+                                              q->lora.id);
         q->n_registered++;
     }
 }
@@ -924,7 +958,8 @@ static void step(lms_sched *s)
         return;
     }
     admit(s);
-    int32_t n = build_batch(s, budget);
+    bool any_lora;
+    int32_t n = build_batch(s, budget, &any_lora);
     if (n > 0) {
         pthread_mutex_lock(&s->mu);
         s->st.busy = true;
@@ -933,7 +968,8 @@ static void step(lms_sched *s)
         if (s->abandoned)
             return; /* the owner has ended every request; touch none */
         lms_batch b = {.n_tokens = n, .tokens = s->b_tok, .pos = s->b_pos, .seq = s->b_seq,
-                       .logits = s->b_lg, .embd = s->b_embd};
+                       .logits = s->b_lg, .embd = s->b_embd,
+                       .lora = any_lora ? s->b_lora : NULL};
         int rc = lms_forward(s->ctx, &b, s->logits);
         if (s->abandoned)
             return;
@@ -1023,6 +1059,7 @@ static int alloc_buffers(lms_sched *s)
     s->b_tok = malloc(nb * sizeof *s->b_tok);
     s->b_pos = malloc(nb * sizeof *s->b_pos);
     s->b_seq = malloc(nb * sizeof *s->b_seq);
+    s->b_lora = malloc(nb * sizeof *s->b_lora);
     s->b_lg = malloc(nb * sizeof *s->b_lg);
     s->b_embd = malloc(nb * sizeof *s->b_embd);
     s->b_owner = malloc(nb * sizeof *s->b_owner);
@@ -1032,7 +1069,7 @@ static int alloc_buffers(lms_sched *s)
     s->lg_prob = malloc((size_t)s->p.n_parallel * sizeof *s->lg_prob);
     s->lg_plp = calloc((size_t)s->p.n_parallel, sizeof *s->lg_plp);
     s->lg_cap = s->p.n_parallel;
-    return s->run && s->b_tok && s->b_pos && s->b_seq && s->b_lg && s->b_embd && s->b_owner &&
+    return s->run && s->b_tok && s->b_pos && s->b_seq && s->b_lora && s->b_lg && s->b_embd && s->b_owner &&
                    s->logits && s->lg_owner && s->lg_tok && s->lg_prob && s->lg_plp
                ? 0
                : LMS_ERR_NOMEM;
@@ -1040,7 +1077,7 @@ static int alloc_buffers(lms_sched *s)
 
 static void free_buffers(lms_sched *s)
 {
-    void *bufs[] = {s->run, s->b_tok, s->b_pos, s->b_seq, s->b_lg, s->b_embd, s->b_owner,
+    void *bufs[] = {s->run, s->b_tok, s->b_pos, s->b_seq, (void *)s->b_lora, s->b_lg, s->b_embd, s->b_owner,
                     s->logits, s->lg_owner, s->lg_tok, s->lg_prob, s->lg_plp, s->aborts};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);

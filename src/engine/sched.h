@@ -30,6 +30,7 @@
 
 #include "engine/sampler.h"
 #include "engine/stopstr.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "ops/thermal.h"
 #include "ops/watchdog.h"
@@ -132,6 +133,15 @@ typedef struct lms_request {
                                 * prompt is computed whole (no prefix cache); max_tokens
                                 * may then be 0 (no generation) */
     double timeout_ms;         /* deadline from submit; 0 = none */
+    /* LoRA adapters for this sequence (up to LMS_LORA_MAX, each loaded for
+     * this model: lms_lora_load). Submit takes a reference to each (the
+     * caller may release its own at once: an adapter unloaded while in use
+     * lives until its requests end); uses with scale 0 are dropped. The
+     * prefix cache keys blocks by the set's id, so sequences share cached
+     * blocks only with the same adapters and scales. Refused
+     * (LMS_ERR_UNSUPPORTED) when the model has layers on the GPU. */
+    const lms_lora_use *loras;
+    int n_loras;
     bool embedding;            /* compute a pooled embedding instead */
     int pooling;               /* enum lms_pooling */
     lms_event_fn cb;

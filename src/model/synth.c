@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "base/err.h"
+#include "kernels/kernels.h"
 #include "model/gguf.h"
 #include "model/quant_plan.h"
 #include "model/template.h"
@@ -307,5 +308,183 @@ int lms_synth_write(const lms_synth_shape *s, const char *type, uint64_t seed, c
     if (w)
         vocab_free(&v);
     gguf_writer_destroy(w);
+    return rc;
+}
+
+/* ---- random LoRA adapters ------------------------------------------------------ */
+
+static const char *const lora_targets[] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
+                                           "ffn_gate", "ffn_up", "ffn_down", "output",
+                                           "token_embd"};
+#define N_LORA_TARGETS (sizeof lora_targets / sizeof lora_targets[0])
+#define N_LAYER_TARGETS 7
+
+/* Parses the target list into want[N_LORA_TARGETS]. */
+static int parse_targets(const char *list, bool *want, char *err, size_t errsz)
+{
+    for (size_t t = 0; t < N_LORA_TARGETS; t++)
+        want[t] = (!list || !list[0]) && t < N_LAYER_TARGETS;
+    for (const char *p = list; p && *p;) {
+        size_t n = strcspn(p, ",");
+        size_t t = 0;
+        while (t < N_LORA_TARGETS && (strlen(lora_targets[t]) != n || strncmp(p, lora_targets[t], n)))
+            t++;
+        if (t == N_LORA_TARGETS)
+            return lms_errf(err, errsz, LMS_ERR_INVAL, "synth lora: unknown target '%.*s' (one of "
+                            "attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down, "
+                            "output, token_embd)", (int)n, p);
+        want[t] = true;
+        p += n + (p[n] == ',');
+    }
+    return 0;
+}
+
+/* RMS of the values of up to 32 rows of t, spread over the tensor. */
+static double tensor_rms(const gguf_tensor *t)
+{
+    const lms_to_float_fn conv = lms_kernels_get()->to_float[t->type];
+    const size_t rb = lms_row_size(t->type, t->ne[0]);
+    float *row = malloc((size_t)t->ne[0] * sizeof *row);
+    if (!row || !conv || !rb) {
+        free(row);
+        return 0.02;
+    }
+    double ss = 0;
+    int64_t n = 0, step = t->ne[1] > 32 ? t->ne[1] / 32 : 1;
+    for (int64_t r = 0; r < t->ne[1]; r += step) {
+        conv((const uint8_t *)t->data + (size_t)r * rb, row, t->ne[0]);
+        for (int64_t i = 0; i < t->ne[0]; i++)
+            ss += (double)row[i] * row[i];
+        n += t->ne[0];
+    }
+    free(row);
+    return n > 0 && ss > 0 ? sqrt(ss / (double)n) : 0.02;
+}
+
+/* Adds rows x n values of N(0, sd^2) as `name` with ne = [n, rows]. */
+static int add_random(gguf_writer *w, const char *name, int64_t n, int64_t rows, double sd,
+                      int type, uint64_t stream)
+{
+    const size_t cnt = (size_t)n * (size_t)rows;
+    float *x = malloc(cnt * sizeof *x);
+    if (!x)
+        return LMS_ERR_NOMEM;
+    for (size_t i = 0; i < cnt; i++)
+        x[i] = (float)(sd * normal_at(stream, (uint64_t)i));
+    if (type == LMS_TYPE_Q8_0 && n % LMS_QK8_0 != 0)
+        type = LMS_TYPE_F16;
+    size_t nb;
+    void *data = lms_quant_rows(x, n, rows, type, &nb, NULL);
+    free(x);
+    if (!data)
+        return LMS_ERR_NOMEM;
+    int64_t ne[2] = {n, rows};
+    int rc = gguf_writer_add_tensor(w, name, type, 2, ne, data, nb, false);
+    free(data);
+    return rc;
+}
+
+/* The pair of base tensor t (name `wname`; token_embd: is_embd). */
+static int add_lora_pair(gguf_writer *w, const lms_synth_lora_params *p, const gguf_tensor *t,
+                         const char *wname, bool is_embd, int type, uint64_t *stream)
+{
+    const double rank = p->rank, factor = p->alpha != 0.0f ? p->alpha / rank : 1.0;
+    const double strength = p->strength > 0 ? p->strength : 0.5, rms = tensor_rms(t);
+    char name[160];
+    int rc;
+    if (is_embd) { /* A [n_vocab][rank] N(0,1), B [n_embd][rank]: delta rms = strength * rms */
+        snprintf(name, sizeof name, "%s.lora_a", wname);
+        rc = add_random(w, name, p->rank, t->ne[1], 1.0, type, mix64(p->seed + ++*stream));
+        snprintf(name, sizeof name, "%s.lora_b", wname);
+        return rc ? rc : add_random(w, name, p->rank, t->ne[0],
+                                    strength * rms / sqrt(rank) / factor, type,
+                                    mix64(p->seed + ++*stream));
+    }
+    const double n_in = (double)t->ne[0];
+    snprintf(name, sizeof name, "%s.lora_a", wname);
+    rc = add_random(w, name, t->ne[0], p->rank, 1.0 / sqrt(n_in), type, mix64(p->seed + ++*stream));
+    snprintf(name, sizeof name, "%s.lora_b", wname);
+    return rc ? rc : add_random(w, name, p->rank, t->ne[1],
+                                strength * rms * sqrt(n_in) / sqrt(rank) / factor, type,
+                                mix64(p->seed + ++*stream));
+}
+
+static int lora_tensors(gguf_writer *w, const gguf_file *f, const lms_synth_lora_params *p,
+                        const bool *want, int type, char *err, size_t errsz)
+{
+    uint32_t n_layer = 0;
+    const char *arch = NULL;
+    char key[96], wname[96];
+    if (gguf_get_str(f, "general.architecture", &arch) < 0)
+        return lms_errf(err, errsz, LMS_ERR_FORMAT, "synth lora: the model has no general.architecture");
+    snprintf(key, sizeof key, "%s.block_count", arch);
+    if (gguf_get_u32(f, key, &n_layer) < 0)
+        return lms_errf(err, errsz, LMS_ERR_FORMAT, "synth lora: the model has no %s", key);
+    uint64_t stream = 0;
+    int rc = 0;
+    for (size_t k = N_LAYER_TARGETS; k < N_LORA_TARGETS && rc == 0; k++) {
+        if (!want[k])
+            continue;
+        snprintf(wname, sizeof wname, "%s.weight", lora_targets[k]);
+        const gguf_tensor *t = gguf_find_tensor(f, wname);
+        if (!t || t->n_dims != 2)
+            return lms_errf(err, errsz, LMS_ERR_NOTFOUND, "synth lora: the model has no matrix "
+                            "'%s'%s", wname, k == 7 ? " (its output head is tied to token_embd)" : "");
+        rc = add_lora_pair(w, p, t, wname, k == 8, type, &stream);
+    }
+    for (uint32_t il = 0; il < n_layer && rc == 0; il++)
+        for (size_t k = 0; k < N_LAYER_TARGETS && rc == 0; k++) {
+            if (!want[k])
+                continue;
+            snprintf(wname, sizeof wname, "blk.%u.%s.weight", il, lora_targets[k]);
+            const gguf_tensor *t = gguf_find_tensor(f, wname);
+            if (!t || t->n_dims != 2)
+                return lms_errf(err, errsz, LMS_ERR_NOTFOUND, "synth lora: the model has no "
+                                "matrix '%s'", wname);
+            rc = add_lora_pair(w, p, t, wname, false, type, &stream);
+        }
+    if (rc < 0)
+        return lms_errf(err, errsz, rc, "synth lora: cannot build the adapter: %s", lms_strerror(rc));
+    return 0;
+}
+
+int lms_synth_lora_write(const char *model_path, const lms_synth_lora_params *p, const char *path,
+                         char *err, size_t errsz)
+{
+    bool want[N_LORA_TARGETS];
+    int type = p->type ? lms_type_from_name(p->type) : LMS_TYPE_F32;
+    if (type != LMS_TYPE_F32 && type != LMS_TYPE_F16 && type != LMS_TYPE_BF16 && type != LMS_TYPE_Q8_0)
+        return lms_errf(err, errsz, LMS_ERR_INVAL, "synth lora: type '%s': use f32, f16, bf16 or q8_0",
+                        p->type);
+    if (p->rank < 1 || p->rank > 4096)
+        return lms_errf(err, errsz, LMS_ERR_INVAL, "synth lora: rank %d not in [1, 4096]", p->rank);
+    int rc = parse_targets(p->targets, want, err, errsz);
+    if (rc < 0)
+        return rc;
+    gguf_file *f;
+    char gerr[384];
+    if ((rc = gguf_open(model_path, &f, gerr, sizeof gerr)) < 0)
+        return lms_errf(err, errsz, rc, "synth lora: %s", gerr);
+    gguf_writer *w = gguf_writer_create();
+    const char *arch = NULL;
+    char name[64];
+    snprintf(name, sizeof name, "synthetic LoRA r%d seed %llu", p->rank, (unsigned long long)p->seed);
+    rc = w ? 0 : lms_errf(err, errsz, LMS_ERR_NOMEM, "synth lora: out of memory");
+    if (rc == 0 && gguf_get_str(f, "general.architecture", &arch) == 0) {
+        int m = gguf_writer_set_str(w, "general.architecture", arch);
+        m |= gguf_writer_set_str(w, "general.type", "adapter");
+        m |= gguf_writer_set_str(w, "general.name", name);
+        m |= gguf_writer_set_str(w, "adapter.type", "lora");
+        if (p->alpha != 0.0f)
+            m |= gguf_writer_set_f32(w, "adapter.lora.alpha", p->alpha);
+        if (m)
+            rc = lms_errf(err, errsz, LMS_ERR_NOMEM, "synth lora: out of memory");
+    }
+    if (rc == 0)
+        rc = lora_tensors(w, f, p, want, type, err, errsz);
+    if (rc == 0)
+        rc = gguf_writer_write(w, path, err, errsz);
+    gguf_writer_destroy(w);
+    gguf_close(f);
     return rc;
 }

@@ -28,4 +28,26 @@ const char *lms_synth_names(void);
 int lms_synth_write(const lms_synth_shape *s, const char *type, uint64_t seed, const char *path,
                     char *err, size_t errsz);
 
+/* ---- random LoRA adapters -----------------------------------------------------
+ *
+ * A GGUF LoRA adapter (lora.h's format, loadable by llama.cpp's --lora) for
+ * the model at model_path: for each targeted weight W [n_in, n_out], A
+ * with N(0, 1/n_in) values and B with values sized so that at user scale 1
+ * the delta's RMS is `strength` times the RMS of W x (x of unit RMS); W's
+ * RMS is measured on a sample of its rows. */
+typedef struct lms_synth_lora_params {
+    int32_t rank;        /* >= 1 */
+    float alpha;         /* adapter.lora.alpha; 0 writes none (scale = user scale) */
+    const char *targets; /* comma-separated among attn_q, attn_k, attn_v, attn_output,
+                          * ffn_gate, ffn_up, ffn_down, output, token_embd; NULL or "":
+                          * the seven layer matrices */
+    const char *type;    /* "f32" (NULL), "f16", "bf16" or "q8_0" (tensors whose rows q8_0
+                          * cannot hold are written as f16) */
+    float strength;      /* 0: 0.5 */
+    uint64_t seed;
+} lms_synth_lora_params;
+
+int lms_synth_lora_write(const char *model_path, const lms_synth_lora_params *p, const char *path,
+                         char *err, size_t errsz);
+
 #endif
