@@ -1,7 +1,8 @@
 /*
- * cmd_serve.c - `lmserv serve`: the HTTP / WebSocket server on one model.
+ * cmd_serve.c - `lmserv serve`: the HTTP / WebSocket server on one model
+ * (-m) or on the expert models of a configuration file (--config).
  *
- *   lmserv serve -m MODEL.gguf [--host 127.0.0.1] [--port 8080] [-t N]
+ *   lmserv serve -m MODEL.gguf | --config FILE.json  [--host 127.0.0.1] [--port 8080] [-t N]
  *                [--parallel 4] [-c CTX] [--api-key KEY] [--max-body BYTES]
  *                [--queue N] [--batch N] [--max-conns N] [--grace SECONDS]
  *                [--alias NAME] [--log-file PATH] [--log-max-mb N] [--log-keep N]
@@ -23,9 +24,14 @@
  * that restarts the engine when a step stalls for --stall-ms, and a
  * supervisor that restarts it when decode speed stays under --min-tps.
  *
- * Threads: the main thread runs the server's event loop; a loader thread
- * reads the model and starts the scheduler, then hands both over
- * (lms_server_attach), so /health answers 503 "loading" from the first
+ * --config (route/config.h): experts, lazy loading, idle unloading and the
+ * semantic router; a bad file is refused before anything starts, with the
+ * field named. The scheduler flags (-t, --parallel, -c, --kv-type, ...)
+ * apply to every model.
+ *
+ * Threads: the main thread runs the server's event loop; the model
+ * registry's loader thread (route/registry.h) reads models and starts
+ * their schedulers, so /health answers 503 "loading" from the first
  * moment; a signal thread turns SIGINT/SIGTERM into lms_server_stop (a
  * second signal stops at once). Every other thread has those signals
  * blocked.
@@ -53,7 +59,8 @@
 #include "serve/server.h"
 
 typedef struct serve_opts {
-    const char *model, *host, *api_key, *alias, *log_file, *log_level, *kv_type;
+    const char *env_model;     /* INFERENCE_MODEL_NAME: a default -m that --config overrides */
+    const char *model, *config, *host, *api_key, *alias, *log_file, *log_level, *kv_type;
     int64_t port, threads, parallel, n_ctx, max_body, queue, batch, max_conns;
     int64_t log_max_mb, log_keep, stall_ms, kv_budget_mb;
     app_gpu_opts gpu;
@@ -62,18 +69,12 @@ typedef struct serve_opts {
     char default_model[1024];
 } serve_opts;
 
-typedef struct loader {
-    const serve_opts *o;
-    lms_server *srv;
-    lms_model *model;          /* freed by main after the server */
-} loader;
-
 /* ---- options ------------------------------------------------------------------------ */
 
 static void defaults(serve_opts *o)
 {
     memset(o, 0, sizeof *o);
-    o->model = getenv("INFERENCE_MODEL_NAME");
+    o->model = o->env_model = getenv("INFERENCE_MODEL_NAME");
     o->host = getenv("INFERENCE_HOST") ? getenv("INFERENCE_HOST") : "127.0.0.1";
     o->api_key = getenv("LMSERV_API_KEY");
     o->port = 8080;
@@ -129,6 +130,7 @@ static int parse(int argc, char **argv, serve_opts *o)
         bool ok = true;
         int gpu;
         const char **str = !strcmp(a, "-m") || !strcmp(a, "--model") ? &o->model
+                           : !strcmp(a, "--config")                  ? &o->config
                            : !strcmp(a, "--host")                    ? &o->host
                            : !strcmp(a, "--api-key")                 ? &o->api_key
                            : !strcmp(a, "--alias")                   ? &o->alias
@@ -156,6 +158,10 @@ static int parse(int argc, char **argv, serve_opts *o)
         }
         if (!ok)
             return -1;
+    }
+    if (o->config && o->model && o->model != o->env_model) {
+        fprintf(stderr, "lmserv serve: -m and --config exclude each other\n");
+        return -1;
     }
     if (o->kv_type && app_kv_type(o->kv_type) < 0) {
         fprintf(stderr, "lmserv serve: --kv-type '%s': use " APP_KV_TYPES "\n", o->kv_type);
@@ -209,8 +215,7 @@ static ops_objs g_ops;
 
 static void on_stall(void *ud, lms_sched *s)
 {
-    (void)s;
-    lms_server_engine_stalled(((ops_objs *)ud)->srv);
+    lms_server_engine_stalled(((ops_objs *)ud)->srv, s);
 }
 
 static void on_thermal(void *ud, lms_thermal_state from, lms_thermal_state to, double temp_c)
@@ -237,55 +242,47 @@ static int open_logs(const serve_opts *o)
     return 0;
 }
 
-/* ---- loading ------------------------------------------------------------------------ */
+/* ---- models ------------------------------------------------------------------------ */
 
-static void debug_delay(void)
+/* The scheduler parameters every model gets. */
+static lms_sched_params sched_params(const serve_opts *o)
 {
-    const char *d = getenv("LMSERV_DEBUG_LOAD_DELAY_MS"); /* tests: observe "loading" */
-    long ms = d ? atol(d) : 0;
-    if (ms > 0 && ms < 600000) {
-        struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-        nanosleep(&ts, NULL);
-    }
+    return (lms_sched_params){
+        .n_ctx = (int32_t)o->n_ctx, .n_parallel = (int32_t)o->parallel,
+        .n_batch = (int32_t)o->batch, .max_queue = (int32_t)o->queue,
+        .n_threads = (int32_t)o->threads, .thermal = g_ops.thermal, .watchdog = g_ops.watchdog,
+        .stall_ms = (int)o->stall_ms, .on_stall = on_stall, .stall_ud = &g_ops,
+        .gpu_layers = o->gpu.gpu_layers, .kv_type = o->kv_type ? app_kv_type(o->kv_type) : 0,
+        .kv_budget_bytes = o->kv_budget_mb << 20, .vram_margin_mb = o->gpu.vram_margin_mb,
+        .vram_budget_mb = o->gpu.vram_budget_mb};
 }
 
-static void *load_main(void *arg)
+/* -m: one expert named by --alias, else the file's base name. */
+static int single_model(const serve_opts *o, lms_route_cfg *cfg)
 {
-    loader *l = arg;
-    const serve_opts *o = l->o;
-    char err[512];
-    debug_delay();
-    lms_model *m = NULL;
-    lms_sched *sched = NULL;
-    int rc = lms_model_load(o->model, &m, err, sizeof err);
-    if (rc == 0) {
-        int32_t n_ctx = (int32_t)o->n_ctx;
-        if (n_ctx <= 0)
-            n_ctx = m->hp.n_ctx_train > 0 && m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
-        lms_sched_params sp = {.n_ctx = n_ctx, .n_parallel = (int32_t)o->parallel,
-                               .n_batch = (int32_t)o->batch, .max_queue = (int32_t)o->queue,
-                               .n_threads = (int32_t)o->threads, .thermal = g_ops.thermal,
-                               .watchdog = g_ops.watchdog, .stall_ms = (int)o->stall_ms,
-                               .on_stall = on_stall, .stall_ud = &g_ops,
-                               .gpu_layers = o->gpu.gpu_layers,
-                               .kv_type = o->kv_type ? app_kv_type(o->kv_type) : 0,
-                               .kv_budget_bytes = o->kv_budget_mb << 20,
-                               .vram_margin_mb = o->gpu.vram_margin_mb,
-                               .vram_budget_mb = o->gpu.vram_budget_mb};
-        rc = lms_sched_create(m, &sp, &sched, err, sizeof err);
+    char id[160];
+    const char *b = strrchr(o->model, '/');
+    snprintf(id, sizeof id, "%s", o->alias && o->alias[0] ? o->alias : b ? b + 1 : o->model);
+    size_t n = strlen(id);
+    if (!(o->alias && o->alias[0]) && n > 5 && !strcmp(id + n - 5, ".gguf"))
+        id[n - 5] = '\0';
+    if (lms_route_cfg_single(o->model, id, cfg) < 0) {
+        fprintf(stderr, "lmserv serve: out of memory\n");
+        return -1;
     }
-    if (rc == 0)
-        rc = lms_server_attach(l->srv, m, sched, err, sizeof err);
-    if (rc < 0) {
-        lms_sched_destroy(sched);
-        lms_model_free(m);
-        m = NULL;
-        char msg[640];
-        snprintf(msg, sizeof msg, "cannot serve '%s': %s", o->model, err);
-        lms_server_fail(l->srv, msg);
+    return 0;
+}
+
+static int route_config(const serve_opts *o, lms_route_cfg *cfg)
+{
+    if (!o->config)
+        return single_model(o, cfg);
+    char err[1024];
+    if (lms_route_cfg_load(o->config, cfg, err, sizeof err) < 0) {
+        fprintf(stderr, "lmserv serve: %s\n", err);
+        return -1;
     }
-    l->model = m;
-    return NULL;
+    return 0;
 }
 
 /* ---- signals ------------------------------------------------------------------------ */
@@ -326,12 +323,12 @@ static void block_signals(void)
 
 /* ---- command ------------------------------------------------------------------------ */
 
-static int start_server(const serve_opts *o, lms_server **srv)
+static int start_server(const serve_opts *o, lms_route_cfg *route, lms_server **srv)
 {
     lms_server_params p = {
         .host = o->host, .port = (int)o->port, .api_key = o->api_key,
         .max_body_bytes = (size_t)o->max_body, .max_conns = (int)o->max_conns,
-        .grace_ms = o->grace_s * 1000.0, .model_path = o->model, .model_alias = o->alias,
+        .grace_ms = o->grace_s * 1000.0, .route = route, .sched = sched_params(o),
         .thermal = g_ops.thermal, .min_tps = o->min_tps, .log_prompts = o->log_prompts,
         .request_timeout_ms = o->timeout_s * 1000.0,
     };
@@ -349,30 +346,30 @@ int cmd_serve(int argc, char **argv)
     defaults(&o);
     if (parse(argc, argv, &o) < 0)
         return 2;
+    if (o.config)
+        o.model = NULL; /* INFERENCE_MODEL_NAME gives way to --config */
     block_signals(); /* before any thread starts: only the signal thread takes them */
-    if (open_logs(&o) < 0 || ((!o.model || !o.model[0]) && default_model(&o) < 0))
+    lms_route_cfg route;
+    if (open_logs(&o) < 0 || (!o.config && (!o.model || !o.model[0]) && default_model(&o) < 0) ||
+        route_config(&o, &route) < 0)
         return 1;
     lms_thermal_params tp;
     lms_thermal_params_default(&tp, o.thermal_limit);
     g_ops.thermal = lms_thermal_create(&tp, on_thermal, NULL);
     g_ops.watchdog = lms_watchdog_create(0);
     lms_server *srv;
-    if (start_server(&o, &srv) < 0)
+    if (start_server(&o, &route, &srv) < 0)
         return 1;
     g_ops.srv = srv;
-    loader l = {.o = &o, .srv = srv};
-    pthread_t lt, st;
-    if (pthread_create(&lt, NULL, load_main, &l) != 0 ||
-        pthread_create(&st, NULL, signal_main, srv) != 0) {
+    pthread_t st;
+    if (pthread_create(&st, NULL, signal_main, srv) != 0) {
         fprintf(stderr, "lmserv serve: cannot start threads\n");
         return 1; /* process exit reclaims the rest */
     }
     int rc = lms_server_run(srv);
-    pthread_join(lt, NULL);
     pthread_kill(st, SIGUSR1);
     pthread_join(st, NULL);
     lms_server_destroy(srv);
-    lms_model_free(l.model);
     lms_watchdog_destroy(g_ops.watchdog);
     lms_thermal_destroy(g_ops.thermal);
     lms_log(LMS_LOG_INFO, "server_stopped", "exit", LMS_LOG_I64(rc));

@@ -36,6 +36,7 @@ typedef struct embd_job {
     float **vec;               /* [n_in][n_embd] */
     int32_t n_embd;
     int32_t *n_tok;            /* [n_in] prompt tokens */
+    const lms_expert *x;       /* the expert computing them */
 } embd_job;
 
 static void job_unref(embd_job *j)
@@ -101,7 +102,7 @@ static void reply_ollama(conn *c, embd_job *j)
         json_array_append_new(all, vector_json(j, j->vec[i]));
         n_tok += j->n_tok[i];
     }
-    json_object_set_new(o, "model", json_string_lossy(c->srv->model_id, strlen(c->srv->model_id)));
+    json_object_set_new(o, "model", xid_json(j->x));
     json_object_set_new(o, "embeddings", all);
     json_object_set_new(o, "total_duration",
                         json_integer((json_int_t)((lms_now_ms() - j->t0) * 1e6)));
@@ -134,7 +135,7 @@ static void reply(conn *c, embd_job *j)
     json_t *o = json_object();
     json_object_set_new(o, "object", json_string("list"));
     json_object_set_new(o, "data", data);
-    json_object_set_new(o, "model", json_string_lossy(c->srv->model_id, strlen(c->srv->model_id)));
+    json_object_set_new(o, "model", xid_json(j->x));
     json_t *u = json_object();
     json_object_set_new(u, "prompt_tokens", json_integer(n_tok));
     json_object_set_new(u, "total_tokens", json_integer(n_tok));
@@ -200,7 +201,7 @@ static int item_tokens(conn *c, const json_t *x, size_t k, int32_t **out, int32_
     if (json_is_string(x)) {
         if (json_string_length(x) == 0)
             return reqerr_set(e, 400, "input", "input[%zu] is an empty string", k);
-        return chatfmt_text_tokens(c->srv->model, json_string_value(x), json_string_length(x),
+        return chatfmt_text_tokens(c->x->model, json_string_value(x), json_string_length(x),
                                    true, out, n, e);
     }
     if (json_is_array(x))
@@ -296,17 +297,13 @@ fail:
  * items of `key` submitted. */
 static int embed(conn *c, json_t *body, int shape, const char *key)
 {
-    lms_server *s = c->srv;
     reqerr e;
-    if (!s->sched) {
-        reqerr_set(&e, 503, NULL, "the model is still loading");
-        e.code = "model_loading";
-        return reply_err(c, shape, &e);
-    }
-    const char *model = NULL;
-    if (reqparse_str(body, "model", &model, &e) < 0 ||
-        ((shape == EMBD_OPENAI || (model && model[0])) && api_check_model(c, body, &e) < 0))
-        return reply_err(c, shape, &e);
+    pick_fn again = shape == EMBD_OPENAI   ? api_embeddings
+                    : shape == EMBD_OLLAMA ? api_ollama_embed
+                                           : api_ollama_embeddings;
+    int picked = pick_expert(c, body, again, &e);
+    if (picked <= 0)
+        return picked < 0 ? reply_err(c, shape, &e) : 0;
     json_t *items = input_items(body, key, &e);
     if (!items)
         return reply_err(c, shape, &e);
@@ -316,11 +313,12 @@ static int embed(conn *c, json_t *body, int shape, const char *key)
         reqerr_set(&e, 400, key, "'prompt' must be a string");
         return reply_err(c, shape, &e);
     }
-    embd_job *j = job_new((int)json_array_size(items), s->model->hp.n_embd);
+    embd_job *j = job_new((int)json_array_size(items), c->x->model->hp.n_embd);
     int pooling = LMS_POOL_MEAN;
     int rc = j ? 0 : reqerr_set(&e, 503, NULL, "out of memory");
     if (rc == 0) {
         j->shape = shape;
+        j->x = c->x;
         j->t0 = lms_now_ms();
         if (shape == EMBD_OPENAI)
             rc = parse_format(body, j, &pooling, &e);

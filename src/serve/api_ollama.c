@@ -29,6 +29,7 @@ typedef struct oll_job {
     sbuf text;   /* the reply (not streamed; streamed with tools) */
     size_t sent; /* streamed with tools: bytes of text sent as content */
     double t0;   /* arrival, ms (lms_now_ms) */
+    const lms_expert *x; /* the expert answering */
 } oll_job;
 
 /* ---- shapes --------------------------------------------------------------------- */
@@ -45,11 +46,10 @@ static json_t *created_at(void)
     return json_string(buf);
 }
 
-static json_t *reply_obj(const lms_server *s, const oll_job *j, const char *text, size_t n,
-                         bool done)
+static json_t *reply_obj(const oll_job *j, const char *text, size_t n, bool done)
 {
     json_t *o = json_object();
-    json_object_set_new(o, "model", json_string_lossy(s->model_id, strlen(s->model_id)));
+    json_object_set_new(o, "model", xid_json(j->x));
     json_object_set_new(o, "created_at", created_at());
     if (j->chat) {
         json_t *msg = json_object();
@@ -153,10 +153,10 @@ static void oll_on_event(task *t, const lms_event *ev, double t_ms)
         if (j->stream && j->tools) { /* content only once it cannot be part of a call */
             size_t safe = toolcall_safe_len(j->text.p, j->text.n); /* never decreases */
             if (safe > j->sent)
-                send_line(c, reply_obj(c->srv, j, j->text.p + j->sent, safe - j->sent, false));
+                send_line(c, reply_obj(j, j->text.p + j->sent, safe - j->sent, false));
             j->sent = safe;
         } else if (j->stream && ev->text_len > 0) {
-            send_line(c, reply_obj(c->srv, j, ev->text, ev->text_len, false));
+            send_line(c, reply_obj(j, ev->text, ev->text_len, false));
         }
         return;
     }
@@ -171,14 +171,14 @@ static void oll_on_event(task *t, const lms_event *ev, double t_ms)
         if (j->tools && !failed) { /* the content held back, then the calls */
             size_t end = calls ? n_content : j->text.n;
             if (end > j->sent)
-                send_line(c, reply_obj(c->srv, j, j->text.p + j->sent, end - j->sent, false));
+                send_line(c, reply_obj(j, j->text.p + j->sent, end - j->sent, false));
             if (calls) {
-                json_t *o = reply_obj(c->srv, j, "", 0, false);
+                json_t *o = reply_obj(j, "", 0, false);
                 json_object_set_new(json_object_get(o, "message"), "tool_calls", calls);
                 send_line(c, o);
             }
         }
-        json_t *o = failed ? err_obj(why) : reply_obj(c->srv, j, "", 0, true);
+        json_t *o = failed ? err_obj(why) : reply_obj(j, "", 0, true);
         if (!failed)
             add_stats(o, j, &ev->stats);
         send_line(c, o);
@@ -188,7 +188,7 @@ static void oll_on_event(task *t, const lms_event *ev, double t_ms)
         reqerr_set(&e, ev->type == LMS_EV_ERROR ? 500 : 503, NULL, "%s", why);
         reply_err(c, &e);
     } else {
-        json_t *o = reply_obj(c->srv, j, j->text.p ? j->text.p : "", n_content, true);
+        json_t *o = reply_obj(j, j->text.p ? j->text.p : "", n_content, true);
         if (calls)
             json_object_set_new(json_object_get(o, "message"), "tool_calls", calls);
         add_stats(o, j, &ev->stats);
@@ -207,15 +207,6 @@ static const task_ops oll_ops = {oll_on_event, oll_destroy};
 
 /* ---- requests ------------------------------------------------------------------- */
 
-/* The request's model, if named, is this server's ("name:latest" too). */
-static int check_model(conn *c, const json_t *body, reqerr *e)
-{
-    const char *model = NULL;
-    if (reqparse_str(body, "model", &model, e) < 0)
-        return -1;
-    return model && model[0] ? api_check_model(c, body, e) : 0;
-}
-
 /* Chat messages for /api/generate: the system text and the prompt. */
 static json_t *generate_messages(const char *system, const char *prompt)
 {
@@ -229,7 +220,7 @@ static json_t *generate_messages(const char *system, const char *prompt)
 static int prompt_tokens(conn *c, const json_t *body, bool chat, int32_t **toks, int32_t *n,
                          reqerr *e)
 {
-    lms_server *s = c->srv;
+    const lms_expert *x = c->x;
     const json_t *tools = json_object_get(body, "tools");
     if (tools && !json_is_null(tools) && !json_is_array(tools))
         return reqerr_set(e, 400, "tools", "'tools' must be an array");
@@ -245,12 +236,12 @@ static int prompt_tokens(conn *c, const json_t *body, bool chat, int32_t **toks,
         if (!prompt || !prompt[0])
             return reqerr_set(e, 400, "prompt", "'prompt' must be a non-empty string");
         if (raw)
-            return chatfmt_text_tokens(s->model, prompt, strlen(prompt), true, toks, n, e);
+            return chatfmt_text_tokens(x->model, prompt, strlen(prompt), true, toks, n, e);
         msgs = generate_messages(system, prompt);
     }
     if (!msgs)
         return -1;
-    int rc = chatfmt_tokens(&s->fmt, s->model, msgs, json_is_array(tools) ? tools : NULL, toks,
+    int rc = chatfmt_tokens(xfmt(x), x->model, msgs, json_is_array(tools) ? tools : NULL, toks,
                             n, e);
     json_decref(msgs);
     return rc;
@@ -260,16 +251,15 @@ static int generate(conn *c, json_t *body, bool chat)
 {
     lms_server *s = c->srv;
     reqerr e;
-    if (!s->sched) {
-        reqerr_set(&e, 503, NULL, "the model is still loading");
-        return reply_err(c, &e);
-    }
+    int picked = pick_expert(c, body, chat ? api_ollama_chat : api_ollama_generate, &e);
+    if (picked <= 0)
+        return picked < 0 ? reply_err(c, &e) : 0;
+    int rc = 0;
     bool stream = true;
     const json_t *opts = NULL, *fmt = json_object_get(body, "format");
     genparams gp;
     genparams_init(&gp, server_rand(s));
     int32_t *toks = NULL, n = 0;
-    int rc = check_model(c, body, &e);
     if (rc == 0 && (reqparse_bool(body, "stream", &stream, &e) < 0 ||
                     reqparse_obj(body, "options", &opts, &e) < 0 ||
                     (opts && reqparse_gen(opts, &gp, &e) < 0)))
@@ -290,7 +280,7 @@ static int generate(conn *c, json_t *body, bool chat)
         rc = reqerr_set(&e, 503, NULL, "out of memory");
     task *t = NULL;
     if (rc == 0) {
-        *j = (oll_job){.chat = chat, .stream = stream, .t0 = lms_now_ms(),
+        *j = (oll_job){.chat = chat, .stream = stream, .t0 = lms_now_ms(), .x = c->x,
                        .tools = chat && json_array_size(json_object_get(body, "tools")) > 0};
         lms_request r = genparams_request(&gp, toks, n);
         r.json = json;
@@ -321,12 +311,12 @@ int api_ollama_generate(conn *c, json_t *body)
 
 /* ---- model listing -------------------------------------------------------------- */
 
-static json_t *details(const lms_server *s)
+static json_t *details(const lms_expert *x)
 {
     json_t *d = json_object();
     json_object_set_new(d, "format", json_string("gguf"));
-    if (s->model) {
-        const lms_model *m = s->model;
+    if (x->state == LMS_EXPERT_READY) {
+        const lms_model *m = x->model;
         json_object_set_new(d, "family", json_string(m->hp.arch));
         json_t *fam = json_array();
         json_array_append_new(fam, json_string(m->hp.arch));
@@ -335,25 +325,31 @@ static json_t *details(const lms_server *s)
     return d;
 }
 
-static json_t *model_entry(const lms_server *s)
+static json_t *model_entry(const lms_expert *x)
 {
     char name[200];
-    snprintf(name, sizeof name, "%s:latest", s->model_id);
+    snprintf(name, sizeof name, "%s:latest", x->cfg->id);
     json_t *o = json_object();
     json_object_set_new(o, "name", json_string_lossy(name, strlen(name)));
     json_object_set_new(o, "model", json_string_lossy(name, strlen(name)));
     json_object_set_new(o, "modified_at", created_at());
-    json_object_set_new(o, "size", json_integer(s->model ? (json_int_t)s->model->weight_bytes : 0));
+    json_object_set_new(o, "size", json_integer((json_int_t)x->file_bytes));
     json_object_set_new(o, "digest", json_string(""));
-    json_object_set_new(o, "details", details(s));
+    json_object_set_new(o, "details", details(x));
+    json_object_set_new(o, "lmserv_state", json_string(lms_expert_state_name(x->state)));
     return o;
 }
 
+/* /api/tags: every expert; /api/ps: the loaded ones. */
 static int list_models(conn *c, bool running)
 {
+    lms_server *s = c->srv;
     json_t *arr = json_array();
-    if (!running || c->srv->state == SRV_READY)
-        json_array_append_new(arr, model_entry(c->srv));
+    for (int i = 0; i < lms_registry_count(s->reg); i++) {
+        const lms_expert *x = lms_registry_at(s->reg, i);
+        if (!running || x->state == LMS_EXPERT_READY)
+            json_array_append_new(arr, model_entry(x));
+    }
     json_t *o = json_object();
     json_object_set_new(o, "models", arr);
     return http_reply_json(c, 200, o);
@@ -374,19 +370,29 @@ int api_ollama_version(conn *c)
     return http_reply_json(c, 200, json_pack("{s:s}", "version", "0.1.0-lmserv"));
 }
 
+/* The named expert (or the default) as Ollama describes a model; no load. */
 int api_ollama_show(conn *c, json_t *body)
 {
     reqerr e;
     lms_server *s = c->srv;
-    if (check_model(c, body, &e) < 0)
+    const char *model = NULL;
+    if (reqparse_str(body, "model", &model, &e) < 0)
         return reply_err(c, &e);
+    if (!model || !model[0])
+        reqparse_str(body, "name", &model, &e); /* older clients */
+    lms_expert *x = model && model[0] ? lms_registry_find(s->reg, model)
+                                      : server_default_expert(s);
+    if (!x) {
+        pick_not_found(s, model, &e);
+        return reply_err(c, &e);
+    }
     json_t *o = json_object();
-    json_object_set_new(o, "details", details(s));
+    json_object_set_new(o, "details", details(x));
     json_object_set_new(o, "modelfile", json_string(""));
     json_object_set_new(o, "parameters", json_string(""));
     json_t *info = json_object();
-    if (s->model) {
-        const lms_model *m = s->model;
+    if (x->state == LMS_EXPERT_READY) {
+        const lms_model *m = x->model;
         json_object_set_new(info, "general.architecture", json_string(m->hp.arch));
         json_object_set_new(info, "general.name", json_string_lossy(m->name, strlen(m->name)));
         char key[64];

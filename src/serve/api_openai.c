@@ -84,6 +84,7 @@ typedef struct gen_resp {
     int n_prompts;
     gen_prompt pr[MAX_CHOICES];
     gen_job *jobs[MAX_CHOICES];
+    const lms_expert *x;       /* the expert answering (its id is the response's model) */
 } gen_resp;
 
 /* One choice: one scheduler task. */
@@ -191,14 +192,14 @@ static void prompt_lp_add(const lms_model *m, gen_job *j, const lms_event *ev)
 
 /* ---- chunks -------------------------------------------------------------------------- */
 
-static json_t *chunk_new(const gen_resp *r, const lms_server *s)
+static json_t *chunk_new(const gen_resp *r)
 {
     json_t *o = json_object();
     json_object_set_new(o, "id", json_string(r->id));
     const char *object = r->kind == JOB_CHAT ? "chat.completion.chunk" : "text_completion";
     json_object_set_new(o, "object", json_string(object));
     json_object_set_new(o, "created", json_integer(r->created));
-    json_object_set_new(o, "model", json_string_lossy(s->model_id, strlen(s->model_id)));
+    json_object_set_new(o, "model", xid_json(r->x));
     if (r->include_usage)
         json_object_set_new(o, "usage", json_null());
     return o;
@@ -244,7 +245,7 @@ static int sse_send(conn *c, json_t *j)
 
 static int sse_choice(conn *c, const gen_job *j, json_t *choice)
 {
-    json_t *o = chunk_new(j->r, c->srv);
+    json_t *o = chunk_new(j->r);
     json_t *arr = json_array();
     json_array_append_new(arr, choice);
     json_object_set_new(o, "choices", arr);
@@ -287,7 +288,7 @@ static const char *finish_reason(const char *f)
 
 static void on_token(task *t, gen_job *j, const lms_event *ev)
 {
-    const lms_model *m = t->c->srv->model;
+    const lms_model *m = t->x->model;
     const gen_resp *r = j->r;
     bool lp = r->logprobs >= 0 && ev->token >= 0;
     if (r->stream) {
@@ -426,7 +427,7 @@ static json_t *full_response(conn *c, const gen_resp *r)
     json_object_set_new(o, "object",
                         json_string(r->kind == JOB_CHAT ? "chat.completion" : "text_completion"));
     json_object_set_new(o, "created", json_integer(r->created));
-    json_object_set_new(o, "model", json_string_lossy(c->srv->model_id, strlen(c->srv->model_id)));
+    json_object_set_new(o, "model", xid_json(r->x));
     json_t *arr = json_array();
     for (int i = 0; i < r->n_choices; i++)
         json_array_append_new(arr, choice_json(c->srv, r->jobs[i]));
@@ -466,7 +467,7 @@ static void gen_on_event(task *t, const lms_event *ev, double t_ms)
     }
     if (ev->type == LMS_EV_PROMPT) {
         if (j->lp)
-            prompt_lp_add(t->c->srv->model, j, ev);
+            prompt_lp_add(t->x->model, j, ev);
         return;
     }
     if (ev->type != LMS_EV_END && ev->type != LMS_EV_ERROR)
@@ -489,7 +490,7 @@ static void gen_on_event(task *t, const lms_event *ev, double t_ms)
         if (r->n_live > 0)
             return;
         if (r->include_usage) {
-            json_t *o = chunk_new(r, t->c->srv);
+            json_t *o = chunk_new(r);
             json_object_set_new(o, "choices", json_array());
             json_object_set_new(o, "usage", usage_json(r));
             sse_send(t->c, o);
@@ -533,26 +534,9 @@ static const task_ops gen_ops = {gen_on_event, gen_destroy};
 
 /* ---- requests ------------------------------------------------------------------------ */
 
-int api_check_model(conn *c, const json_t *body, reqerr *e)
-{
-    const char *model = NULL;
-    if (reqparse_str(body, "model", &model, e) < 0)
-        return -1;
-    if (model && !server_model_matches(c->srv, model)) {
-        reqerr_set(e, 404, "model", "the model '%.200s' does not exist; this server serves '%s'",
-                   model, c->srv->model_id);
-        e->type = "invalid_request_error";
-        e->code = "model_not_found";
-        return -1;
-    }
-    return 0;
-}
-
 /* Fields shared by chat and completions. */
 static int parse_common(conn *c, const json_t *body, gen_resp *r, genparams *gp, reqerr *e)
 {
-    if (api_check_model(c, body, e) < 0)
-        return -1;
     int64_t n = 1, best_of = 0;
     const json_t *so = NULL;
     if (reqparse_bool(body, "stream", &r->stream, e) < 0 ||
@@ -677,7 +661,7 @@ static int parse_chat(conn *c, const json_t *body, gen_resp *r, gen_prompt *pr, 
     json_t *msgs = chatfmt_messages(json_object_get(body, "messages"), "messages", e);
     if (!msgs)
         return -1;
-    int rc = chatfmt_tokens(&c->srv->fmt, c->srv->model, msgs,
+    int rc = chatfmt_tokens(xfmt(c->x), c->x->model, msgs,
                             json_is_array(tools) ? tools : NULL, &pr->toks, &pr->n, e);
     json_decref(msgs);
     return rc;
@@ -689,7 +673,7 @@ static int parse_one_prompt(conn *c, const json_t *p, bool echo, gen_prompt *pr,
     if (json_is_string(p)) {
         if (echo && !(pr->echo = strdup(json_string_value(p))))
             return reqerr_set(e, 503, NULL, "out of memory");
-        return chatfmt_text_tokens(c->srv->model, json_string_value(p), json_string_length(p),
+        return chatfmt_text_tokens(c->x->model, json_string_value(p), json_string_length(p),
                                    true, &pr->toks, &pr->n, e);
     }
     if (!json_is_array(p) || json_array_size(p) == 0)
@@ -702,7 +686,7 @@ static int parse_one_prompt(conn *c, const json_t *p, bool echo, gen_prompt *pr,
     if (!echo)
         return 0;
     sbuf t = {0}; /* echo of token ids: their text, as /detokenize gives it */
-    int rc = api_detok_text(c->srv->model->tok, pr->toks, pr->n, false, "prompt", &t, e);
+    int rc = api_detok_text(c->x->model->tok, pr->toks, pr->n, false, "prompt", &t, e);
     if (rc == 0 && !(pr->echo = strndup(t.p ? t.p : "", t.n)))
         rc = reqerr_set(e, 503, NULL, "out of memory");
     sbuf_free(&t);
@@ -796,7 +780,7 @@ static int make_jobs(const lms_model *m, gen_resp *r)
 static int start(conn *c, gen_resp *r)
 {
     reqerr e;
-    if (make_jobs(c->srv->model, r) < 0) {
+    if (make_jobs(c->x->model, r) < 0) {
         resp_free(r);
         reqerr_set(&e, 503, NULL, "out of memory");
         return http_reply_err(c, &e);
@@ -836,21 +820,20 @@ static int api_generate(conn *c, json_t *body, int kind)
 {
     lms_server *s = c->srv;
     reqerr e;
-    if (!s->sched) {
-        reqerr_set(&e, 503, NULL, "the model is still loading");
-        e.code = "model_loading";
-        return http_reply_err(c, &e);
-    }
+    int rc = pick_expert(c, body, kind == JOB_CHAT ? api_chat : api_completions, &e);
+    if (rc <= 0)
+        return rc < 0 ? http_reply_err(c, &e) : 0;
     gen_resp *r = calloc(1, sizeof *r);
     if (!r) {
         reqerr_set(&e, 503, NULL, "out of memory");
         return http_reply_err(c, &e);
     }
     r->kind = kind;
+    r->x = c->x;
     r->logprobs = -1;
     r->n_prompts = 1;
     genparams_init(&r->gp, server_rand(s));
-    int rc = parse_common(c, body, r, &r->gp, &e);
+    rc = parse_common(c, body, r, &r->gp, &e);
     if (rc == 0)
         rc = kind == JOB_CHAT ? parse_chat(c, body, r, &r->pr[0], &e)
                               : parse_completion(c, body, r, r->pr, &r->n_prompts, &e);
@@ -874,39 +857,52 @@ int api_completions(conn *c, json_t *body)
 
 /* ---- models ------------------------------------------------------------------------- */
 
-static json_t *model_obj(const lms_server *s)
+static json_t *model_obj(const lms_server *s, const lms_expert *x)
 {
     json_t *o = json_object();
-    json_object_set_new(o, "id", json_string_lossy(s->model_id, strlen(s->model_id)));
+    json_object_set_new(o, "id", xid_json(x));
     json_object_set_new(o, "object", json_string("model"));
     json_object_set_new(o, "created", json_integer(s->t_start_wall));
     json_object_set_new(o, "owned_by", json_string("lmserv"));
-    if (s->model) {
-        const lms_sched_params *sp = lms_sched_params_of(s->sched);
+    /* lmserv's own: where the expert stands (loaded or not) */
+    json_t *lm = json_object();
+    json_object_set_new(lm, "state", json_string(lms_expert_state_name(x->state)));
+    if (x->cfg->domain)
+        json_object_set_new(lm, "domain", json_string(x->cfg->domain));
+    json_object_set_new(lm, "priority", json_integer(x->cfg->priority));
+    json_object_set_new(lm, "default", json_boolean(x == server_default_expert((lms_server *)s)));
+    if (x->error[0])
+        json_object_set_new(lm, "error", json_string_lossy(x->error, strlen(x->error)));
+    json_object_set_new(o, "lmserv", lm);
+    if (x->state == LMS_EXPERT_READY) {
+        const lms_model *m = x->model;
+        const lms_sched_params *sp = lms_sched_params_of(x->sched);
         json_t *meta = json_object();
-        json_object_set_new(meta, "arch", json_string_lossy(s->model->hp.arch,
-                                                            strlen(s->model->hp.arch)));
+        json_object_set_new(meta, "arch", json_string_lossy(m->hp.arch, strlen(m->hp.arch)));
         json_object_set_new(meta, "n_ctx", json_integer(sp->n_ctx));
-        json_object_set_new(meta, "n_ctx_train", json_integer(s->model->hp.n_ctx_train));
-        json_object_set_new(meta, "n_embd", json_integer(s->model->hp.n_embd));
-        json_object_set_new(meta, "n_vocab", json_integer(s->model->hp.n_vocab));
+        json_object_set_new(meta, "n_ctx_train", json_integer(m->hp.n_ctx_train));
+        json_object_set_new(meta, "n_embd", json_integer(m->hp.n_embd));
+        json_object_set_new(meta, "n_vocab", json_integer(m->hp.n_vocab));
         json_object_set_new(o, "meta", meta);
     }
     return o;
 }
 
+/* Every expert, loaded or not ("lmserv.state" tells). A single model
+ * still loading at start is a 503, as before there were several. */
 int api_models(conn *c, const char *id)
 {
     lms_server *s = c->srv;
     reqerr e;
-    if (!s->model) {
+    if (s->state == SRV_LOADING && lms_registry_cfg(s->reg)->single) {
         reqerr_set(&e, 503, NULL, "the model is still loading");
         e.code = "model_loading";
         return http_reply_err(c, &e);
     }
     if (id) {
-        if (server_model_matches(s, id))
-            return http_reply_json(c, 200, model_obj(s));
+        lms_expert *x = lms_registry_find(s->reg, id);
+        if (x)
+            return http_reply_json(c, 200, model_obj(s, x));
         reqerr_set(&e, 404, "model", "the model '%.200s' does not exist", id);
         e.type = "invalid_request_error";
         e.code = "model_not_found";
@@ -915,7 +911,8 @@ int api_models(conn *c, const char *id)
     json_t *o = json_object();
     json_object_set_new(o, "object", json_string("list"));
     json_t *data = json_array();
-    json_array_append_new(data, model_obj(s));
+    for (int i = 0; i < lms_registry_count(s->reg); i++)
+        json_array_append_new(data, model_obj(s, lms_registry_at(s->reg, i)));
     json_object_set_new(o, "data", data);
     return http_reply_json(c, 200, o);
 }

@@ -22,7 +22,8 @@ int api_health(conn *c)
     }
     json_object_set_new(o, "status", json_string(status));
     if (ok) {
-        json_object_set_new(o, "model", json_string_lossy(s->model_id, strlen(s->model_id)));
+        json_object_set_new(o, "model", xid_json(server_default_expert(s)));
+        json_object_set_new(o, "models_loaded", json_integer(lms_registry_n_loaded(s->reg)));
         json_object_set_new(o, "engine_restarts", json_integer((json_int_t)s->n_restarts));
     }
     return http_reply_json(c, ok ? 200 : 503, o);

@@ -19,14 +19,16 @@
 /* Largest text or token list taken (the body limit bounds it too). */
 #define MAX_TOKENS (1 << 22)
 
-static const lms_tokenizer *ready_tokenizer(conn *c, reqerr *e)
+/* The tokenizer of the request's model (pick_expert); NULL with *rc the
+ * handler's result when the request was parked (0) or refused. */
+static const lms_tokenizer *ready_tokenizer(conn *c, json_t *body, pick_fn fn, int *rc)
 {
-    if (c->srv->state != SRV_READY || !c->srv->model) {
-        reqerr_set(e, 503, NULL, "the model is still loading");
-        e->code = "model_loading";
-        return NULL;
-    }
-    return c->srv->model->tok;
+    reqerr e;
+    int picked = pick_expert(c, body, fn, &e);
+    if (picked > 0)
+        return c->x->model->tok;
+    *rc = picked < 0 ? http_reply_err(c, &e) : 0;
+    return NULL;
 }
 
 static json_t *piece_json(const lms_tokenizer *tok, int32_t id, char *buf, size_t cap)
@@ -43,8 +45,11 @@ int api_tokenize(conn *c, json_t *body)
     reqerr e;
     const char *text = NULL;
     bool add_special = false, pieces = false;
-    const lms_tokenizer *tok = ready_tokenizer(c, &e);
-    if (!tok || reqparse_str(body, "content", &text, &e) < 0 ||
+    int rc = 0;
+    const lms_tokenizer *tok = ready_tokenizer(c, body, api_tokenize, &rc);
+    if (!tok)
+        return rc;
+    if (reqparse_str(body, "content", &text, &e) < 0 ||
         reqparse_bool(body, "add_special", &add_special, &e) < 0 ||
         reqparse_bool(body, "with_pieces", &pieces, &e) < 0)
         return http_reply_err(c, &e);
@@ -112,10 +117,11 @@ int api_detokenize(conn *c, json_t *body)
 {
     reqerr e;
     int32_t *ids = NULL, n = 0;
-    const lms_tokenizer *tok = ready_tokenizer(c, &e);
+    int rc = 0;
+    const lms_tokenizer *tok = ready_tokenizer(c, body, api_detokenize, &rc);
     const json_t *a = json_object_get(body, "tokens");
     if (!tok)
-        return http_reply_err(c, &e);
+        return rc;
     if (!json_is_array(a) || json_array_size(a) > MAX_TOKENS) {
         reqerr_set(&e, 400, "tokens", "'tokens' must be an array of at most %d token ids",
                    MAX_TOKENS);

@@ -41,6 +41,7 @@ conn *conn_create(lms_server *s, struct lws *wsi)
 
 void conn_cancel_tasks(conn *c)
 {
+    pick_drop_conn(c);
     while (c->tasks)
         task_cancel(c->tasks);
 }

@@ -10,6 +10,7 @@
  * loop thread, so nothing needs a lock.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -91,11 +92,128 @@ static void histogram(sbuf *o, const char *name, const char *help, const histo *
               (unsigned long long)h->n);
 }
 
-static void sched_stats(lms_server *s, lms_sched_stats *st)
+int metrics_sched_sum(lms_server *s, lms_sched_stats *st)
 {
     memset(st, 0, sizeof *st);
-    if (s->sched)
-        lms_sched_get_stats(s->sched, st);
+    int n = 0;
+    double t_last = -1;
+    for (int i = 0; i < lms_registry_count(s->reg); i++) {
+        lms_expert *x = lms_registry_at(s->reg, i);
+        if (x->state != LMS_EXPERT_READY)
+            continue;
+        lms_sched_stats one;
+        lms_sched_get_stats(x->sched, &one);
+        n++;
+        st->n_running += one.n_running;
+        st->n_queued += one.n_queued;
+        st->kv_blocks_total += one.kv_blocks_total;
+        st->kv_blocks_used += one.kv_blocks_used;
+        st->kv_blocks_cached += one.kv_blocks_cached;
+        st->prefix_queries += one.prefix_queries;
+        st->prefix_hits += one.prefix_hits;
+        st->prompt_tokens += one.prompt_tokens;
+        st->gen_tokens += one.gen_tokens;
+        st->n_requests += one.n_requests;
+        st->n_aborted += one.n_aborted;
+        st->n_failed += one.n_failed;
+        st->n_steps += one.n_steps;
+        st->busy |= one.busy;
+        if (x->t_used_ms > t_last && one.n_requests > 0) {
+            t_last = x->t_used_ms;
+            st->last_tps = one.last_tps;
+            st->last_ttft_ms = one.last_ttft_ms;
+        }
+    }
+    return n;
+}
+
+static void sched_stats(lms_server *s, lms_sched_stats *st)
+{
+    metrics_sched_sum(s, st);
+}
+
+/* An expert id as a Prometheus label value (a -m file name may hold any
+ * byte; ids from a config file are plain). */
+static const char *label(const lms_expert *x, char *buf, size_t n)
+{
+    size_t k = 0;
+    for (const char *p = x->cfg->id; *p && k + 1 < n; p++)
+        buf[k++] = *p == '"' || *p == '\\' || (unsigned char)*p < 0x20 ? '_' : *p;
+    buf[k] = '\0';
+    return buf;
+}
+
+/* Per expert: its state (one series per state, 1 for the current one),
+ * loads, unloads, load failures, requests and live requests. */
+static void render_models(lms_server *s, sbuf *o)
+{
+    int n = lms_registry_count(s->reg);
+    char lb[LMS_EXPERT_ID_MAX + 40];
+    family(o, "model_state", "gauge", "1 for the state each expert model is in.");
+    for (int i = 0; i < n; i++) {
+        const lms_expert *x = lms_registry_at(s->reg, i);
+        for (int st = LMS_EXPERT_UNLOADED; st <= LMS_EXPERT_UNLOADING; st++)
+            sbuf_addf(o, "lmserv_model_state{model=\"%s\",state=\"%s\"} %d\n",
+                      label(x, lb, sizeof lb), lms_expert_state_name(st), x->state == st);
+    }
+    static const struct { const char *name, *help; size_t off; } ctr[] = {
+        {"model_loads_total", "Loads of each expert model.", offsetof(lms_expert, n_loads)},
+        {"model_unloads_total", "Unloads of each expert model.", offsetof(lms_expert, n_unloads)},
+        {"model_load_failures_total", "Failed loads of each expert model.",
+         offsetof(lms_expert, n_load_failures)},
+        {"model_requests_total", "Requests each expert model started.",
+         offsetof(lms_expert, n_requests)},
+        {"model_engine_restarts_total", "Engine restarts of each expert model.",
+         offsetof(lms_expert, n_restarts)},
+    };
+    for (size_t k = 0; k < sizeof ctr / sizeof ctr[0]; k++) {
+        family(o, ctr[k].name, "counter", ctr[k].help);
+        for (int i = 0; i < n; i++) {
+            const lms_expert *x = lms_registry_at(s->reg, i);
+            sbuf_addf(o, "lmserv_%s{model=\"%s\"} %llu\n", ctr[k].name, label(x, lb, sizeof lb),
+                      (unsigned long long)*(const uint64_t *)((const char *)x + ctr[k].off));
+        }
+    }
+    family(o, "model_live_requests", "gauge", "Requests running or waiting on each expert.");
+    for (int i = 0; i < n; i++) {
+        const lms_expert *x = lms_registry_at(s->reg, i);
+        sbuf_addf(o, "lmserv_model_live_requests{model=\"%s\"} %d\n", label(x, lb, sizeof lb),
+                  x->n_live + x->n_waiting);
+    }
+    gauge(o, "models_loaded_bytes", "Estimated bytes of the loaded models (weights + KV).",
+          (double)lms_registry_loaded_bytes(s->reg));
+}
+
+static json_t *sched_json(const lms_sched_stats *st);
+
+static json_t *models_json(lms_server *s)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < lms_registry_count(s->reg); i++) {
+        const lms_expert *x = lms_registry_at(s->reg, i);
+        json_t *o = json_object();
+        json_object_set_new(o, "id", xid_json(x));
+        json_object_set_new(o, "state", json_string(lms_expert_state_name(x->state)));
+        json_object_set_new(o, "loads", json_integer((json_int_t)x->n_loads));
+        json_object_set_new(o, "unloads", json_integer((json_int_t)x->n_unloads));
+        json_object_set_new(o, "load_failures", json_integer((json_int_t)x->n_load_failures));
+        json_object_set_new(o, "requests", json_integer((json_int_t)x->n_requests));
+        json_object_set_new(o, "live", json_integer(x->n_live));
+        json_object_set_new(o, "waiting", json_integer(x->n_waiting));
+        json_object_set_new(o, "engine_restarts", json_integer((json_int_t)x->n_restarts));
+        json_object_set_new(o, "estimated_bytes",
+                            json_integer((json_int_t)(x->file_bytes + x->kv_bytes)));
+        json_object_set_new(o, "last_load_ms", json_real_safe(x->load_ms));
+        if (x->error[0])
+            json_object_set_new(o, "error", json_string_lossy(x->error, strlen(x->error)));
+        if (x->state == LMS_EXPERT_READY) {
+            lms_sched_stats st;
+            lms_sched_get_stats(x->sched, &st);
+            json_object_set_new(o, "sched", sched_json(&st));
+        }
+        json_array_append_new(a, o);
+    }
+    return a;
 }
 
 static void render_requests(lms_server *s, sbuf *o)
@@ -168,11 +286,14 @@ json_t *metrics_gpu_json(lms_server *s)
 void metrics_render_prom(lms_server *s, sbuf *o)
 {
     const metrics *m = &s->met;
-    gauge(o, "model_loaded", "1 when the model is loaded and serving.", s->sched ? 1 : 0);
+    gauge(o, "model_loaded", "1 when a model is loaded and serving.",
+          lms_registry_n_loaded(s->reg) > 0 && s->state == SRV_READY ? 1 : 0);
+    gauge(o, "models_loaded", "Expert models loaded or loading.", lms_registry_n_loaded(s->reg));
     gauge(o, "uptime_seconds", "Seconds since the server started.",
           (lms_now_ms() - s->t_start_ms) / 1000.0);
     render_requests(s, o);
     render_sched(s, o);
+    render_models(s, o);
     histogram(o, "time_to_first_token_seconds", "Time from request to first token.", &m->ttft);
     histogram(o, "inter_token_latency_seconds", "Time between consecutive tokens of a request.",
               &m->itl);
@@ -224,8 +345,9 @@ json_t *metrics_stats_json(lms_server *s)
     sched_stats(s, &st);
     json_t *o = json_object();
     json_object_set_new(o, "state", json_string(state_name(s->state)));
-    json_object_set_new(o, "model", s->sched ? json_string_lossy(s->model_id, strlen(s->model_id))
-                                             : json_null());
+    json_object_set_new(o, "model", s->state == SRV_READY ? xid_json(server_default_expert(s))
+                                                           : json_null());
+    json_object_set_new(o, "models", models_json(s));
     json_object_set_new(o, "uptime_s", json_real_safe((lms_now_ms() - s->t_start_ms) / 1000.0));
     json_t *cn = json_object();
     json_object_set_new(cn, "http", json_integer(s->n_conns - s->n_ws));

@@ -35,9 +35,12 @@
 #include "ops/gpumon.h"
 #include "serve/server.h"
 #include "ops/supervisor.h"
+#include "route/registry.h"
+#include "route/router.h"
 
 typedef struct conn conn;
 typedef struct task task;
+typedef struct parked parked;
 
 /* ---- growable byte buffer (sbuf.c) --------------------------------------- */
 
@@ -168,6 +171,9 @@ void metrics_observe(histo *h, double seconds);
 void metrics_on_terminal(metrics *m, const lms_event *ev);
 void metrics_render_prom(lms_server *s, sbuf *out);
 json_t *metrics_stats_json(lms_server *s);
+/* The scheduler statistics of every ready expert added up (last_tps and
+ * last_ttft_ms: the most recently used one's); returns how many are ready. */
+int metrics_sched_sum(lms_server *s, lms_sched_stats *st);
 /* The GPU monitor's latest snapshot as JSON ({"available":false,...} without NVML). */
 json_t *metrics_gpu_json(lms_server *s);
 
@@ -185,10 +191,18 @@ typedef struct evnode {
     double t_ms; /* when the scheduler produced it */
 } evnode;
 
+/* Serve-side state of one expert (registry entry of the same index). */
+typedef struct sexpert {
+    lms_supervisor *sup;       /* decode-speed floor (NULL: off) */
+    bool restart;              /* restart its engine at the next wake-up */
+} sexpert;
+
+#define SRV_MAX_STALLED 16
+
 struct lms_server {
     /* configuration (copied strings) */
     lms_server_params p;
-    char *host, *api_key, *model_path, *model_alias;
+    char *host, *api_key;
     struct lws_context *ctx;
     struct lws_vhost *vh;
     int port;
@@ -199,13 +213,11 @@ struct lms_server {
     size_t n_q, cap_q;
     bool wake_pending;         /* a lws_cancel_service is in flight */
     bool ctx_alive;            /* ctx may be woken */
-    lms_model *pend_model;
-    lms_sched *pend_sched;
-    chatfmt pend_fmt;
-    bool pend_attach;
-    char *pend_fail;
+    bool pend_poll;            /* the registry's loader finished a job */
     int stop_requests;
-    bool pend_restart;         /* the engine stalled: restart it */
+    lms_sched *pend_stalled[SRV_MAX_STALLED]; /* schedulers the watchdog saw stall */
+    int n_stalled;
+    bool stalled_all;          /* more than fit above: check every expert */
 
     /* event-loop thread only */
     int state;                 /* enum srv_state */
@@ -214,11 +226,11 @@ struct lms_server {
     bool aborting;             /* draining: grace over, every request aborted */
     int exit_code;
     int stops_seen;
-    lms_model *model;
-    lms_sched *sched;
-    chatfmt fmt;
-    char model_id[160];
-    char model_base[160];      /* base name of the model file, .gguf stripped */
+    lms_registry *reg;         /* the expert models (route/registry.h) */
+    lms_router *router;        /* requests without a model */
+    sexpert *xs;               /* [n_xs], one per expert */
+    int n_xs;
+    parked *park_head, *park_tail; /* requests waiting for a model to load */
     conn *conns;               /* every open connection */
     int n_conns, n_ws;
     task **tab;                /* live tasks by scheduler id */
@@ -226,7 +238,6 @@ struct lms_server {
     size_t n_tasks;
     metrics met;
     lms_gpumon *gpu;           /* NVML through dlopen; polled by the tick */
-    lms_supervisor *sup;       /* decode-speed floor (NULL: off) */
     uint64_t n_restarts;       /* engine restarts after a stall */
     lws_sorted_usec_list_t sul_tick;
     double t_start_ms, t_last_broadcast, drain_deadline;
@@ -235,13 +246,38 @@ struct lms_server {
     uint64_t rng;              /* seeds and ids */
 };
 
+/* What the server keeps with each loaded model (the registry's attach). */
+typedef struct sattach {
+    chatfmt fmt;               /* its chat template */
+    float *docs;               /* the router's embedding model: every router document
+                                * embedded, [n_docs][n_embd] unit length; else NULL */
+    int n_docs;
+    int32_t n_embd;
+} sattach;
+
+/* The chat template of a ready expert. */
+static inline chatfmt *xfmt(const lms_expert *x)
+{
+    return &((sattach *)x->attach)->fmt;
+}
+
+/* x's id as a JSON string (a -m file name may hold any bytes). */
+static inline json_t *xid_json(const lms_expert *x)
+{
+    return json_string_lossy(x->cfg->id, strlen(x->cfg->id));
+}
+
+/* The expert a request without a model goes to when nothing matches, and
+ * the one named by /health and the op dialect's hello. */
+lms_expert *server_default_expert(lms_server *s);
+/* Restarts x's engine at the next wake-up (loop thread: the supervisor). */
+void server_request_restart(lms_server *s, lms_expert *x);
+
 /* Sends a JSON message to every WebSocket connection subscribed (op
  * dialect) or to all when all is true. */
 void server_broadcast_ws(lms_server *s, json_t *msg, bool all);
 /* A fresh pseudo-random 64-bit value (seeds, ids). */
 uint64_t server_rand(lms_server *s);
-/* True when model, if given, names the served model. */
-bool server_model_matches(const lms_server *s, const char *model);
 /* Whether an Authorization / api_key value is valid (constant time). */
 bool server_key_ok(const lms_server *s, const char *presented, size_t n);
 
@@ -260,18 +296,22 @@ typedef struct task_ops {
 struct task {
     uint64_t id;               /* scheduler request id */
     conn *c;                   /* owner; valid while the task is live */
+    lms_expert *x;             /* the expert whose scheduler runs it */
     const task_ops *ops;
     void *state;
     double t_last_tok;         /* inter-token latency */
     char peer[64];             /* client address, for the request log */
     task *c_next, *c_prev;     /* the connection's tasks */
     task *h_next;              /* hash chain */
+    bool internal;             /* the server's own (a routing embedding): not counted as a
+                                * client request in metrics and logs */
 };
 
 int tasks_init(lms_server *s);
 void tasks_deinit(lms_server *s);
-/* Fills the callback fields of r and submits it. Returns the live task, or
- * NULL with e filled (then state is not taken). */
+/* Fills the callback fields of r and submits it to the scheduler of c->x
+ * (the expert pick_expert chose). Returns the live task, or NULL with e
+ * filled (then state is not taken). */
 task *task_submit(conn *c, lms_request *r, const task_ops *ops, void *state, reqerr *e);
 /* Aborts the request in the scheduler and frees the task now. */
 void task_cancel(task *t);
@@ -279,8 +319,28 @@ void task_cancel(task *t);
 void task_dispatch(lms_server *s, lms_event *ev, double t_ms);
 /* The scheduler callback (scheduler thread): queue + wake. */
 void task_sched_cb(void *user, lms_event *ev);
-/* Loop thread: restart the engine at the next wake-up (supervisor). */
-void server_request_restart(lms_server *s);
+
+/* ---- model choice and parked requests (pick.c) ------------------------------------- */
+
+/* A request handler that can run again on the same body (HTTP routes, the
+ * WebSocket dialects). */
+typedef int (*pick_fn)(conn *c, json_t *body);
+
+/* Chooses the expert of a request: body's "model" (an expert id, a model
+ * file's base name, "NAME:latest"), or with no model or "auto" the router
+ * on the request's text. Returns 1 when that expert is ready (c->x is
+ * set); 0 when it is loading: the request is parked and fn(c, body) runs
+ * again once it is ready, or the request gets an error if the load fails;
+ * -1 with e filled (404 unknown model, 503 loading at start or refused). */
+int pick_expert(conn *c, json_t *body, pick_fn fn, reqerr *e);
+/* Loop thread: x changed state; re-dispatches or fails its parked requests. */
+void pick_on_change(lms_server *s, lms_expert *x);
+/* The connection is going: forget its parked requests. */
+void pick_drop_conn(conn *c);
+/* Shutdown: answers every parked request with a 503. */
+void pick_fail_all(lms_server *s, const char *msg);
+/* "the model 'X' does not exist ..." (404 model_not_found). */
+int pick_not_found(lms_server *s, const char *model, reqerr *e);
 
 /* ---- connections (conn.c) ------------------------------------------------------ */
 
@@ -336,6 +396,9 @@ struct conn {
     bool rx_active, rx_binary, rx_too_big;
     int close_code;            /* close with this code once the output is flushed */
     int dialect;
+    lms_expert *x;             /* the expert of the request being handled (pick_expert) */
+    lms_expert *again;         /* set while a parked request runs again: the expert it
+                                * waited for (not routed a second time) */
     bool op_subscribed;        /* op: 1-second metrics */
     task *op_task;             /* op: the connection's generation */
 };
@@ -374,8 +437,6 @@ int http_stream_end(conn *c);
 /* ---- endpoints ------------------------------------------------------------------------ */
 
 /* api_openai.c */
-/* Refuses (404 model_not_found) a "model" field naming another model. */
-int api_check_model(conn *c, const json_t *body, reqerr *e);
 int api_chat(conn *c, json_t *body);
 int api_completions(conn *c, json_t *body);
 int api_models(conn *c, const char *id);

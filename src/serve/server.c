@@ -31,6 +31,7 @@
 #include "base/err.h"
 #include "base/timeutil.h"
 #include "ops/log.h"
+#include "route/embed.h"
 #include "serve/serve_int.h"
 
 #define TICK_US (1000 * 1000)
@@ -60,28 +61,6 @@ bool server_key_ok(const lms_server *s, const char *presented, size_t n)
     return diff == 0 && kn > 0;
 }
 
-/* Ollama clients name models "name:tag" with ":latest" by default. */
-static bool matches_name(const lms_server *s, const char *model)
-{
-    return !strcmp(model, s->model_id) || (s->model_base[0] && !strcmp(model, s->model_base)) ||
-           (s->model_path && !strcmp(model, s->model_path)) ||
-           (s->model && s->model->name[0] && !strcmp(model, s->model->name));
-}
-
-bool server_model_matches(const lms_server *s, const char *model)
-{
-    static const char tag[] = ":latest";
-    size_t n = strlen(model), t = sizeof tag - 1;
-    char base[256];
-    if (matches_name(s, model))
-        return true;
-    if (n <= t || n - t >= sizeof base || strcmp(model + n - t, tag) != 0)
-        return false;
-    memcpy(base, model, n - t);
-    base[n - t] = '\0';
-    return matches_name(s, base);
-}
-
 void server_broadcast_ws(lms_server *s, json_t *msg, bool all)
 {
     size_t n;
@@ -97,32 +76,96 @@ void server_broadcast_ws(lms_server *s, json_t *msg, bool all)
 
 /* ---- hand-off from other threads ---------------------------------------------------- */
 
-static void set_model_id(lms_server *s)
+/* Loader thread: the chat template of a freshly loaded model; for the
+ * router's embedding model also the embeddings of the router's documents
+ * (computed here, where waiting is allowed). */
+static int hook_prepare(void *ud, const lms_expert *x, lms_model *m, lms_sched *sched,
+                        void **attach, char *err, size_t errsz)
 {
-    /* the alias, else the file's base name ("stories260K"): general.name
-     * is often just the architecture */
-    const char *id = s->model_alias ? s->model_alias
-                     : s->model_base[0] ? s->model_base
-                                        : s->model->name;
-    if (!id || !id[0])
-        id = "model";
-    snprintf(s->model_id, sizeof s->model_id, "%s", id);
+    lms_server *s = ud;
+    sattach *a = calloc(1, sizeof *a);
+    if (!a)
+        return lms_errf(err, errsz, LMS_ERR_NOMEM, "out of memory");
+    int rc = chatfmt_init(&a->fmt, m, err, errsz);
+    if (rc < 0) {
+        free(a);
+        return rc;
+    }
+    int n = lms_router_n_docs(s->router);
+    if (x == lms_registry_embedder(s->reg) && n > 0) {
+        const char **texts = calloc((size_t)n, sizeof *texts);
+        a->n_embd = m->hp.n_embd;
+        a->docs = malloc((size_t)n * (size_t)a->n_embd * sizeof *a->docs);
+        for (int i = 0; texts && i < n; i++)
+            texts[i] = lms_router_doc_text(s->router, i);
+        rc = texts && a->docs ? lms_embed_texts(sched, m, texts, n, a->docs, err, errsz)
+                              : lms_errf(err, errsz, LMS_ERR_NOMEM, "out of memory");
+        free(texts);
+        a->n_docs = n;
+        if (rc < 0) {
+            chatfmt_deinit(&a->fmt);
+            free(a->docs);
+            free(a);
+            return rc;
+        }
+    }
+    *attach = a;
+    return 0;
 }
 
-static void do_attach(lms_server *s, lms_model *m, lms_sched *sched, chatfmt *fmt)
+static void hook_release(void *ud, void *attach)
 {
-    s->model = m;
-    s->sched = sched;
-    s->fmt = *fmt;
-    set_model_id(s);
-    if (s->state == SRV_LOADING)
-        s->state = SRV_READY;
-    lms_log(LMS_LOG_INFO, "model_ready", "model", LMS_LOG_STR(s->model_id),
-            "n_ctx", LMS_LOG_I64(lms_sched_params_of(sched)->n_ctx),
-            "n_parallel", LMS_LOG_I64(lms_sched_params_of(sched)->n_parallel));
+    (void)ud;
+    sattach *a = attach;
+    chatfmt_deinit(&a->fmt);
+    free(a->docs);
+    free(a);
+}
+
+/* Loader thread: a job is done; lms_registry_poll at the next wake-up. */
+static void hook_wake(void *ud)
+{
+    lms_server *s = ud;
+    pthread_mutex_lock(&s->mu);
+    s->pend_poll = true;
+    if (s->ctx_alive)
+        lws_cancel_service(s->ctx);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void set_done(lms_server *s);
+
+static void become_ready(lms_server *s)
+{
+    s->state = SRV_READY;
+    lms_expert *d = server_default_expert(s);
+    lms_log(LMS_LOG_INFO, "server_ready", "models", LMS_LOG_I64(lms_registry_count(s->reg)),
+            "loaded", LMS_LOG_I64(lms_registry_n_loaded(s->reg)), "default",
+            LMS_LOG_STR(d->cfg->id), "lazy", LMS_LOG_BOOL(lms_registry_cfg(s->reg)->lazy));
     for (conn *c = s->conns; c; c = c->next)
         if (c->role == CONN_WS && !c->closed)
             ws_op_hello(c);
+}
+
+/* Loop thread (lms_registry_poll): an expert changed state. At start
+ * (SRV_LOADING) the server waits for every load begun; one failing ends
+ * the server (exit 1), as `serve -m` with a bad file always has. */
+static void on_change(void *ud, lms_expert *x)
+{
+    lms_server *s = ud;
+    if (s->state == SRV_LOADING && x->index < lms_registry_count(s->reg)) {
+        if (x->state == LMS_EXPERT_FAILED) {
+            s->state = SRV_FAILED;
+            s->exit_code = 1;
+            set_done(s);
+            return;
+        }
+        for (int i = 0; i < lms_registry_count(s->reg); i++)
+            if (lms_registry_at(s->reg, i)->state == LMS_EXPERT_LOADING)
+                return;
+        become_ready(s);
+    }
+    pick_on_change(s, x);
 }
 
 /* Ends lms_server_run: the loop may sit in poll() until its next timer,
@@ -159,49 +202,65 @@ static void begin_drain(lms_server *s)
         return;
     }
     s->state = SRV_DRAINING;
+    pick_fail_all(s, "the server is shutting down");
     s->drain_deadline = lms_now_ms() + s->p.grace_ms;
     lms_log(LMS_LOG_INFO, "server_draining", "requests", LMS_LOG_U64(s->n_tasks), "grace_ms",
             LMS_LOG_F64(s->p.grace_ms));
     lws_sul_schedule(s->ctx, 0, &s->sul_tick, tick_cb, DRAIN_TICK_US); /* check soon */
 }
 
-/* The engine stalled: its requests end with an error (their events arrive
+/* x's engine stalled: its requests end with an error (their events arrive
  * through the queue like any other), a new scheduler with the same
  * parameters takes its place. Request ids are unique across schedulers. */
-static void restart_engine(lms_server *s)
+static void restart_engine(lms_server *s, lms_expert *x)
 {
-    if (!s->sched || s->state != SRV_READY)
+    if (x->state != LMS_EXPERT_READY || s->state == SRV_FAILED)
         return;
-    lms_sched_params p = *lms_sched_params_of(s->sched);
-    lms_sched_abandon(s->sched, "the engine stalled and was restarted; please retry");
-    s->sched = NULL;
     char err[256];
-    if (lms_sched_create(s->model, &p, &s->sched, err, sizeof err) < 0) {
-        lms_log(LMS_LOG_ERROR, "engine_restart_failed", "error", LMS_LOG_STR(err));
-        s->state = SRV_FAILED;
-        s->exit_code = 1;
-        set_done(s);
-        return;
+    if (lms_registry_restart(s->reg, x, "the engine stalled and was restarted; please retry", err,
+                             sizeof err) < 0) {
+        lms_log(LMS_LOG_ERROR, "engine_restart_failed", "model", LMS_LOG_STR(x->cfg->id),
+                "error", LMS_LOG_STR(err));
+        return; /* the expert is FAILED: its next request loads it again */
     }
     s->n_restarts++;
-    if (s->sup)
-        lms_supervisor_reset(s->sup);
-    lms_log(LMS_LOG_WARN, "engine_restarted", "model", LMS_LOG_STR(s->model_id), "restarts",
+    if (s->xs[x->index].sup)
+        lms_supervisor_reset(s->xs[x->index].sup);
+    lms_log(LMS_LOG_WARN, "engine_restarted", "model", LMS_LOG_STR(x->cfg->id), "restarts",
             LMS_LOG_U64(s->n_restarts));
 }
 
-void lms_server_engine_stalled(lms_server *s)
+void lms_server_engine_stalled(lms_server *s, lms_sched *sched)
 {
     pthread_mutex_lock(&s->mu);
-    s->pend_restart = true;
+    if (sched && s->n_stalled < SRV_MAX_STALLED)
+        s->pend_stalled[s->n_stalled++] = sched;
+    else
+        s->stalled_all = true;
     if (s->ctx_alive)
         lws_cancel_service(s->ctx);
     pthread_mutex_unlock(&s->mu);
 }
 
-void server_request_restart(lms_server *s)
+void server_request_restart(lms_server *s, lms_expert *x)
 {
-    lms_server_engine_stalled(s);
+    s->xs[x->index].restart = true;
+    lws_cancel_service(s->ctx); /* handled by the next drain_queue */
+}
+
+/* Restarts the experts whose schedulers stalled (a scheduler no expert
+ * holds any more was replaced or unloaded already). */
+static void restarts(lms_server *s, lms_sched *const *stalled, int n, bool all)
+{
+    for (int i = 0; i < lms_registry_count_all(s->reg); i++) {
+        lms_expert *x = lms_registry_at(s->reg, i);
+        bool hit = all || s->xs[i].restart;
+        for (int k = 0; k < n && !hit; k++)
+            hit = x->sched && x->sched == stalled[k];
+        s->xs[i].restart = false;
+        if (hit && x->sched)
+            restart_engine(s, x);
+    }
 }
 
 /* EVENT_WAIT_CANCELLED: everything other threads posted. */
@@ -213,27 +272,20 @@ static void drain_queue(lms_server *s)
     s->q = NULL;
     s->n_q = s->cap_q = 0;
     s->wake_pending = false;
-    bool attach = s->pend_attach;
-    s->pend_attach = false;
-    char *fail = s->pend_fail;
-    s->pend_fail = NULL;
+    bool poll = s->pend_poll;
+    s->pend_poll = false;
+    lms_sched *stalled[SRV_MAX_STALLED];
+    int n_stalled = s->n_stalled;
+    memcpy(stalled, s->pend_stalled, sizeof stalled);
+    bool all = s->stalled_all;
+    s->n_stalled = 0;
+    s->stalled_all = false;
     int stops = s->stop_requests;
-    bool restart = s->pend_restart;
-    s->pend_restart = false;
     pthread_mutex_unlock(&s->mu);
 
-    if (restart)
-        restart_engine(s);
-
-    if (attach)
-        do_attach(s, s->pend_model, s->pend_sched, &s->pend_fmt);
-    if (fail) {
-        lms_log(LMS_LOG_ERROR, "model_load_failed", "error", LMS_LOG_STR(fail));
-        free(fail);
-        s->state = SRV_FAILED;
-        s->exit_code = 1;
-        set_done(s);
-    }
+    restarts(s, stalled, n_stalled, all);
+    if (poll)
+        lms_registry_poll(s->reg, on_change, s);
     for (size_t i = 0; i < n; i++)
         task_dispatch(s, q[i].ev, q[i].t_ms);
     free(q);
@@ -265,7 +317,8 @@ static void abort_all(lms_server *s, double now)
     s->drain_deadline = now + 2000;
     for (conn *c = s->conns; c; c = c->next)
         for (task *t = c->tasks; t; t = t->c_next)
-            lms_sched_abort(s->sched, t->id);
+            if (t->x->sched)
+                lms_sched_abort(t->x->sched, t->id);
 }
 
 static void tick_cb(lws_sorted_usec_list_t *sul)
@@ -283,7 +336,9 @@ static void tick_cb(lws_sorted_usec_list_t *sul)
             lms_thermal_update(s->p.thermal, temp, now);
         }
     }
-    if (s->sched && now - s->t_last_broadcast >= 990) {
+    if (s->state == SRV_READY)
+        lms_registry_tick(s->reg, now);
+    if (s->state != SRV_LOADING && now - s->t_last_broadcast >= 990) {
         s->t_last_broadcast = now;
         bool any = false;
         for (conn *c = s->conns; c && !any; c = c->next)
@@ -390,16 +445,6 @@ static char *dup_or_null(const char *s)
     return s && s[0] ? strdup(s) : NULL;
 }
 
-static void base_name(lms_server *s, const char *path)
-{
-    const char *b = strrchr(path, '/');
-    b = b ? b + 1 : path;
-    snprintf(s->model_base, sizeof s->model_base, "%s", b);
-    size_t n = strlen(s->model_base);
-    if (n > 5 && !strcmp(s->model_base + n - 5, ".gguf"))
-        s->model_base[n - 5] = 0;
-}
-
 static void set_defaults(lms_server *s, const lms_server_params *p)
 {
     s->p = *p;
@@ -415,10 +460,7 @@ static void set_defaults(lms_server *s, const lms_server_params *p)
         s->p.grace_ms = 10000;
     s->host = dup_or_null(p->host);
     s->api_key = dup_or_null(p->api_key);
-    s->model_path = dup_or_null(p->model_path);
-    s->model_alias = dup_or_null(p->model_alias);
-    if (s->model_path)
-        base_name(s, s->model_path);
+    s->p.route = NULL; /* taken by the registry */
     if (getrandom(&s->rng, sizeof s->rng, 0) != sizeof s->rng)
         s->rng = (uint64_t)lms_now_ms() ^ ((uint64_t)getpid() << 32);
     s->rng |= 1;
@@ -455,23 +497,56 @@ static int create_context(lms_server *s, char *err, size_t errsz)
     return 0;
 }
 
+/* The registry, the router and the per-expert state; takes p->route. */
+static int create_models(lms_server *s, lms_route_cfg *route, char *err, size_t errsz)
+{
+    int n = route->n_experts + 1; /* the router's own model may follow the experts */
+    s->xs = calloc((size_t)n, sizeof *s->xs);
+    if (!s->xs) {
+        lms_route_cfg_free(route);
+        return lms_errf(err, errsz, LMS_ERR_NOMEM, "out of memory");
+    }
+    s->n_xs = n;
+    for (int i = 0; i < n && s->p.min_tps > 0; i++) {
+        lms_supervisor_params sp = {.floor_tps = s->p.min_tps, .window = 8, .min_tokens = 16};
+        s->xs[i].sup = lms_supervisor_create(&sp, NULL, NULL);
+    }
+    lms_registry_hooks h = {.prepare = hook_prepare, .release = hook_release,
+                            .wake = hook_wake, .ud = s};
+    int rc = lms_registry_create(route, &s->p.sched, &h, &s->reg, err, errsz);
+    if (rc < 0) {
+        lms_route_cfg_free(route);
+        return rc;
+    }
+    if (lms_router_create(lms_registry_cfg(s->reg), &s->router) < 0)
+        return lms_errf(err, errsz, LMS_ERR_NOMEM, "out of memory");
+    return 0;
+}
+
 int lms_server_create(const lms_server_params *p, lms_server **out, char *err, size_t errsz)
 {
-    if (p->port < 0 || p->port > 65535)
+    lms_route_cfg *route = p->route;
+    if (!route || route->n_experts < 1) {
+        if (route)
+            lms_route_cfg_free(route);
+        return lms_errf(err, errsz, LMS_ERR_INVAL, "no model to serve");
+    }
+    if (p->port < 0 || p->port > 65535) {
+        lms_route_cfg_free(route);
         return lms_errf(err, errsz, LMS_ERR_INVAL, "port %d is not in [0, 65535]", p->port);
+    }
     lms_server *s = calloc(1, sizeof *s);
     if (!s || tasks_init(s) < 0) {
         free(s);
+        lms_route_cfg_free(route);
         return lms_errf(err, errsz, LMS_ERR_NOMEM, "out of memory");
     }
     pthread_mutex_init(&s->mu, NULL);
     set_defaults(s, p);
     s->gpu = lms_gpumon_create(NULL); /* NULL only when out of memory: then no GPU data */
-    if (p->min_tps > 0) {
-        lms_supervisor_params sp = {.floor_tps = p->min_tps, .window = 8, .min_tokens = 16};
-        s->sup = lms_supervisor_create(&sp, NULL, NULL);
-    }
-    int rc = create_context(s, err, errsz);
+    int rc = create_models(s, route, err, errsz);
+    if (rc == 0)
+        rc = create_context(s, err, errsz);
     if (rc < 0) {
         lms_server_destroy(s);
         return rc;
@@ -485,34 +560,6 @@ int lms_server_port(const lms_server *s)
     return s->port;
 }
 
-int lms_server_attach(lms_server *s, lms_model *m, lms_sched *sched, char *err, size_t errsz)
-{
-    chatfmt fmt;
-    int rc = chatfmt_init(&fmt, m, err, errsz);
-    if (rc < 0)
-        return rc;
-    pthread_mutex_lock(&s->mu);
-    s->pend_model = m;
-    s->pend_sched = sched;
-    s->pend_fmt = fmt;
-    s->pend_attach = true;
-    if (s->ctx_alive)
-        lws_cancel_service(s->ctx);
-    pthread_mutex_unlock(&s->mu);
-    return 0;
-}
-
-void lms_server_fail(lms_server *s, const char *msg)
-{
-    char *copy = strdup(msg ? msg : "loading the model failed");
-    pthread_mutex_lock(&s->mu);
-    free(s->pend_fail);
-    s->pend_fail = copy;
-    if (s->ctx_alive)
-        lws_cancel_service(s->ctx);
-    pthread_mutex_unlock(&s->mu);
-}
-
 void lms_server_stop(lms_server *s)
 {
     pthread_mutex_lock(&s->mu);
@@ -522,6 +569,47 @@ void lms_server_stop(lms_server *s)
     pthread_mutex_unlock(&s->mu);
 }
 
+static int cmp_priority(const void *a, const void *b)
+{
+    const lms_expert *x = *(lms_expert *const *)a, *y = *(lms_expert *const *)b;
+    if (x->cfg->priority != y->cfg->priority)
+        return x->cfg->priority > y->cfg->priority ? -1 : 1;
+    return x->index - y->index;
+}
+
+/* The loads at start: every expert (lazy loading off) or the warm-up pool
+ * (on), highest priority first, as far as max_loaded_experts and the
+ * memory threshold allow. Without lazy loading the server is ready when
+ * they are loaded; with it, at once. */
+static void start_models(lms_server *s)
+{
+    const lms_route_cfg *cfg = lms_registry_cfg(s->reg);
+    int n = lms_registry_count(s->reg);
+    lms_expert **order = calloc((size_t)n, sizeof *order);
+    int want = cfg->lazy ? cfg->warmup : n;
+    if (cfg->max_loaded > 0 && want > cfg->max_loaded)
+        want = cfg->max_loaded;
+    for (int i = 0; order && i < n; i++)
+        order[i] = lms_registry_at(s->reg, i);
+    if (order)
+        qsort(order, (size_t)n, sizeof *order, cmp_priority);
+    int started = 0;
+    for (int i = 0; order && i < n && started < want; i++) {
+        char err[384];
+        if (lms_registry_want(s->reg, order[i], err, sizeof err) < 0)
+            break; /* over the memory threshold: the rest load on use */
+        started++;
+    }
+    free(order);
+    lms_expert *e = lms_registry_embedder(s->reg);
+    if (e && e->index >= n) { /* the router's own model: loads at start, never waited for */
+        char err[384];
+        lms_registry_want(s->reg, e, err, sizeof err);
+    }
+    if (cfg->lazy || started == 0)
+        become_ready(s);
+}
+
 int lms_server_run(lms_server *s)
 {
     char url[300];
@@ -529,6 +617,7 @@ int lms_server_run(lms_server *s)
     lms_log(LMS_LOG_INFO, "server_listening", "url", LMS_LOG_STR(url), "websocket",
             LMS_LOG_STR("/ws"), "auth", LMS_LOG_BOOL(s->api_key != NULL));
     s->t_last_broadcast = lms_now_ms();
+    start_models(s);
     lws_sul_schedule(s->ctx, 0, &s->sul_tick, tick_cb, TICK_US);
     while (!s->done)
         if (lws_service(s->ctx, 0) < 0)
@@ -547,23 +636,18 @@ void lms_server_destroy(lms_server *s)
     if (s->ctx)
         lws_context_destroy(s->ctx); /* closes sockets: their tasks are aborted */
     s->ctx = NULL;
-    lms_sched_destroy(s->sched);    /* final events go to the queue, unread */
-    chatfmt_deinit(&s->fmt);
-    if (s->pend_attach) {
-        lms_sched_destroy(s->pend_sched);
-        chatfmt_deinit(&s->pend_fmt);
-    }
+    lms_registry_destroy(s->reg);   /* final events go to the queue, unread */
+    lms_router_destroy(s->router);
     for (size_t i = 0; i < s->n_q; i++)
         lms_event_free(s->q[i].ev);
     free(s->q);
-    free(s->pend_fail);
     tasks_deinit(s);
     lms_gpumon_destroy(s->gpu);
-    lms_supervisor_destroy(s->sup);
+    for (int i = 0; i < s->n_xs; i++)
+        lms_supervisor_destroy(s->xs[i].sup);
+    free(s->xs);
     free(s->host);
     free(s->api_key);
-    free(s->model_path);
-    free(s->model_alias);
     pthread_mutex_destroy(&s->mu);
     free(s);
 }

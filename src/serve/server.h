@@ -5,15 +5,19 @@
  *   Server-Sent Events              streamed completions
  *   WebSocket at /ws                the `op` and `type` dialects (DESIGN.md)
  *
- * The server comes up before the model: lms_server_create binds the port,
- * lms_server_run serves /health (503 "loading") at once, and whoever loads
- * the model hands it over with lms_server_attach from any thread. Until
- * then inference requests get 503.
+ * Models: the server serves the experts of a route configuration
+ * (route/config.h; `serve -m` is a configuration of one) through the model
+ * registry (route/registry.h), whose loader thread loads them. The server
+ * comes up before the models: lms_server_run serves /health (503
+ * "loading") at once while the models loaded at start load, then 200.
+ * With lazy loading it is ready at once and models load on first use.
+ * A model that fails to load at start (without lazy loading) ends
+ * lms_server_run with exit status 1.
  *
  * Threads: lms_server_run is the event loop and the only thread that
- * touches a socket. lms_server_attach, lms_server_fail and lms_server_stop
- * may be called from any thread (not from a signal handler); they post to
- * the loop and wake it.
+ * touches a socket. lms_server_engine_stalled and lms_server_stop may be
+ * called from any thread (not from a signal handler); they post to the
+ * loop and wake it.
  */
 #ifndef LMS_SERVER_H
 #define LMS_SERVER_H
@@ -25,6 +29,7 @@
 #include "engine/sched.h"
 #include "ops/thermal.h"
 #include "model/model.h"
+#include "route/config.h"
 
 typedef struct lms_server_params {
     const char *host;         /* address to bind; NULL or "" = all */
@@ -34,8 +39,9 @@ typedef struct lms_server_params {
     size_t max_frame_bytes;   /* one WebSocket message; 0 = max_body_bytes */
     int max_conns;            /* open connections; 0 = 512 */
     double grace_ms;          /* shutdown: how long running streams may finish; 0 = 10 s */
-    const char *model_path;   /* its base name is accepted as a model id too (may be NULL) */
-    const char *model_alias;  /* the model id clients see; NULL = the model's name */
+    lms_route_cfg *route;     /* the experts (taken by lms_server_create, even on failure) */
+    lms_sched_params sched;   /* scheduler parameters of every model (n_ctx 0: the model's
+                               * training context, at most 4096) */
     lms_thermal *thermal;     /* borrowed: fed the hottest GPU's temperature every second and
                                * shown by /health, /stats, /metrics (NULL: off) */
     double min_tps;           /* supervisor: restart the engine when the decode speed of the
@@ -47,35 +53,30 @@ typedef struct lms_server_params {
 
 typedef struct lms_server lms_server;
 
-/* Creates the server and binds the port (no thread started). On failure
+/* Creates the server and binds the port; starts the model loader thread
+ * (nothing loads before lms_server_run). On failure
  * returns < 0 with a message. Strings in p are copied. */
 int lms_server_create(const lms_server_params *p, lms_server **out, char *err, size_t errsz);
 /* The port actually bound. */
 int lms_server_port(const lms_server *s);
 
-/* Hands the loaded model over (any thread). The server takes ownership of
- * sched (destroyed in lms_server_destroy); the model is borrowed and must
- * outlive the server. Returns < 0 with a message if the chat template
- * cannot be prepared (nothing is taken then). */
-int lms_server_attach(lms_server *s, lms_model *m, lms_sched *sched, char *err, size_t errsz);
-/* Loading failed (any thread): the server logs msg and lms_server_run
- * returns 1. */
-void lms_server_fail(lms_server *s, const char *msg);
-/* The engine stalled (watchdog) or crawls (supervisor): any thread may
- * call this; the loop thread then abandons the scheduler (its requests end
- * with an error), starts a new one with the same parameters and serves on. */
-void lms_server_engine_stalled(lms_server *s);
+/* A scheduler stalled (watchdog) or crawls: any thread may call this; the
+ * loop thread then abandons that scheduler (its requests end with an
+ * error), starts a new one for the same model with the same parameters
+ * and serves on. sched NULL: every expert's. */
+void lms_server_engine_stalled(lms_server *s, lms_sched *sched);
 /* Graceful stop (any thread): stop accepting, let running streams finish
  * for up to grace_ms, then lms_server_run returns 0. A second call stops
  * at once. */
 void lms_server_stop(lms_server *s);
 
-/* Runs the event loop on the calling thread until stopped. Returns the
- * process exit status: 0 after a stop, 1 when loading failed. */
+/* Starts the loads of the models served at start and runs the event loop
+ * on the calling thread until stopped. Returns the process exit status: 0
+ * after a stop, 1 when loading failed. */
 int lms_server_run(lms_server *s);
 
-/* Closes every connection, destroys the scheduler, frees the server.
- * NULL is a no-op. */
+/* Closes every connection, frees the models and their schedulers, frees
+ * the server. NULL is a no-op. */
 void lms_server_destroy(lms_server *s);
 
 #endif

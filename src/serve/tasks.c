@@ -81,15 +81,16 @@ static void remove_task(lms_server *s, task *t)
     if (t->c->op_task == t)
         t->c->op_task = NULL;
     s->n_tasks--;
+    lms_registry_end(t->x, lms_now_ms());
     t->ops->destroy(t);
     free(t);
 }
 
 /* Prompt and output must fit one sequence's context (OpenAI's rule: a
  * too-large max_tokens is refused, not silently cut). */
-static int check_budget(const lms_server *s, const lms_request *r, reqerr *e)
+static int check_budget(const lms_expert *x, const lms_request *r, reqerr *e)
 {
-    int32_t n_ctx = lms_sched_params_of(s->sched)->n_ctx;
+    int32_t n_ctx = lms_sched_params_of(x->sched)->n_ctx;
     if (r->n_tokens >= n_ctx)
         reqerr_set(e, 400, r->embedding ? "input" : "messages",
                    "the prompt has %d tokens; the context holds %d (prompt + output)", r->n_tokens,
@@ -105,13 +106,13 @@ static int check_budget(const lms_server *s, const lms_request *r, reqerr *e)
 }
 
 /* --log-prompts: the prompt as text (special tokens shown), at most 16 KiB. */
-static void log_prompt(lms_server *s, const lms_request *r, const task *t)
+static void log_prompt(const lms_request *r, const task *t)
 {
     enum { CAP = 16384 };
     char *text = malloc(CAP);
     size_t n = 0;
     for (int32_t i = 0; text && i < r->n_tokens && n < CAP - 256; i++) {
-        int k = lms_token_to_piece(s->model->tok, r->tokens[i], true, text + n, CAP - 1 - n);
+        int k = lms_token_to_piece(t->x->model->tok, r->tokens[i], true, text + n, CAP - 1 - n);
         n += k > 0 ? (size_t)k : 0;
     }
     lms_log(LMS_LOG_INFO, "request_prompt", "req_id", LMS_LOG_U64(t->id), "client",
@@ -123,12 +124,13 @@ static void log_prompt(lms_server *s, const lms_request *r, const task *t)
 task *task_submit(conn *c, lms_request *r, const task_ops *ops, void *state, reqerr *e)
 {
     lms_server *s = c->srv;
-    if (!s->sched) {
+    lms_expert *x = c->x;
+    if (!x || !x->sched) {
         reqerr_set(e, 503, NULL, "the model is still loading");
         e->code = "model_loading";
         return NULL;
     }
-    if (check_budget(s, r, e) < 0) {
+    if (check_budget(x, r, e) < 0) {
         s->met.by_finish[FIN_REJECTED]++;
         return NULL;
     }
@@ -145,7 +147,7 @@ task *task_submit(conn *c, lms_request *r, const task_ops *ops, void *state, req
     r->user = s;
     char msg[256] = "";
     uint64_t id = 0;
-    int rc = lms_sched_submit(s->sched, r, &id, msg, sizeof msg);
+    int rc = lms_sched_submit(x->sched, r, &id, msg, sizeof msg);
     if (rc < 0) {
         free(t);
         s->met.by_finish[FIN_REJECTED]++;
@@ -154,34 +156,37 @@ task *task_submit(conn *c, lms_request *r, const task_ops *ops, void *state, req
     }
     t->id = id;
     t->c = c;
+    t->x = x;
+    lms_registry_begin(x, lms_now_ms());
     memcpy(t->peer, c->peer, sizeof t->peer);
     t->ops = ops;
     t->state = state;
     link_task(s, t);
     if (s->p.log_prompts)
-        log_prompt(s, r, t);
+        log_prompt(r, t);
     return t;
 }
 
 void task_cancel(task *t)
 {
     lms_server *s = t->c->srv;
-    if (s->sched)
-        lms_sched_abort(s->sched, t->id);
+    if (t->x->sched)
+        lms_sched_abort(t->x->sched, t->id);
     remove_task(s, t);
 }
 
-static void log_end(lms_server *s, const lms_event *ev, const task *t)
+static void log_end(const lms_event *ev, const task *t)
 {
     const lms_req_stats *st = &ev->stats;
     const char *peer = t ? t->peer : "";
+    const char *model = t ? t->x->cfg->id : "";
     if (ev->type == LMS_EV_ERROR)
         lms_log(LMS_LOG_WARN, "request_failed", "req_id", LMS_LOG_U64(ev->id), "model",
-                LMS_LOG_STR(s->model_id), "client", LMS_LOG_STR(peer), "error",
+                LMS_LOG_STR(model), "client", LMS_LOG_STR(peer), "error",
                 LMS_LOG_STR(ev->message));
     else
         lms_log(LMS_LOG_INFO, "request_end", "req_id", LMS_LOG_U64(ev->id), "model",
-                LMS_LOG_STR(s->model_id), "client", LMS_LOG_STR(peer), "finish",
+                LMS_LOG_STR(model), "client", LMS_LOG_STR(peer), "finish",
                 LMS_LOG_STR(st->finish), "client_gone", LMS_LOG_BOOL(!t),
                 "prompt_tokens", LMS_LOG_I64(st->n_prompt), "cached_tokens",
                 LMS_LOG_I64(st->n_cached), "gen_tokens", LMS_LOG_I64(st->n_gen), "ttft_ms",
@@ -192,9 +197,10 @@ static void log_end(lms_server *s, const lms_event *ev, const task *t)
 void task_dispatch(lms_server *s, lms_event *ev, double t_ms)
 {
     bool terminal = ev->type == LMS_EV_END || ev->type == LMS_EV_ERROR;
-    if (terminal)
-        metrics_on_terminal(&s->met, ev);
     task *t = find(s, ev->id);
+    bool internal = t && t->internal;
+    if (terminal && !internal)
+        metrics_on_terminal(&s->met, ev);
     if (t) {
         if (ev->type == LMS_EV_TOKEN && ev->token >= 0) {
             if (t->t_last_tok > 0)
@@ -205,13 +211,16 @@ void task_dispatch(lms_server *s, lms_event *ev, double t_ms)
         t->ops->on_event(t, ev, t_ms);
     }
     if (terminal) {
-        log_end(s, ev, t);
+        if (!internal)
+            log_end(ev, t);
+        lms_expert *x = t ? t->x : NULL;
+        lms_supervisor *sup = x && !internal ? s->xs[x->index].sup : NULL;
         if (t)
             remove_task(s, t);
-        if (s->sup && ev->type == LMS_EV_END && ev->stats.n_gen > 1 && ev->stats.tps > 0 &&
-            lms_supervisor_record(s->sup, ev->stats.n_gen - 1, (ev->stats.n_gen - 1) * 1000.0 /
-                                                                   ev->stats.tps))
-            server_request_restart(s);
+        if (sup && ev->type == LMS_EV_END && ev->stats.n_gen > 1 && ev->stats.tps > 0 &&
+            lms_supervisor_record(sup, ev->stats.n_gen - 1, (ev->stats.n_gen - 1) * 1000.0 /
+                                                               ev->stats.tps))
+            server_request_restart(s, x);
     }
     lms_event_free(ev);
 }

@@ -38,9 +38,9 @@ void ws_op_hello(conn *c)
     lms_server *s = c->srv;
     json_t *o = json_object();
     json_object_set_new(o, "op", json_string("hello"));
-    json_object_set_new(o, "status", json_string(s->sched ? "ready" : "loading"));
-    json_object_set_new(o, "model", s->sched ? json_string_lossy(s->model_id, strlen(s->model_id))
-                                             : json_null());
+    bool ready = s->state == SRV_READY;
+    json_object_set_new(o, "status", json_string(ready ? "ready" : "loading"));
+    json_object_set_new(o, "model", ready ? xid_json(server_default_expert(s)) : json_null());
     conn_out_ws_json(c, o);
 }
 
@@ -50,7 +50,7 @@ bool ws_check_ready(conn *c, const char *session_id)
         ws_send_error(c, session_id, "the server is shutting down");
         return false;
     }
-    if (!c->srv->sched) {
+    if (c->srv->state != SRV_READY) {
         ws_send_error(c, session_id, "the model is still loading");
         return false;
     }
@@ -112,14 +112,14 @@ static const task_ops op_ops = {op_on_event, op_destroy};
 static int prompt_tokens(conn *c, const char *prompt, const char *system, bool raw,
                          int32_t **toks, int32_t *n, reqerr *e)
 {
-    lms_server *s = c->srv;
-    if (raw || !s->fmt.model_has_own)
-        return chatfmt_text_tokens(s->model, prompt, strlen(prompt), true, toks, n, e);
+    const lms_expert *x = c->x;
+    if (raw || !xfmt(x)->model_has_own)
+        return chatfmt_text_tokens(x->model, prompt, strlen(prompt), true, toks, n, e);
     json_t *msgs = json_array();
     if (system)
         json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", system));
     json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", prompt));
-    int rc = chatfmt_tokens(&s->fmt, s->model, msgs, NULL, toks, n, e);
+    int rc = chatfmt_tokens(xfmt(x), x->model, msgs, NULL, toks, n, e);
     json_decref(msgs);
     return rc;
 }
@@ -138,6 +138,8 @@ static int parse_infer(const json_t *msg, genparams *gp, const char **prompt,
     return 0;
 }
 
+static int op_infer_again(conn *c, json_t *msg);
+
 static void op_infer(conn *c, json_t *msg)
 {
     if (!ws_check_ready(c, NULL))
@@ -148,6 +150,12 @@ static void op_infer(conn *c, json_t *msg)
         return;
     }
     reqerr e;
+    int picked = pick_expert(c, msg, op_infer_again, &e);
+    if (picked <= 0) {
+        if (picked < 0)
+            ws_send_error(c, NULL, "%s", e.msg);
+        return; /* or parked: op_infer_again runs once the model is loaded */
+    }
     const char *prompt = NULL, *system = NULL;
     bool raw = false;
     genparams gp;
@@ -165,6 +173,12 @@ static void op_infer(conn *c, json_t *msg)
         ws_send_error(c, NULL, "%s", e.msg);
     free(toks);
     genparams_deinit(&gp);
+}
+
+static int op_infer_again(conn *c, json_t *msg)
+{
+    op_infer(c, msg);
+    return 0;
 }
 
 static void op_metrics(conn *c, json_t *msg)
@@ -188,8 +202,8 @@ void ws_op_handle(conn *c, json_t *msg)
     } else if (!strcmp(op, "infer")) {
         op_infer(c, msg);
     } else if (!strcmp(op, "abort")) {
-        if (c->op_task && c->srv->sched)
-            lms_sched_abort(c->srv->sched, c->op_task->id); /* "end" follows */
+        if (c->op_task && c->op_task->x->sched)
+            lms_sched_abort(c->op_task->x->sched, c->op_task->id); /* "end" follows */
     } else if (!strcmp(op, "metrics")) {
         op_metrics(c, msg);
     } else if (!strcmp(op, "ping")) {
@@ -204,11 +218,10 @@ void ws_op_handle(conn *c, json_t *msg)
 json_t *ws_op_metrics_msg(lms_server *s)
 {
     lms_sched_stats st;
-    memset(&st, 0, sizeof st);
-    if (s->sched)
-        lms_sched_get_stats(s->sched, &st);
-    const char *state = !s->sched ? "loading" : st.n_running + st.n_queued > 0 ? "generating"
-                                                                               : "idle";
+    metrics_sched_sum(s, &st);
+    const char *state = s->state == SRV_LOADING ? "loading"
+                        : st.n_running + st.n_queued > 0 ? "generating"
+                                                         : "idle";
     json_t *inf = json_object();
     json_object_set_new(inf, "state", json_string(state));
     json_object_set_new(inf, "last_tps", json_real_safe(round1(st.last_tps)));

@@ -143,7 +143,7 @@ static int start(conn *c, const json_t *msg, const char *sid, reqerr *e)
     if (rc == 0 && !(msgs = conversation(msg, e)))
         rc = -1;
     if (rc == 0)
-        rc = chatfmt_tokens(&s->fmt, s->model, msgs, NULL, &toks, &n, e);
+        rc = chatfmt_tokens(xfmt(c->x), c->x->model, msgs, NULL, &toks, &n, e);
     if (rc == 0 && (!(j = calloc(1, sizeof *j)) || !(j->sid = strdup(sid))))
         rc = reqerr_set(e, 503, NULL, "out of memory");
     if (rc == 0) {
@@ -160,6 +160,8 @@ static int start(conn *c, const json_t *msg, const char *sid, reqerr *e)
     return rc;
 }
 
+static int type_again(conn *c, json_t *msg);
+
 static void generate(conn *c, const json_t *msg, const char *sid)
 {
     if (!ws_check_ready(c, sid))
@@ -175,17 +177,26 @@ static void generate(conn *c, const json_t *msg, const char *sid)
         return;
     }
     reqerr e;
-    if (start(c, msg, sid, &e) < 0)
+    int picked = pick_expert(c, (json_t *)msg, type_again, &e);
+    if (picked > 0 && start(c, msg, sid, &e) < 0)
+        picked = -1;
+    if (picked < 0)
         ws_send_error(c, sid, "%s", e.msg);
+}
+
+/* A generate parked while its model loaded, handled again. */
+static int type_again(conn *c, json_t *msg)
+{
+    ws_type_handle(c, msg);
+    return 0;
 }
 
 static void abort_sessions(conn *c, const char *sid)
 {
-    if (!c->srv->sched)
-        return;
     for (task *t = c->tasks; t; t = t->c_next)
-        if (t->ops == &type_ops && (!sid || !strcmp(((type_job *)t->state)->sid, sid)))
-            lms_sched_abort(c->srv->sched, t->id); /* "done" follows */
+        if (t->ops == &type_ops && t->x->sched &&
+            (!sid || !strcmp(((type_job *)t->state)->sid, sid)))
+            lms_sched_abort(t->x->sched, t->id); /* "done" follows */
 }
 
 static void pong(conn *c, const json_t *msg)

@@ -1,0 +1,71 @@
+/*
+ * config.h - the multi-model configuration (`lmserv serve --config FILE`):
+ * which expert models exist, how they are loaded and unloaded, and how a
+ * request without a model name is routed. DESIGN.md ("Configuration")
+ * shows the file:
+ *
+ *   {"experts": [{"expert_id", "model_path", "domain", "priority", "examples"}],
+ *    "lazy_loading": {"enabled", "warmup_pool_size", "max_loaded_experts",
+ *                     "memory_threshold", "auto_unload_after_s"},
+ *    "router": {"default", "embedding_model", "threshold"},
+ *      embedding_model: null (lexical router), an expert_id, or a GGUF path
+ *    "model_dirs": ["/models", ...]}
+ *
+ * The file is untrusted input: every field is checked, and an error names
+ * the file and the field ("experts[1].priority: must be an integer"), or the
+ * line and column of a JSON syntax error. A relative model_path is relative
+ * to the directory of the config file and must stay inside it; with
+ * "model_dirs" every model must lie (after resolving links) under one of
+ * those directories.
+ *
+ * `serve -m FILE` builds a one-expert configuration (lms_route_cfg_single)
+ * so that the server has one code path.
+ */
+#ifndef LMS_ROUTE_CONFIG_H
+#define LMS_ROUTE_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#define LMS_EXPERT_ID_MAX 128
+
+typedef struct lms_expert_cfg {
+    char *id;           /* expert_id: [A-Za-z0-9._:-], 1..LMS_EXPERT_ID_MAX bytes */
+    char *path;         /* model_path, resolved (absolute unless from -m) */
+    char *domain;       /* free text used by the router; NULL when absent */
+    int priority;       /* higher wins ties and the warm-up order; default 0 */
+    char **examples;    /* [n_examples] texts this expert should answer */
+    int n_examples;
+} lms_expert_cfg;
+
+typedef struct lms_route_cfg {
+    lms_expert_cfg *experts;  /* [n_experts], config order */
+    int n_experts;
+    bool lazy;                /* lazy_loading.enabled: load on first use */
+    int warmup;               /* lazy: experts loaded at start, highest priority first */
+    int max_loaded;           /* experts loaded at once; 0 = no limit */
+    double mem_threshold;     /* fraction of MemTotal for weights + KV; 0 = no limit */
+    double unload_after_s;    /* idle time before an unload; 0 = never */
+    char *default_id;         /* router.default (an expert id) or NULL */
+    char *embedding_model;    /* router.embedding_model as written, or NULL (lexical router) */
+    int embed_expert;         /* it names this expert (its model embeds), or -1 */
+    lms_expert_cfg embedder;  /* it names a GGUF file: a model loaded for the router only
+                               * (id "router-embedding", path resolved; id NULL otherwise) */
+    double threshold;         /* router.threshold: lower scores go to the default */
+    bool single;              /* built by lms_route_cfg_single (serve -m) */
+} lms_route_cfg;
+
+/* Reads and checks a config file. On failure returns < 0 with a message
+ * naming the file and the field; *out is then untouched. */
+int lms_route_cfg_load(const char *path, lms_route_cfg *out, char *err, size_t errsz);
+/* The same from text; base_dir resolves relative model paths (NULL: the
+ * current directory) and name is used in messages. */
+int lms_route_cfg_parse(const char *text, size_t n, const char *name, const char *base_dir,
+                        lms_route_cfg *out, char *err, size_t errsz);
+/* One eagerly loaded expert serving model_path under id (serve -m). */
+int lms_route_cfg_single(const char *model_path, const char *id, lms_route_cfg *out);
+void lms_route_cfg_free(lms_route_cfg *c);
+/* The index of the expert named id, or -1. */
+int lms_route_cfg_find(const lms_route_cfg *c, const char *id);
+
+#endif
