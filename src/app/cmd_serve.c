@@ -10,6 +10,8 @@
  *                [--thermal-limit C] [--stall-ms MS] [--min-tps T]
  *                [--gpu-layers auto|N|all] [--vram-margin-mb N] [--vram-budget-mb N]
  *                [--kv-type f16|q8_0|q4_0] [--kv-budget MIB] [--batch-tokens N] [--timeout S]
+ *                [--lora FILE] [--lora-scaled FILE SCALE] [--lora-init-without-apply]
+ *                [--lora-dir DIR]
  *
  * Environment (flags win): INFERENCE_MODEL_NAME (model path),
  * INFERENCE_HOST, INFERENCE_PORT, LMSERV_API_KEY.
@@ -28,6 +30,12 @@
  * semantic router; a bad file is refused before anything starts, with the
  * field named. The scheduler flags (-t, --parallel, -c, --kv-type, ...)
  * apply to every model.
+ *
+ * LoRA adapters: --lora / --lora-scaled load adapters with the -m model
+ * (the config lists them per expert), applied to every request that names
+ * none (--lora-init-without-apply: to none of them, until a request or
+ * POST /lora-adapters gives them a scale); --lora-dir lets clients load
+ * more at run time from that folder (serve/api_lora.c).
  *
  * Threads: the main thread runs the server's event loop; the model
  * registry's loader thread (route/registry.h) reads models and starts
@@ -64,6 +72,9 @@ typedef struct serve_opts {
     int64_t port, threads, parallel, n_ctx, max_body, queue, batch, max_conns;
     int64_t log_max_mb, log_keep, stall_ms, kv_budget_mb;
     app_gpu_opts gpu;
+    app_lora_opts lora;
+    bool lora_no_apply;        /* --lora-init-without-apply */
+    const char *lora_dir;
     double grace_s, thermal_limit, min_tps, timeout_s;
     bool log_prompts;
     char default_model[1024];
@@ -137,6 +148,7 @@ static int parse(int argc, char **argv, serve_opts *o)
                            : !strcmp(a, "--log-file")                ? &o->log_file
                            : !strcmp(a, "--log-level")               ? &o->log_level
                            : !strcmp(a, "--kv-type")                 ? &o->kv_type
+                           : !strcmp(a, "--lora-dir")                ? &o->lora_dir
                                                                      : NULL;
         if (str)
             ok = (*str = args_value(argc, argv, &i)) != NULL;
@@ -150,6 +162,10 @@ static int parse(int argc, char **argv, serve_opts *o)
             ok = i + 1 < argc && args_float(a, argv[++i], 0, 1e6, &o->min_tps);
         else if (!strcmp(a, "--log-prompts"))
             o->log_prompts = true;
+        else if (!strcmp(a, "--lora-init-without-apply"))
+            o->lora_no_apply = true;
+        else if ((gpu = app_lora_arg(argc, argv, &i, &o->lora)) != 0)
+            ok = gpu > 0;
         else if ((gpu = app_gpu_arg(argc, argv, &i, &o->gpu)) != 0)
             ok = gpu > 0; /* errors are printed by app_gpu_arg */
         else if (!int_flag(argc, argv, &i, o, &ok)) {
@@ -161,6 +177,11 @@ static int parse(int argc, char **argv, serve_opts *o)
     }
     if (o->config && o->model && o->model != o->env_model) {
         fprintf(stderr, "lmserv serve: -m and --config exclude each other\n");
+        return -1;
+    }
+    if (o->config && o->lora.n) {
+        fprintf(stderr, "lmserv serve: --lora goes with -m; list a config's adapters in its "
+                        "experts' \"lora\"\n");
         return -1;
     }
     if (o->kv_type && app_kv_type(o->kv_type) < 0) {
@@ -270,6 +291,13 @@ static int single_model(const serve_opts *o, lms_route_cfg *cfg)
         fprintf(stderr, "lmserv serve: out of memory\n");
         return -1;
     }
+    for (int k = 0; k < o->lora.n; k++)
+        if (lms_expert_cfg_add_lora(&cfg->experts[0], o->lora.path[k],
+                                    o->lora_no_apply ? 0.0f : o->lora.scale[k]) < 0) {
+            fprintf(stderr, "lmserv serve: out of memory\n");
+            lms_route_cfg_free(cfg);
+            return -1;
+        }
     return 0;
 }
 
@@ -330,7 +358,7 @@ static int start_server(const serve_opts *o, lms_route_cfg *route, lms_server **
         .max_body_bytes = (size_t)o->max_body, .max_conns = (int)o->max_conns,
         .grace_ms = o->grace_s * 1000.0, .route = route, .sched = sched_params(o),
         .thermal = g_ops.thermal, .min_tps = o->min_tps, .log_prompts = o->log_prompts,
-        .request_timeout_ms = o->timeout_s * 1000.0,
+        .request_timeout_ms = o->timeout_s * 1000.0, .lora_dir = o->lora_dir,
     };
     char err[256];
     if (lms_server_create(&p, srv, err, sizeof err) < 0) {

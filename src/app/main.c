@@ -13,10 +13,12 @@ typedef struct command {
 } command;
 
 static const command commands[] = {
-    {"serve", cmd_serve, "serve    -m MODEL [--host H] [--port P] [-t N] [--parallel N] [-c CTX] [--api-key KEY]\n"
-                         "         [--max-body BYTES] [--queue N] [--max-conns N] [--grace S] [--alias NAME]"},
+    {"serve", cmd_serve, "serve    -m MODEL | --config FILE [--host H] [--port P] [-t N] [--parallel N] [-c CTX]\n"
+                         "         [--api-key KEY] [--max-body BYTES] [--queue N] [--max-conns N] [--grace S]\n"
+                         "         [--alias NAME] [--lora FILE] [--lora-scaled FILE SCALE] [--lora-dir DIR]"},
     {"run", cmd_run, "run      -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
-                     "         [--seed S] [--repeat-penalty R] [-c CTX] [-t N] [--chat] [--stop S]"},
+                     "         [--seed S] [--repeat-penalty R] [-c CTX] [-t N] [--chat] [--stop S]\n"
+                     "         [--lora FILE] [--lora-scaled FILE SCALE]"},
     {"tokenize", cmd_tokenize, "tokenize -m MODEL [--no-bos] [--pieces] [--special] TEXT"},
     {"eval", cmd_eval, "eval     -m MODEL --tokens \"1 2 3\" --logits OUT.f32 [--all-positions]"},
     {"info", cmd_info, "info     MODEL [-c CTX]"},

@@ -236,10 +236,64 @@ static int parse_examples(cfgp *P, const json_t *x, const char *where, lms_exper
     return 0;
 }
 
+int lms_expert_cfg_add_lora(lms_expert_cfg *e, const char *path, float scale)
+{
+    if (e->n_loras >= LMS_EXPERT_LORAS)
+        return LMS_ERR_LIMIT;
+    if (!e->lora_paths) {
+        e->lora_paths = calloc(LMS_EXPERT_LORAS, sizeof *e->lora_paths);
+        e->lora_scales = calloc(LMS_EXPERT_LORAS, sizeof *e->lora_scales);
+        if (!e->lora_paths || !e->lora_scales)
+            return LMS_ERR_NOMEM;
+    }
+    if (!(e->lora_paths[e->n_loras] = strdup(path)))
+        return LMS_ERR_NOMEM;
+    e->lora_scales[e->n_loras++] = scale;
+    return 0;
+}
+
+/* "lora": adapters loaded with the model, each a path or {"path", "scale"}
+ * (scale 1 by default; 0 loads it for requests that ask for it). Paths
+ * resolve as model_path does. */
+static int parse_loras(cfgp *P, const json_t *x, const char *where, lms_expert_cfg *e)
+{
+    char field[128];
+    snprintf(field, sizeof field, "%s.lora", where);
+    const json_t *a = json_object_get(x, "lora");
+    if (!a || json_is_null(a))
+        return 0;
+    if (!json_is_array(a) || json_array_size(a) > LMS_EXPERT_LORAS)
+        return fail(P, field, "must be an array of at most %d adapters", LMS_EXPERT_LORAS);
+    for (size_t i = 0; i < json_array_size(a); i++) {
+        char f2[160], f3[176];
+        snprintf(f2, sizeof f2, "%s[%zu]", field, i);
+        const json_t *v = json_array_get(a, i);
+        json_t *o = json_is_string(v) ? json_pack("{s:O}", "path", v) : json_incref((json_t *)v);
+        static const char *const keys[] = {"path", "scale", NULL};
+        char *path = NULL;
+        double scale = 1.0;
+        snprintf(f3, sizeof f3, "%s.path", f2);
+        int rc = !json_is_object(o) ? fail(P, f2, "must be a path or {\"path\", \"scale\"}")
+                                    : only_keys(P, o, f2, keys);
+        if (rc == 0 && (rc = get_str(P, o, "path", f3, true, PATH_MAX - 1, &path)) == 0)
+            rc = resolve_path(P, f3, &path);
+        snprintf(f3, sizeof f3, "%s.scale", f2);
+        if (rc == 0)
+            rc = get_num(P, o, "scale", f3, false, -100, 100, &scale);
+        if (rc == 0 && lms_expert_cfg_add_lora(e, path, (float)scale) < 0)
+            rc = lms_errf(P->err, P->errsz, LMS_ERR_NOMEM, "out of memory");
+        free(path);
+        json_decref(o);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
 static int parse_expert(cfgp *P, const json_t *x, int i, lms_route_cfg *c)
 {
     static const char *const keys[] = {"expert_id", "model_path", "domain", "priority",
-                                       "examples", NULL};
+                                       "examples", "lora", NULL};
     char where[32], field[64];
     snprintf(where, sizeof where, "experts[%d]", i);
     if (!json_is_object(x))
@@ -265,7 +319,9 @@ static int parse_expert(cfgp *P, const json_t *x, int i, lms_route_cfg *c)
     double prio = 0;
     if (rc == 0 && (rc = get_num(P, x, "priority", field, true, -1000000, 1000000, &prio)) == 0)
         e->priority = (int)prio;
-    return rc == 0 ? parse_examples(P, x, where, e) : rc;
+    if (rc == 0)
+        rc = parse_examples(P, x, where, e);
+    return rc == 0 ? parse_loras(P, x, where, e) : rc;
 }
 
 static int parse_experts(cfgp *P, const json_t *root, lms_route_cfg *c)
@@ -479,6 +535,10 @@ static void expert_free(lms_expert_cfg *e)
     for (int k = 0; k < e->n_examples; k++)
         free(e->examples[k]);
     free(e->examples);
+    for (int k = 0; k < e->n_loras; k++)
+        free(e->lora_paths[k]);
+    free(e->lora_paths);
+    free(e->lora_scales);
 }
 
 void lms_route_cfg_free(lms_route_cfg *c)

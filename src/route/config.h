@@ -36,7 +36,14 @@ typedef struct lms_expert_cfg {
     int priority;       /* higher wins ties and the warm-up order; default 0 */
     char **examples;    /* [n_examples] texts this expert should answer */
     int n_examples;
+    char **lora_paths;  /* [n_loras] LoRA adapters loaded with the model ("lora"), resolved */
+    float *lora_scales; /* their scales for requests that name no adapters (0: loaded only) */
+    int n_loras;
 } lms_expert_cfg;
+
+/* Adapters one expert may be started with (each sequence uses at most
+ * LMS_LORA_MAX of them at once). */
+#define LMS_EXPERT_LORAS 16
 
 typedef struct lms_route_cfg {
     lms_expert_cfg *experts;  /* [n_experts], config order */
@@ -64,6 +71,8 @@ int lms_route_cfg_parse(const char *text, size_t n, const char *name, const char
                         lms_route_cfg *out, char *err, size_t errsz);
 /* One eagerly loaded expert serving model_path under id (serve -m). */
 int lms_route_cfg_single(const char *model_path, const char *id, lms_route_cfg *out);
+/* Adds an adapter to expert e (serve -m --lora): path as given, scale. */
+int lms_expert_cfg_add_lora(lms_expert_cfg *e, const char *path, float scale);
 void lms_route_cfg_free(lms_route_cfg *c);
 /* The index of the expert named id, or -1. */
 int lms_route_cfg_find(const lms_route_cfg *c, const char *id);

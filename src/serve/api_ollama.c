@@ -262,7 +262,8 @@ static int generate(conn *c, json_t *body, bool chat)
     int32_t *toks = NULL, n = 0;
     if (rc == 0 && (reqparse_bool(body, "stream", &stream, &e) < 0 ||
                     reqparse_obj(body, "options", &opts, &e) < 0 ||
-                    (opts && reqparse_gen(opts, &gp, &e) < 0)))
+                    (opts && reqparse_gen(opts, &gp, &e) < 0) ||
+                    api_lora_pick(c, body, &gp, &e) < 0))
         rc = -1;
     /* format: "json" holds the output to a JSON object, a JSON schema to
      * the objects it allows (engine/jsonschema.h) */

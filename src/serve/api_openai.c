@@ -555,7 +555,9 @@ static int parse_common(conn *c, const json_t *body, gen_resp *r, genparams *gp,
      * log-probabilities are the answer (as evaluation harnesses ask) */
     gp->zero_max_ok = r->kind == JOB_COMPL && json_is_true(json_object_get(body, "echo")) &&
                       json_is_integer(json_object_get(body, "logprobs"));
-    return reqparse_gen(body, gp, e);
+    if (reqparse_gen(body, gp, e) < 0)
+        return -1;
+    return api_lora_pick(c, body, gp, e);
 }
 
 /* tool_choice "required" or a named function: the reply is held (JSON

@@ -50,6 +50,7 @@ void conn_destroy(conn *c)
 {
     lms_server *s = c->srv;
     conn_cancel_tasks(c);
+    lms_lora_release(c->lora);
     sbuf_free(&c->txn.body);
     sbuf_free(&c->out);
     sbuf_free(&c->rx);

@@ -86,6 +86,9 @@ static const route routes[] = {
     {"/api/tags", false, false, api_ollama_tags, NULL},
     {"/api/ps", false, false, api_ollama_ps, NULL},
     {"/api/version", false, true, api_ollama_version, NULL},
+    {"/lora-adapters", false, false, api_lora_list, api_lora_scales},
+    {"/lora-adapters/load", false, false, NULL, api_lora_load},
+    {"/lora-adapters/unload", false, false, NULL, api_lora_unload},
     {"/ws", false, false, get_ws, NULL},
 };
 #define N_ROUTES ((int)(sizeof routes / sizeof routes[0]))
@@ -355,7 +358,22 @@ int http_on_body_done(conn *c)
     lws_set_timeout(c->wsi, NO_PENDING_TIMEOUT, 0); /* generation may take a while */
     reqerr e;
     json_t *body = NULL;
-    int rc = reqparse_body(t->body.p, t->body.n, &body, &e);
+    size_t lead = 0;
+    while (lead < t->body.n && strchr(" \t\r\n", t->body.p[lead]))
+        lead++;
+    int rc;
+    /* llama-server's POST /lora-adapters sends a bare array: it reaches the
+     * handler as {"lora": array} */
+    if (routes[t->route].post == api_lora_scales && lead < t->body.n && t->body.p[lead] == '[') {
+        json_error_t je;
+        json_t *arr = json_loadb(t->body.p, t->body.n, 0, &je);
+        rc = arr ? 0 : reqerr_set(&e, 400, NULL, "invalid JSON at line %d, column %d: %s",
+                                  je.line, je.column, je.text);
+        if (arr)
+            body = json_pack("{s:o}", "lora", arr);
+    } else {
+        rc = reqparse_body(t->body.p, t->body.n, &body, &e);
+    }
     sbuf_free(&t->body);
     if (rc < 0)
         return http_reply_err(c, &e);

@@ -234,6 +234,7 @@ lms_request genparams_request(const genparams *gp, const int32_t *toks, int32_t 
         .tokens = toks, .n_tokens = n, .sp = gp->sp, .max_tokens = gp->max_tokens,
         .stop = (const char *const *)gp->stop, .n_stop = gp->n_stop,
         .ignore_eos = gp->ignore_eos, .timeout_ms = gp->timeout_ms,
+        .loras = gp->n_loras ? gp->loras : NULL, .n_loras = gp->n_loras,
     };
     return r;
 }

@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "engine/sched.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "model/template.h"
 #include "ops/gpumon.h"
@@ -112,6 +113,9 @@ typedef struct genparams {
     bool zero_max_ok;            /* set before parsing: max_tokens 0 is allowed (echo with
                                   * prompt log-probabilities, nothing generated) */
     double timeout_ms;           /* the request's own deadline ("timeout", seconds); 0 = none */
+    lms_lora_use loras[LMS_LORA_MAX]; /* adapters (api_lora_pick; borrowed from the expert's
+                                  * table or the connection, retained by submit) */
+    int n_loras;
 } genparams;
 
 /* Reads temperature (or `temp`), top_k, top_p, min_p, repeat_penalty,
@@ -203,6 +207,7 @@ struct lms_server {
     /* configuration (copied strings) */
     lms_server_params p;
     char *host, *api_key;
+    char *lora_dir;            /* resolved (realpath), or NULL: no run-time adapter loads */
     struct lws_context *ctx;
     struct lws_vhost *vh;
     int port;
@@ -246,9 +251,21 @@ struct lms_server {
     uint64_t rng;              /* seeds and ids */
 };
 
+/* A LoRA adapter of a loaded model (api_lora.c). */
+typedef struct sadapter {
+    int id;                    /* stable while the model stays loaded */
+    lms_lora *lora;            /* the table's reference */
+    float scale;               /* for requests that name no adapters (llama-server's global
+                                * scale); 0: only for requests that ask for it */
+} sadapter;
+
+#define SRV_MAX_ADAPTERS 16
+
 /* What the server keeps with each loaded model (the registry's attach). */
 typedef struct sattach {
     chatfmt fmt;               /* its chat template */
+    sadapter ad[SRV_MAX_ADAPTERS];
+    int n_ad, next_ad_id;
     float *docs;               /* the router's embedding model: every router document
                                 * embedded, [n_docs][n_embd] unit length; else NULL */
     int n_docs;
@@ -396,6 +413,9 @@ struct conn {
     bool rx_active, rx_binary, rx_too_big;
     int close_code;            /* close with this code once the output is flushed */
     int dialect;
+    lms_lora *lora;            /* type dialect: the session's adapter (load_adapter), owned */
+    lms_expert *lora_x;        /* the expert it was loaded for */
+    float lora_scale;
     lms_expert *x;             /* the expert of the request being handled (pick_expert) */
     lms_expert *again;         /* set while a parked request runs again: the expert it
                                 * waited for (not routed a second time) */
@@ -463,6 +483,27 @@ int api_detokenize(conn *c, json_t *body);
  * naming field[i]. */
 int api_detok_text(const lms_tokenizer *tok, const int32_t *ids, int32_t n, bool special,
                    const char *field, sbuf *out, reqerr *e);
+/* api_lora.c: LoRA adapters. The adapters of a request on c->x: its "lora"
+ * list ([{"id", "scale"}], as llama-server; ids not listed get 0) or, with
+ * none, every adapter of the expert whose scale is not 0; into gp. 400
+ * naming the field on a bad list. */
+int api_lora_pick(conn *c, const json_t *o, genparams *gp, reqerr *e);
+/* GET / POST /lora-adapters (list; set scales), POST /lora-adapters/load
+ * and /lora-adapters/unload. */
+int api_lora_list(conn *c);
+int api_lora_scales(conn *c, json_t *body);
+int api_lora_load(conn *c, json_t *body);
+int api_lora_unload(conn *c, json_t *body);
+/* Loads the adapter at path (inside the server's lora_dir) for x's model;
+ * < 0 with e filled (403 outside the folder or no folder, 404 missing, 400
+ * not an adapter of that model). */
+int api_lora_open(lms_server *s, const lms_expert *x, const char *path, lms_lora **out,
+                  reqerr *e);
+/* Loader thread: the adapters expert x was started with, into a; < 0 with
+ * a message (the load fails). hook_release frees them (api_lora_free). */
+int api_lora_prepare(sattach *a, const lms_expert *x, const lms_model *m, char *err,
+                     size_t errsz);
+void api_lora_free(sattach *a);
 /* api_ops.c */
 int api_health(conn *c);
 int api_stats(conn *c);

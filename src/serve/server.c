@@ -20,11 +20,13 @@
  * final events land in a queue nobody wakes any more and are freed.
  */
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -87,6 +89,8 @@ static int hook_prepare(void *ud, const lms_expert *x, lms_model *m, lms_sched *
     if (!a)
         return lms_errf(err, errsz, LMS_ERR_NOMEM, "out of memory");
     int rc = chatfmt_init(&a->fmt, m, err, errsz);
+    if (rc == 0 && (rc = api_lora_prepare(a, x, m, err, errsz)) < 0)
+        chatfmt_deinit(&a->fmt);
     if (rc < 0) {
         free(a);
         return rc;
@@ -103,6 +107,7 @@ static int hook_prepare(void *ud, const lms_expert *x, lms_model *m, lms_sched *
         free(texts);
         a->n_docs = n;
         if (rc < 0) {
+            api_lora_free(a);
             chatfmt_deinit(&a->fmt);
             free(a->docs);
             free(a);
@@ -117,6 +122,7 @@ static void hook_release(void *ud, void *attach)
 {
     (void)ud;
     sattach *a = attach;
+    api_lora_free(a);
     chatfmt_deinit(&a->fmt);
     free(a->docs);
     free(a);
@@ -460,6 +466,7 @@ static void set_defaults(lms_server *s, const lms_server_params *p)
         s->p.grace_ms = 10000;
     s->host = dup_or_null(p->host);
     s->api_key = dup_or_null(p->api_key);
+    s->p.lora_dir = NULL;
     s->p.route = NULL; /* taken by the registry */
     if (getrandom(&s->rng, sizeof s->rng, 0) != sizeof s->rng)
         s->rng = (uint64_t)lms_now_ms() ^ ((uint64_t)getpid() << 32);
@@ -544,7 +551,19 @@ int lms_server_create(const lms_server_params *p, lms_server **out, char *err, s
     pthread_mutex_init(&s->mu, NULL);
     set_defaults(s, p);
     s->gpu = lms_gpumon_create(NULL); /* NULL only when out of memory: then no GPU data */
-    int rc = create_models(s, route, err, errsz);
+    int rc = 0;
+    if (p->lora_dir && p->lora_dir[0]) { /* the folder run-time adapter loads stay in */
+        struct stat st;
+        char real[PATH_MAX];
+        if (!realpath(p->lora_dir, real) || stat(real, &st) != 0 || !S_ISDIR(st.st_mode) ||
+            !(s->lora_dir = strdup(real)))
+            rc = lms_errf(err, errsz, LMS_ERR_INVAL, "--lora-dir '%.300s' is not a directory",
+                          p->lora_dir);
+    }
+    if (rc < 0)
+        lms_route_cfg_free(route);
+    else
+        rc = create_models(s, route, err, errsz);
     if (rc == 0)
         rc = create_context(s, err, errsz);
     if (rc < 0) {
@@ -648,6 +667,7 @@ void lms_server_destroy(lms_server *s)
     free(s->xs);
     free(s->host);
     free(s->api_key);
+    free(s->lora_dir);
     pthread_mutex_destroy(&s->mu);
     free(s);
 }

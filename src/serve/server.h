@@ -49,6 +49,9 @@ typedef struct lms_server_params {
     bool log_prompts;         /* request logs carry the prompt text */
     double request_timeout_ms; /* deadline of a request from its arrival (0: none); a request
                                 * past it ends with finish_reason "deadline" */
+    const char *lora_dir;     /* LoRA adapters may be loaded at run time from this folder
+                               * (POST /lora-adapters/load, the type dialect's load_adapter);
+                               * NULL: only those an expert was started with */
 } lms_server_params;
 
 typedef struct lms_server lms_server;

@@ -163,6 +163,8 @@ static void op_infer(conn *c, json_t *msg)
     int32_t *toks = NULL, n = 0;
     int rc = parse_infer(msg, &gp, &prompt, &system, &raw, &e);
     if (rc == 0)
+        rc = api_lora_pick(c, json_object_get(msg, "params"), &gp, &e);
+    if (rc == 0)
         rc = prompt_tokens(c, prompt, system, raw, &toks, &n, &e);
     if (rc == 0) {
         lms_request r = genparams_request(&gp, toks, n);

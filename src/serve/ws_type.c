@@ -16,12 +16,18 @@
  *   {"type":"abort","session_id":"s1"}           (the generation ends: "done" with
  *                                                 the text so far, "finish_reason":"abort")
  *   {"type":"ping"}                              {"type":"pong"}
- *   {"type":"load_adapter","adapter_path":...}   {"type":"error",...}: not supported yet
+ *   {"type":"load_adapter","adapter_path":"x.gguf",
+ *    "scale":1,"model":...}                      {"type":"adapter_loaded",...}: the
+ *                                                 connection's generations use it
+ *   {"type":"load_adapter","adapter_path":null}
+ *   or {"type":"unload_adapter"}                 {"type":"adapter_unloaded"}
  *   anything wrong                               {"type":"error","message":..,"session_id":..}
  *
  * A connection runs one generation at a time per session_id (a missing
  * session_id is the session "default"), and at most MAX_SESSIONS at once.
  * abort without a session_id stops all of the connection's generations.
+ * Adapters come from the server's --lora-dir folder (api_lora.c); a
+ * generate with its own "lora" list uses that instead.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -140,6 +146,16 @@ static int start(conn *c, const json_t *msg, const char *sid, reqerr *e)
     json_t *msgs = NULL;
     type_job *j = NULL;
     int rc = reqparse_gen(msg, &gp, e);
+    /* the session's adapter (load_adapter) unless the message lists its own */
+    if (rc == 0 && c->lora && !json_object_get(msg, "lora")) {
+        if (c->lora_x != c->x)
+            rc = reqerr_set(e, 400, "model", "this session's adapter belongs to model '%.128s': "
+                            "name it in 'model', or unload the adapter", c->lora_x->cfg->id);
+        else if (c->lora_scale != 0.0f)
+            gp.loras[gp.n_loras++] = (lms_lora_use){c->lora, c->lora_scale};
+    } else if (rc == 0) {
+        rc = api_lora_pick(c, msg, &gp, e);
+    }
     if (rc == 0 && !(msgs = conversation(msg, e)))
         rc = -1;
     if (rc == 0)
@@ -191,6 +207,61 @@ static int type_again(conn *c, json_t *msg)
     return 0;
 }
 
+static int adapter_again(conn *c, json_t *msg);
+
+/* load_adapter: the connection's adapter for its generations (one at a
+ * time, loaded from the server's adapter folder for the message's model);
+ * adapter_path null (or unload_adapter) drops it. */
+static void adapter(conn *c, json_t *msg, const char *sid, bool unload)
+{
+    const json_t *p = json_object_get(msg, "adapter_path");
+    if (unload || !p || json_is_null(p)) {
+        lms_lora_release(c->lora); /* a running generation keeps its own reference */
+        c->lora = NULL;
+        c->lora_x = NULL;
+        json_t *o = json_pack("{s:s}", "type", "adapter_unloaded");
+        if (sid)
+            json_object_set_new(o, "session_id", json_string(sid));
+        conn_out_ws_json(c, o);
+        return;
+    }
+    if (!json_is_string(p)) {
+        ws_send_error(c, sid, "'adapter_path' must be a string (or null to unload)");
+        return;
+    }
+    const json_t *sc = json_object_get(msg, "scale");
+    if (sc && (!json_is_number(sc) || !(fabs(json_number_value(sc)) <= 100.0))) {
+        ws_send_error(c, sid, "'scale' must be a number in [-100, 100]");
+        return;
+    }
+    reqerr e;
+    int picked = pick_expert(c, msg, adapter_again, &e);
+    lms_lora *l = NULL;
+    if (picked > 0 && api_lora_open(c->srv, c->x, json_string_value(p), &l, &e) < 0)
+        picked = -1;
+    if (picked < 0)
+        ws_send_error(c, sid, "%s", e.msg);
+    if (picked <= 0)
+        return;
+    lms_lora_release(c->lora);
+    c->lora = l;
+    c->lora_x = c->x;
+    c->lora_scale = sc ? (float)json_number_value(sc) : 1.0f;
+    json_t *o = json_pack("{s:s, s:O, s:s, s:s, s:f}", "type", "adapter_loaded", "adapter_path", p,
+                          "name", lms_lora_name(l), "model", c->x->cfg->id, "scale",
+                          (double)c->lora_scale);
+    if (sid)
+        json_object_set_new(o, "session_id", json_string(sid));
+    conn_out_ws_json(c, o);
+}
+
+/* A load_adapter parked while its model loaded, handled again. */
+static int adapter_again(conn *c, json_t *msg)
+{
+    ws_type_handle(c, msg);
+    return 0;
+}
+
 static void abort_sessions(conn *c, const char *sid)
 {
     for (task *t = c->tasks; t; t = t->c_next)
@@ -227,9 +298,9 @@ void ws_type_handle(conn *c, json_t *msg)
     } else if (!strcmp(type, "ping")) {
         pong(c, msg);
     } else if (!strcmp(type, "load_adapter") || !strcmp(type, "unload_adapter")) {
-        ws_send_error(c, sid, "%s is not supported yet: this server cannot load LoRA adapters",
-                      type);
+        adapter(c, msg, sid, !strcmp(type, "unload_adapter"));
     } else {
-        ws_send_error(c, sid, "unknown type '%.64s' (generate, abort, ping, load_adapter)", type);
+        ws_send_error(c, sid, "unknown type '%.64s' (generate, abort, ping, load_adapter, "
+                      "unload_adapter)", type);
     }
 }

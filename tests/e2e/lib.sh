@@ -4,10 +4,11 @@
 #   LMSERV        the lmserv binary
 #   LMS_TESTDATA  shared test data (models/stories260K.gguf)
 #
-# start_server [flags...]  starts `lmserv serve` on 127.0.0.1 with a port the
+# start_server [flags...]  starts `lmserv serve -m $MODEL` on 127.0.0.1 with a port the
 #                          kernel picks (--port 0; read back from its log),
 #                          sets SRV_PID, PORT, BASE, LOG, and waits for
 #                          /health 200 (unless NO_WAIT=1).
+# start_serve ARGS...      the same with the model choice in ARGS (--config FILE).
 # stop_server              SIGTERM, waits, sets SRV_RC.
 # need_node                node + the npm packages of package.json, or SKIP.
 # check COND_DESC CMD...   runs CMD; counts a pass or a failure.
@@ -80,8 +81,14 @@ finish() {
 }
 
 start_server() {
+    start_serve -m "$MODEL" "$@"
+}
+
+# start_serve ARGS...: start_server with the whole model choice given
+# (--config FILE, or -m another model).
+start_serve() {
     LOG=$(mktemp /tmp/lmserv-e2e.XXXXXX)
-    "$LMSERV" serve -m "$MODEL" --host 127.0.0.1 --port 0 "$@" >"$LOG" 2>&1 &
+    "$LMSERV" serve --host 127.0.0.1 --port 0 "$@" >"$LOG" 2>&1 &
     SRV_PID=$!
     PORT=""
     for _ in $(seq 100); do
