@@ -22,7 +22,7 @@ static const command commands[] = {
     {"tokenize", cmd_tokenize, "tokenize -m MODEL [--no-bos] [--pieces] [--special] TEXT"},
     {"eval", cmd_eval, "eval     -m MODEL --tokens \"1 2 3\" --logits OUT.f32 [--all-positions]"},
     {"info", cmd_info, "info     MODEL [-c CTX]"},
-    {"quantize", cmd_quantize, "quantize IN.gguf OUT.gguf TYPE   (Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K Q4_K_M Q5_K_M F16 BF16)"},
+    {"quantize", cmd_quantize, "quantize IN.gguf OUT.gguf TYPE   (Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS Q4_K_M Q5_K_M F16 BF16)"},
     {"synth", cmd_synth, "synth    --shape SHAPE [--type Q4_K_M] [--seed S] OUT.gguf"},
     {"bench", cmd_bench, "bench    -m MODEL [-p 512] [-n 128] [-t N] [-r 3] [--depth D] [--parallel 1,4,8] [--json]"},
     {"chat", cmd_chat, "chat     -m MODEL [--system TEXT] [--template NAME|FILE] [-c CTX] [-t N] [sampling options]"},

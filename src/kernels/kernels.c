@@ -44,6 +44,8 @@ static const lms_type_traits k_traits[LMS_TYPE_COUNT] = {
     [LMS_TYPE_Q5_K] = {"q5_K", LMS_QK_K, sizeof(lms_block_q5_K), true, LMS_TYPE_Q8_K},
     [LMS_TYPE_Q6_K] = {"q6_K", LMS_QK_K, sizeof(lms_block_q6_K), true, LMS_TYPE_Q8_K},
     [LMS_TYPE_Q8_K] = {"q8_K", LMS_QK_K, sizeof(lms_block_q8_K), true, -1},
+    [LMS_TYPE_IQ4_NL] = {"iq4_nl", LMS_QK4_NL, sizeof(lms_block_iq4_nl), true, LMS_TYPE_Q8_0},
+    [LMS_TYPE_IQ4_XS] = {"iq4_xs", LMS_QK_K, sizeof(lms_block_iq4_xs), true, LMS_TYPE_Q8_K},
     [LMS_TYPE_I8] = {"i8", 1, 1, false, -1},
     [LMS_TYPE_I16] = {"i16", 1, 2, false, -1},
     [LMS_TYPE_I32] = {"i32", 1, 4, false, -1},
@@ -97,6 +99,8 @@ static const lms_kernel_table k_ref = {
         [LMS_TYPE_Q4_K] = lms_vec_dot_q4_K_q8_K_ref,
         [LMS_TYPE_Q5_K] = lms_vec_dot_q5_K_q8_K_ref,
         [LMS_TYPE_Q6_K] = lms_vec_dot_q6_K_q8_K_ref,
+        [LMS_TYPE_IQ4_NL] = lms_vec_dot_iq4_nl_q8_0_ref,
+        [LMS_TYPE_IQ4_XS] = lms_vec_dot_iq4_xs_q8_K_ref,
     },
     /* Activation types convert activations; weight types run the quantizer. */
     .from_float = {
@@ -115,6 +119,8 @@ static const lms_kernel_table k_ref = {
         [LMS_TYPE_Q4_K] = lms_quantize_row_q4_K,
         [LMS_TYPE_Q5_K] = lms_quantize_row_q5_K,
         [LMS_TYPE_Q6_K] = lms_quantize_row_q6_K,
+        [LMS_TYPE_IQ4_NL] = lms_quantize_row_iq4_nl,
+        [LMS_TYPE_IQ4_XS] = lms_quantize_row_iq4_xs,
     },
     .to_float = {
         [LMS_TYPE_F32] = lms_to_float_f32_ref,
@@ -132,6 +138,8 @@ static const lms_kernel_table k_ref = {
         [LMS_TYPE_Q5_K] = lms_to_float_q5_K_ref,
         [LMS_TYPE_Q6_K] = lms_to_float_q6_K_ref,
         [LMS_TYPE_Q8_K] = lms_to_float_q8_K_ref,
+        [LMS_TYPE_IQ4_NL] = lms_to_float_iq4_nl_ref,
+        [LMS_TYPE_IQ4_XS] = lms_to_float_iq4_xs_ref,
     },
 };
 

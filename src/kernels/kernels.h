@@ -4,7 +4,8 @@
  *
  * Central idea: a matrix product W·x with W of type T first converts x to
  * T's companion "vec_dot type" (F16 for F16, BF16 for BF16, Q8_0 for
- * Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants, F32 for F32)
+ * Q4_0/Q5_0/Q8_0/IQ4_NL, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants and
+ * IQ4_XS, F32 for F32)
  * once per activation row, then takes dot products of whole rows. This is
  * what llama.cpp does, so logits match it to within summation order.
  *

@@ -23,6 +23,13 @@
  *  Q5_K    256    176   f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]
  *  Q6_K    256    210   u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d
  *  Q8_K    256    292   f32 d; i8 qs[256]; i16 bsums[16] (sums of 16 qs)
+ *  IQ4_NL   32     18   f16 d; u8 qs[16] (as Q4_0, but each nibble indexes
+ *                       LMS_IQ4_VALUES: x = d * value)
+ *  IQ4_XS  256    136   f16 d; u16 scales_h (bits 2s, 2s+1: bits 4-5 of
+ *                       sub-block s's scale); u8 scales_l[4] (nibble s % 2
+ *                       of byte s / 2: bits 0-3); u8 qs[128] (16 bytes per
+ *                       32-element sub-block, nibbles as IQ4_NL);
+ *                       x = d * (scale - 32) * value
  */
 #ifndef LMS_QTYPES_H
 #define LMS_QTYPES_H
@@ -44,6 +51,8 @@ enum lms_type {
     LMS_TYPE_Q5_K = 13,
     LMS_TYPE_Q6_K = 14,
     LMS_TYPE_Q8_K = 15,
+    LMS_TYPE_IQ4_NL = 20,
+    LMS_TYPE_IQ4_XS = 23,
     LMS_TYPE_I8 = 24,
     LMS_TYPE_I16 = 25,
     LMS_TYPE_I32 = 26,
@@ -61,6 +70,12 @@ enum lms_type {
 #define LMS_QK8_1 32
 #define LMS_QK_K 256
 #define LMS_K_SCALE_SIZE 12
+#define LMS_QK4_NL 32
+
+/* The 16 values a 4-bit IQ4_NL / IQ4_XS index stands for (ggml's table:
+ * non-uniform, denser near zero, asymmetric: -127 .. 113). */
+#define LMS_IQ4_VALUES                                                                             \
+    {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113}
 
 typedef struct {
     uint16_t d;
@@ -139,6 +154,18 @@ typedef struct {
     int16_t bsums[LMS_QK_K / 16];
 } lms_block_q8_K;
 
+typedef struct {
+    uint16_t d;
+    uint8_t qs[LMS_QK4_NL / 2];
+} lms_block_iq4_nl;
+
+typedef struct {
+    uint16_t d;
+    uint16_t scales_h;
+    uint8_t scales_l[LMS_QK_K / 64];
+    uint8_t qs[LMS_QK_K / 2];
+} lms_block_iq4_xs;
+
 _Static_assert(sizeof(lms_block_q4_0) == 18, "q4_0 block");
 _Static_assert(sizeof(lms_block_q4_1) == 20, "q4_1 block");
 _Static_assert(sizeof(lms_block_q5_0) == 22, "q5_0 block");
@@ -151,5 +178,7 @@ _Static_assert(sizeof(lms_block_q4_K) == 144, "q4_K block");
 _Static_assert(sizeof(lms_block_q5_K) == 176, "q5_K block");
 _Static_assert(sizeof(lms_block_q6_K) == 210, "q6_K block");
 _Static_assert(sizeof(lms_block_q8_K) == 292, "q8_K block");
+_Static_assert(sizeof(lms_block_iq4_nl) == 18, "iq4_nl block");
+_Static_assert(sizeof(lms_block_iq4_xs) == 136, "iq4_xs block");
 
 #endif

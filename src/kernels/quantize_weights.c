@@ -24,6 +24,15 @@
  * element is finally re-rounded against the stored scales, so the codes are
  * the nearest ones for what the decoder sees.
  *
+ * IQ4_NL and IQ4_XS code each element as an index into a fixed table of 16
+ * non-uniform values (lms_iq4_values), so rounding is "nearest table value"
+ * (a lookup, iq4_nearest) and the block fitter is fit_iq4: a fan of
+ * candidate scales mapping the extreme value near either end of the table,
+ * the least-squares scale for each candidate's indices, then re-rounding
+ * and re-solving while that helps. IQ4_XS then fits its super-block scale
+ * to the sub-block scales on the 6-bit grid and picks each sub-block's
+ * code as the K-quants do.
+ *
  * The error minimised is the plain squared error: for activations of equal
  * variance the error of a dot product is proportional to it. (Importance
  * weights from activation statistics would enter as the `w` arrays.)
@@ -36,6 +45,7 @@
 
 #include <assert.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -467,6 +477,172 @@ void lms_quantize_row_q6_K(const float *x, void *y, int64_t n)
     quantize_kq_row(&k_q6_K, x, y, n);
 }
 
+/* ---- IQ4_NL / IQ4_XS ------------------------------------------------------------------
+ *
+ * Nearest table value of t: the midpoints between neighbouring values are
+ * multiples of 0.5, so every half-unit interval [k/2, (k+1)/2) lies on one
+ * side of each midpoint and one lookup by k = floor(2t) finds the index.
+ * (At a midpoint itself both neighbours are equally near.) */
+
+#define IQ4_LUT_LO (-256) /* floor(2t) below -127 * 2 ... */
+#define IQ4_LUT_N 512     /* ... and above 113 * 2 clamp to the ends */
+#define IQ4_FAN 7         /* candidates: the anchor moved by up to 7 table units */
+
+static uint8_t g_iq4_lut[IQ4_LUT_N];
+static pthread_once_t g_iq4_once = PTHREAD_ONCE_INIT;
+
+static void iq4_lut_init(void)
+{
+    for (int k = 0; k < IQ4_LUT_N; k++) {
+        const float t = (float)(k + IQ4_LUT_LO) * 0.5f + 0.25f; /* inside the interval */
+        int best = 0;
+        for (int i = 1; i < 16; i++)
+            if (fabsf(t - lms_iq4_values[i]) < fabsf(t - lms_iq4_values[best]))
+                best = i;
+        g_iq4_lut[k] = (uint8_t)best;
+    }
+}
+
+/* Index of the table value nearest t (NaN gives the lowest). lms_round_clamp
+ * of 2t - 0.5 is floor(2t) but at integers, where it may name the interval
+ * below: the same index, or at a midpoint an equally near one. */
+static inline int iq4_nearest(float t)
+{
+    const int k = lms_round_clamp(2.0f * t - 0.5f, IQ4_LUT_LO, IQ4_LUT_LO + IQ4_LUT_N - 1);
+    return g_iq4_lut[k - IQ4_LUT_LO];
+}
+
+/* Indices for x ~ s * value with iscale = 1 / s, and their sums. */
+static ls_sums iq4_round(int n, const float *x, const float *w, float iscale, uint8_t *idx)
+{
+    float xl = 0.0f, ll = 0.0f; /* at most 32 terms */
+    for (int i = 0; i < n; i++) {
+        idx[i] = (uint8_t)iq4_nearest(iscale * x[i]);
+        const float v = lms_iq4_values[idx[i]];
+        xl += w[i] * x[i] * v;
+        ll += w[i] * v * v;
+    }
+    return (ls_sums){xl, ll};
+}
+
+/* Least-squares x ~ s * value[idx] over n <= FIT_MAX elements. Candidates
+ * map the value of largest magnitude to each end of the table (-127, 113)
+ * moved by up to IQ4_FAN units; the best is then re-rounded against its own
+ * least-squares scale while that raises the gain. Returns s (0, with every
+ * index naming the value 1, for a block of zeros) and in *sll the sum of
+ * the squared values s multiplies: the weight of an error in s, for the
+ * IQ4_XS super-block fit. */
+static float fit_iq4(int n, const float *x, const float *w, uint8_t *idx, double *sll)
+{
+    assert(n <= FIT_MAX);
+    pthread_once(&g_iq4_once, iq4_lut_init);
+    const float m = signed_absmax(x, n);
+    uint8_t t[FIT_MAX];
+    ls_sums best = {0.0, 0.0};
+    for (int i = 0; i < n; i++)
+        idx[i] = 8;
+    *sll = 0.0;
+    if (!(fabsf(m) >= TINY))
+        return 0.0f;
+    const float ends[2] = {lms_iq4_values[0], lms_iq4_values[15]};
+    for (int e = 0; e < 2; e++) {
+        for (int k = -IQ4_FAN; k <= IQ4_FAN; k++) {
+            ls_sums s = iq4_round(n, x, w, (ends[e] + (float)k) / m, t);
+            if (gain(s) > gain(best)) {
+                best = s;
+                memcpy(idx, t, (size_t)n);
+            }
+        }
+    }
+    for (int it = 0; it < 8 && best.xl != 0.0; it++) {
+        ls_sums s = iq4_round(n, x, w, (float)(best.ll / best.xl), t);
+        if (!(gain(s) > gain(best)))
+            break;
+        best = s;
+        memcpy(idx, t, (size_t)n);
+    }
+    *sll = best.ll;
+    return best.ll > 0.0 ? (float)(best.xl / best.ll) : 0.0f;
+}
+
+/* Indices against the decoder's values dl * value (dl as the decoder
+ * computes it); returns the squared error of the decoded values. */
+static double iq4_code_fixed(int n, const float *x, float dl, int8_t *q)
+{
+    double err = 0.0;
+    for (int i = 0; i < n; i++) {
+        const int k = dl != 0.0f ? iq4_nearest(x[i] / dl) : 8;
+        q[i] = lms_iq4_values[k];
+        const double diff = (double)(dl * q[i]) - x[i];
+        err += diff * diff;
+    }
+    return err;
+}
+
+void lms_quantize_row_iq4_nl(const float *x, void *vy, int64_t n)
+{
+    assert(n % LMS_QK4_NL == 0);
+    lms_block_iq4_nl *y = vy;
+    for (int64_t i = 0; i < n / LMS_QK4_NL; i++) {
+        const float *xb = x + i * LMS_QK4_NL;
+        uint8_t idx[LMS_QK4_NL];
+        double sll;
+        lms_lq_block b;
+        b.d = f16_value(fit_iq4(LMS_QK4_NL, xb, k_ones, idx, &sll));
+        b.m = 0.0f;
+        iq4_code_fixed(LMS_QK4_NL, xb, b.d, b.q);
+        lms_pack_iq4_nl(&b, &y[i]);
+    }
+}
+
+/* Sub-block scales on the grid d * c, c in -32..31: d fitted to the
+ * sub-blocks' own scales (weighted by the squared values each multiplies),
+ * then per sub-block the code within one step of the rounded one whose
+ * decoded error is least. */
+static void quantize_iq4_xs(const float *x, lms_kq_block *out)
+{
+    float scale[8], w_scale[8];
+    int8_t codes[8];
+    memset(out, 0, sizeof *out);
+    out->sub = 32;
+    for (int j = 0; j < 8; j++) {
+        uint8_t idx[32];
+        double sll;
+        scale[j] = fit_iq4(32, x + 32 * j, k_ones, idx, &sll);
+        w_scale[j] = (float)sll;
+    }
+    out->d = f16_value(fit_scale(8, scale, w_scale, -32, 31, codes));
+    for (int j = 0; j < 8; j++) {
+        const float *xs = x + 32 * j;
+        const int c0 = out->d != 0.0f ? lms_round_clamp(scale[j] / out->d, -32, 31) : 0;
+        double best = INFINITY;
+        int8_t t[32];
+        for (int c = c0 - 1; c <= c0 + 1; c++) {
+            if (c < -32 || c > 31)
+                continue;
+            const double err = iq4_code_fixed(32, xs, out->d * (float)c, t);
+            /* !(err >= best): a NaN error (NaN input) still stores valid codes */
+            if (!(err >= best) || (c == c0 && err == best)) {
+                best = err;
+                out->sc[j] = (int16_t)c;
+                codes_copy(out->q + 32 * j, t, 32);
+            }
+        }
+    }
+}
+
+void lms_quantize_row_iq4_xs(const float *x, void *vy, int64_t n)
+{
+    assert(n % LMS_QK_K == 0);
+    lms_block_iq4_xs *y = vy;
+    pthread_once(&g_iq4_once, iq4_lut_init);
+    for (int64_t i = 0; i < n / LMS_QK_K; i++) {
+        lms_kq_block b;
+        quantize_iq4_xs(x + i * LMS_QK_K, &b);
+        lms_pack_iq4_xs(&b, &y[i]);
+    }
+}
+
 /* ---- by type ---------------------------------------------------------------------------- */
 
 static lms_from_float_fn quantizer(int type)
@@ -485,6 +661,8 @@ static lms_from_float_fn quantizer(int type)
     case LMS_TYPE_Q4_K: return lms_quantize_row_q4_K;
     case LMS_TYPE_Q5_K: return lms_quantize_row_q5_K;
     case LMS_TYPE_Q6_K: return lms_quantize_row_q6_K;
+    case LMS_TYPE_IQ4_NL: return lms_quantize_row_iq4_nl;
+    case LMS_TYPE_IQ4_XS: return lms_quantize_row_iq4_xs;
     default: return NULL;
     }
 }

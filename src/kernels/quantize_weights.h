@@ -4,7 +4,7 @@
  * quantize -> dequantize round trip.
  *
  * Types: F32, F16, BF16 (plain conversions), Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
- * Q2_K, Q3_K, Q4_K, Q5_K, Q6_K. Any float input is accepted: zero blocks
+ * Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS. Any float input is accepted: zero blocks
  * give zero blocks, scales too large for f16 saturate at 65504, and NaN or
  * infinite inputs give garbage blocks but never a crash.
  */
@@ -45,5 +45,7 @@ void lms_quantize_row_q3_K(const float *x, void *y, int64_t n);
 void lms_quantize_row_q4_K(const float *x, void *y, int64_t n);
 void lms_quantize_row_q5_K(const float *x, void *y, int64_t n);
 void lms_quantize_row_q6_K(const float *x, void *y, int64_t n);
+void lms_quantize_row_iq4_nl(const float *x, void *y, int64_t n);
+void lms_quantize_row_iq4_xs(const float *x, void *y, int64_t n);
 
 #endif

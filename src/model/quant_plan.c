@@ -7,8 +7,15 @@
  *                    layers use_more_bits() selects (first and last eighth,
  *                    and every third in between), as llama.cpp's mixes do.
  *
+ *   IQ4_NL / IQ4_XS  base type for every matrix, Q6_K for the output head
+ *                    (or the tied embedding), as llama.cpp's head rule; no
+ *                    per-layer mix (llama.cpp's IQ4 mixes raise attn_v and
+ *                    early ffn_down by model shape: not reproduced).
+ *
  * A row length that the chosen block size cannot divide falls back to
- * Q5_0 / Q5_1 / Q8_0 (for Q4_K / Q5_K / Q6_K) or, failing that, F16.
+ * Q5_0 / Q5_1 / Q8_0 (for Q4_K / Q5_K / Q6_K), IQ4_NL (for IQ4_XS: the same
+ * values on 32-element blocks, 4.5 bits a weight instead of 4.25, as
+ * llama.cpp does) or, failing that, F16.
  */
 #include "model/quant_plan.h"
 
@@ -39,6 +46,8 @@ static const lms_quant_plan plans[] = {
     {"Q5_K_S", LMS_TYPE_Q5_K, LMS_TYPE_Q6_K, false, 16},
     {"Q5_K_M", LMS_TYPE_Q5_K, LMS_TYPE_Q6_K, true, 17},
     {"Q6_K", LMS_TYPE_Q6_K, -1, false, 18},
+    {"IQ4_NL", LMS_TYPE_IQ4_NL, LMS_TYPE_Q6_K, false, 25},
+    {"IQ4_XS", LMS_TYPE_IQ4_XS, LMS_TYPE_Q6_K, false, 30},
 };
 
 const lms_quant_plan *lms_quant_plan_find(const char *name)
@@ -52,7 +61,7 @@ const lms_quant_plan *lms_quant_plan_find(const char *name)
 const char *lms_quant_plan_names(void)
 {
     return "F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q3_K_M Q4_K Q4_K_S Q4_K_M Q5_K Q5_K_S "
-           "Q5_K_M Q6_K";
+           "Q5_K_M Q6_K IQ4_NL IQ4_XS";
 }
 
 static bool use_more_bits(int il, int n_layer)
@@ -68,6 +77,7 @@ static int fallback(int type, int64_t ne0)
               : type == LMS_TYPE_Q5_K                         ? LMS_TYPE_Q5_1
               : type == LMS_TYPE_Q4_K                         ? LMS_TYPE_Q5_0
               : type == LMS_TYPE_Q2_K || type == LMS_TYPE_Q3_K ? LMS_TYPE_Q4_0
+              : type == LMS_TYPE_IQ4_XS                       ? LMS_TYPE_IQ4_NL
                                                               : LMS_TYPE_F16;
     return ne0 % lms_type_get(alt)->blck_size == 0 ? alt : LMS_TYPE_F16;
 }

@@ -123,7 +123,8 @@ async function typeDialect() {
     t.ok(pong.timestamp === 123, 'type pong echoes the timestamp');
     c.send({ type: 'load_adapter', adapter_path: '/x/adapter.gguf', session_id: 's1' });
     const la = await c.next((m) => m.type === 'error');
-    t.ok(/not supported yet/.test(la.message) && la.session_id === 's1', 'load_adapter: not supported yet');
+    t.ok(/--lora-dir/.test(la.message) && la.session_id === 's1',
+         `load_adapter without --lora-dir refused: ${la.message}`);
     c.send({ type: 'generate', session_id: 's9', messages: [{ role: 'user', content: 'x' }], max_tokens: 'ten' });
     const wt = await c.next((m) => m.type === 'error');
     t.ok(/'max_tokens' must be an integer/.test(wt.message) && wt.session_id === 's9', `wrong type: ${wt.message}`);

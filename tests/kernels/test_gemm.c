@@ -31,7 +31,7 @@ static const char *const k_isa_names[] = {"scalar", "avx2", "avx512", "neon"};
 static const int k_types[] = {
     LMS_TYPE_F32,  LMS_TYPE_F16,  LMS_TYPE_BF16, LMS_TYPE_Q4_0, LMS_TYPE_Q4_1, LMS_TYPE_Q5_0,
     LMS_TYPE_Q5_1, LMS_TYPE_Q8_0, LMS_TYPE_Q2_K, LMS_TYPE_Q3_K, LMS_TYPE_Q4_K, LMS_TYPE_Q5_K,
-    LMS_TYPE_Q6_K,
+    LMS_TYPE_Q6_K, LMS_TYPE_IQ4_NL, LMS_TYPE_IQ4_XS,
 };
 #define N_TYPES (int)(sizeof k_types / sizeof k_types[0])
 
@@ -62,7 +62,7 @@ static void scale_offsets(int type, int *d, int *m)
     case LMS_TYPE_Q4_K: *d = 0, *m = 2; break;
     case LMS_TYPE_Q5_K: *d = 0, *m = 2; break;
     case LMS_TYPE_Q6_K: *d = 208; break;
-    default: *d = 0; break; /* Q4_0, Q5_0, Q8_0 */
+    default: *d = 0; break; /* Q4_0, Q5_0, Q8_0, IQ4_NL, IQ4_XS */
     }
 }
 
@@ -126,7 +126,7 @@ static double term_magnitude(int type, int64_t n, const void *w, const void *xq)
         static void (*const un[])(const void *, lms_lq_block *) = {
             [LMS_TYPE_Q4_0] = lms_unpack_q4_0, [LMS_TYPE_Q4_1] = lms_unpack_q4_1,
             [LMS_TYPE_Q5_0] = lms_unpack_q5_0, [LMS_TYPE_Q5_1] = lms_unpack_q5_1,
-            [LMS_TYPE_Q8_0] = lms_unpack_q8_0,
+            [LMS_TYPE_Q8_0] = lms_unpack_q8_0, [LMS_TYPE_IQ4_NL] = lms_unpack_iq4_nl,
         };
         for (int64_t b = 0; b < n / 32; b++) {
             lms_lq_block q;
@@ -138,7 +138,7 @@ static double term_magnitude(int type, int64_t n, const void *w, const void *xq)
         static void (*const un[])(const void *, lms_kq_block *) = {
             [LMS_TYPE_Q2_K] = lms_unpack_q2_K, [LMS_TYPE_Q3_K] = lms_unpack_q3_K,
             [LMS_TYPE_Q4_K] = lms_unpack_q4_K, [LMS_TYPE_Q5_K] = lms_unpack_q5_K,
-            [LMS_TYPE_Q6_K] = lms_unpack_q6_K,
+            [LMS_TYPE_Q6_K] = lms_unpack_q6_K, [LMS_TYPE_IQ4_XS] = lms_unpack_iq4_xs,
         };
         for (int64_t b = 0; b < n / LMS_QK_K; b++) {
             lms_kq_block q;
@@ -284,8 +284,9 @@ static void test_matmul(void **state)
 {
     (void)state;
     static const int64_t toks[] = {1, 2, 3, 4, 5, 8, 9, 33, 70};
-    static const int types[] = {LMS_TYPE_F32, LMS_TYPE_F16, LMS_TYPE_Q8_0, LMS_TYPE_Q4_0,
-                                LMS_TYPE_Q4_1, LMS_TYPE_Q4_K, LMS_TYPE_Q5_K, LMS_TYPE_Q6_K};
+    static const int types[] = {LMS_TYPE_F32,  LMS_TYPE_F16,  LMS_TYPE_Q8_0,   LMS_TYPE_Q4_0,
+                                LMS_TYPE_Q4_1, LMS_TYPE_Q4_K, LMS_TYPE_Q5_K,   LMS_TYPE_Q6_K,
+                                LMS_TYPE_IQ4_NL, LMS_TYPE_IQ4_XS};
     const lms_kernel_table *k = lms_kernels_get();
     uint64_t seed = 0x1234567;
     int bad = 0;

@@ -73,6 +73,8 @@ static void test_type_traits(void **state)
         {LMS_TYPE_Q5_K, "q5_K", 256, 176, LMS_TYPE_Q8_K},
         {LMS_TYPE_Q6_K, "q6_K", 256, 210, LMS_TYPE_Q8_K},
         {LMS_TYPE_Q8_K, "q8_K", 256, 292, -1},
+        {LMS_TYPE_IQ4_NL, "iq4_nl", 32, 18, LMS_TYPE_Q8_0},
+        {LMS_TYPE_IQ4_XS, "iq4_xs", 256, 136, LMS_TYPE_Q8_K},
         {LMS_TYPE_I8, "i8", 1, 1, -1},
         {LMS_TYPE_F64, "f64", 1, 8, -1},
     };
@@ -85,7 +87,7 @@ static void test_type_traits(void **state)
         assert_int_equal(tt->vec_dot_type, want[i].vdt);
         assert_int_equal(tt->is_quantized, want[i].blck > 1);
     }
-    static const int bad[] = {-1, 4, 5, 16, 23, 29, 31, LMS_TYPE_COUNT, 1000};
+    static const int bad[] = {-1, 4, 5, 16, 21, 22, 29, 31, LMS_TYPE_COUNT, 1000};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         assert_null(lms_type_get(bad[i]));
 }
@@ -424,6 +426,8 @@ static void sanitize_f16(int type, void *blk, uint16_t v)
     case LMS_TYPE_Q4_K: ((lms_block_q4_K *)blk)->d = ((lms_block_q4_K *)blk)->dmin = v; break;
     case LMS_TYPE_Q5_K: ((lms_block_q5_K *)blk)->d = ((lms_block_q5_K *)blk)->dmin = v; break;
     case LMS_TYPE_Q6_K: ((lms_block_q6_K *)blk)->d = v; break;
+    case LMS_TYPE_IQ4_NL: ((lms_block_iq4_nl *)blk)->d = v; break;
+    case LMS_TYPE_IQ4_XS: ((lms_block_iq4_xs *)blk)->d = v; break;
     default: fail();
     }
 }
@@ -448,6 +452,8 @@ static const codec k_codecs[] = {
     {LMS_TYPE_Q4_K, NULL, NULL, lms_unpack_q4_K, lms_pack_q4_K},
     {LMS_TYPE_Q5_K, NULL, NULL, lms_unpack_q5_K, lms_pack_q5_K},
     {LMS_TYPE_Q6_K, NULL, NULL, lms_unpack_q6_K, lms_pack_q6_K},
+    {LMS_TYPE_IQ4_NL, lms_unpack_iq4_nl, lms_pack_iq4_nl, NULL, NULL},
+    {LMS_TYPE_IQ4_XS, NULL, NULL, lms_unpack_iq4_xs, lms_pack_iq4_xs},
 };
 
 static void test_pack_unpack(void **state)
@@ -614,7 +620,7 @@ static void test_half_rounding(void **state)
 static const int k_weight_types[] = {
     LMS_TYPE_F32,  LMS_TYPE_F16,  LMS_TYPE_BF16, LMS_TYPE_Q4_0, LMS_TYPE_Q4_1,
     LMS_TYPE_Q5_0, LMS_TYPE_Q5_1, LMS_TYPE_Q8_0, LMS_TYPE_Q2_K, LMS_TYPE_Q3_K,
-    LMS_TYPE_Q4_K, LMS_TYPE_Q5_K, LMS_TYPE_Q6_K,
+    LMS_TYPE_Q4_K, LMS_TYPE_Q5_K, LMS_TYPE_Q6_K, LMS_TYPE_IQ4_NL, LMS_TYPE_IQ4_XS,
 };
 #define N_WEIGHT_TYPES (sizeof k_weight_types / sizeof k_weight_types[0])
 

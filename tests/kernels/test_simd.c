@@ -34,7 +34,7 @@ static const char *const k_isa_names[] = {"scalar", "avx2", "avx512", "neon"};
 static const int k_weight_types[] = {
     LMS_TYPE_F32,  LMS_TYPE_F16,  LMS_TYPE_BF16, LMS_TYPE_Q4_0, LMS_TYPE_Q4_1,
     LMS_TYPE_Q5_0, LMS_TYPE_Q5_1, LMS_TYPE_Q8_0, LMS_TYPE_Q2_K, LMS_TYPE_Q3_K,
-    LMS_TYPE_Q4_K, LMS_TYPE_Q5_K, LMS_TYPE_Q6_K,
+    LMS_TYPE_Q4_K, LMS_TYPE_Q5_K, LMS_TYPE_Q6_K, LMS_TYPE_IQ4_NL, LMS_TYPE_IQ4_XS,
 };
 #define N_WEIGHT_TYPES (int)(sizeof k_weight_types / sizeof k_weight_types[0])
 
@@ -55,6 +55,8 @@ static const scale_fields k_scales[] = {
     {LMS_TYPE_Q4_K, offsetof(lms_block_q4_K, d), offsetof(lms_block_q4_K, dmin)},
     {LMS_TYPE_Q5_K, offsetof(lms_block_q5_K, d), offsetof(lms_block_q5_K, dmin)},
     {LMS_TYPE_Q6_K, offsetof(lms_block_q6_K, d), -1},
+    {LMS_TYPE_IQ4_NL, offsetof(lms_block_iq4_nl, d), -1},
+    {LMS_TYPE_IQ4_XS, offsetof(lms_block_iq4_xs, d), -1},
 };
 
 static const scale_fields *scales_of(int type)
@@ -162,7 +164,7 @@ static double term_magnitude(int type, int64_t n, const void *w, const void *xq)
         static void (*const un[])(const void *, lms_lq_block *) = {
             [LMS_TYPE_Q4_0] = lms_unpack_q4_0, [LMS_TYPE_Q4_1] = lms_unpack_q4_1,
             [LMS_TYPE_Q5_0] = lms_unpack_q5_0, [LMS_TYPE_Q5_1] = lms_unpack_q5_1,
-            [LMS_TYPE_Q8_0] = lms_unpack_q8_0,
+            [LMS_TYPE_Q8_0] = lms_unpack_q8_0, [LMS_TYPE_IQ4_NL] = lms_unpack_iq4_nl,
         };
         for (int64_t b = 0; b < n / 32; b++) {
             lms_lq_block q;
@@ -174,7 +176,7 @@ static double term_magnitude(int type, int64_t n, const void *w, const void *xq)
         static void (*const un[])(const void *, lms_kq_block *) = {
             [LMS_TYPE_Q2_K] = lms_unpack_q2_K, [LMS_TYPE_Q3_K] = lms_unpack_q3_K,
             [LMS_TYPE_Q4_K] = lms_unpack_q4_K, [LMS_TYPE_Q5_K] = lms_unpack_q5_K,
-            [LMS_TYPE_Q6_K] = lms_unpack_q6_K,
+            [LMS_TYPE_Q6_K] = lms_unpack_q6_K, [LMS_TYPE_IQ4_XS] = lms_unpack_iq4_xs,
         };
         for (int64_t b = 0; b < n / LMS_QK_K; b++) {
             lms_kq_block q;

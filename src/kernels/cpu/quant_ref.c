@@ -26,6 +26,11 @@
  *   Q5_K       + bit e / 32 of qh[l] as bit 4                   e / 32
  *   Q6_K       low 4 bits: nibble g / 2 of ql[64h + 32 (g % 2) + l],
  *              high 2 bits: crumb of qh (as Q2_K); minus 32     e / 16
+ *   IQ4_NL     index: nibble e / 16 of qs[e % 16] (as Q4_0)     -
+ *   IQ4_XS     index: nibble l / 16 of qs[16 (e / 32) + l % 16] e / 32
+ *
+ * The IQ4 indices select a value of lms_iq4_values; the decoded blocks hold
+ * those values, so the generic loops below serve them unchanged.
  */
 #include "kernels/cpu/quant_ref.h"
 
@@ -362,6 +367,83 @@ void lms_pack_q6_K(const lms_kq_block *in, void *blk)
     b->d = lms_f32_to_f16(in->d);
 }
 
+/* ---- IQ4_NL / IQ4_XS -------------------------------------------------------------- */
+
+const int8_t lms_iq4_values[16] = LMS_IQ4_VALUES;
+
+int lms_iq4_index(int value)
+{
+    for (int i = 0; i < 16; i++)
+        if (lms_iq4_values[i] == value)
+            return i;
+    return -1;
+}
+
+/* 16 bytes of index nibbles (low nibbles: elements 0-15, high: 16-31) to
+ * 32 table values, and back. */
+static void iq4_unpack32(const uint8_t qs[16], int8_t q[32])
+{
+    for (int j = 0; j < 16; j++) {
+        q[j] = lms_iq4_values[qs[j] & 0xF];
+        q[j + 16] = lms_iq4_values[qs[j] >> 4];
+    }
+}
+
+static void iq4_pack32(const int8_t q[32], uint8_t qs[16])
+{
+    for (int j = 0; j < 16; j++) {
+        const int lo = lms_iq4_index(q[j]), hi = lms_iq4_index(q[j + 16]);
+        assert(lo >= 0 && hi >= 0);
+        qs[j] = (uint8_t)(lo | hi << 4);
+    }
+}
+
+void lms_unpack_iq4_nl(const void *blk, lms_lq_block *out)
+{
+    const lms_block_iq4_nl *b = blk;
+    iq4_unpack32(b->qs, out->q);
+    out->d = lms_f16_to_f32(b->d);
+    out->m = 0.0f;
+}
+
+void lms_pack_iq4_nl(const lms_lq_block *in, void *blk)
+{
+    lms_block_iq4_nl *b = blk;
+    b->d = lms_f32_to_f16(in->d);
+    iq4_pack32(in->q, b->qs);
+}
+
+/* IQ4_XS sub-block scales: 6 bits each, stored + 32; bits 0-3 of scale s
+ * in nibble s % 2 of scales_l[s / 2], bits 4-5 in bits 2s, 2s+1 of
+ * scales_h. */
+void lms_unpack_iq4_xs(const void *blk, lms_kq_block *out)
+{
+    const lms_block_iq4_xs *b = blk;
+    memset(out, 0, sizeof *out);
+    for (int s = 0; s < 8; s++) {
+        const int lo = (b->scales_l[s / 2] >> (4 * (s % 2))) & 0xF;
+        const int hi = (b->scales_h >> (2 * s)) & 3;
+        out->sc[s] = (int16_t)((lo | hi << 4) - 32);
+        iq4_unpack32(b->qs + 16 * s, out->q + 32 * s);
+    }
+    out->sub = 32;
+    out->d = lms_f16_to_f32(b->d);
+}
+
+void lms_pack_iq4_xs(const lms_kq_block *in, void *blk)
+{
+    lms_block_iq4_xs *b = blk;
+    memset(b, 0, sizeof *b);
+    for (int s = 0; s < 8; s++) {
+        const int c = in->sc[s] + 32;
+        assert(c >= 0 && c < 64);
+        b->scales_l[s / 2] |= (uint8_t)((c & 0xF) << (4 * (s % 2)));
+        b->scales_h |= (uint16_t)((c >> 4) << (2 * s));
+        iq4_pack32(in->q + 32 * s, b->qs + 16 * s);
+    }
+    b->d = lms_f32_to_f16(in->d);
+}
+
 /* ---- to_float ------------------------------------------------------------------- */
 
 static void lq_to_float(const void *x, size_t blk_bytes, lq_unpack_fn unpack, float *y,
@@ -484,6 +566,26 @@ void lms_to_float_q8_K_ref(const void *x, float *y, int64_t n)
     for (int64_t i = 0; i < n / LMS_QK_K; i++)
         for (int j = 0; j < LMS_QK_K; j++)
             y[i * LMS_QK_K + j] = b[i].qs[j] * b[i].d;
+}
+
+/* d * value, as ggml's dequantizer (lq_to_float would add m = +0, which
+ * turns a -0 product into +0). */
+void lms_to_float_iq4_nl_ref(const void *x, float *y, int64_t n)
+{
+    assert(n % LMS_QK4_NL == 0);
+    const lms_block_iq4_nl *b = x;
+    for (int64_t i = 0; i < n / LMS_QK4_NL; i++) {
+        lms_lq_block q;
+        lms_unpack_iq4_nl(&b[i], &q);
+        for (int j = 0; j < LMS_QK4_NL; j++)
+            y[i * LMS_QK4_NL + j] = q.d * q.q[j];
+    }
+}
+
+/* dl = d * (scale - 32), element = dl * value - 0: exact, so ggml's values. */
+void lms_to_float_iq4_xs_ref(const void *x, float *y, int64_t n)
+{
+    kq_to_float(x, sizeof(lms_block_iq4_xs), lms_unpack_iq4_xs, y, n);
 }
 
 /* ---- from_float (activations) ---------------------------------------------------- */
@@ -714,4 +816,15 @@ void lms_vec_dot_q5_K_q8_K_ref(int64_t n, float *s, const void *w, const void *x
 void lms_vec_dot_q6_K_q8_K_ref(int64_t n, float *s, const void *w, const void *x)
 {
     kq_dot_q8_K(n, s, w, sizeof(lms_block_q6_K), lms_unpack_q6_K, x);
+}
+
+void lms_vec_dot_iq4_nl_q8_0_ref(int64_t n, float *s, const void *w, const void *x)
+{
+    lq_dot_q8_0(n, s, w, sizeof(lms_block_iq4_nl), lms_unpack_iq4_nl, x);
+}
+
+/* Sub-block scales enter the int32 sum, the min term is zero (mn = 0). */
+void lms_vec_dot_iq4_xs_q8_K_ref(int64_t n, float *s, const void *w, const void *x)
+{
+    kq_dot_q8_K(n, s, w, sizeof(lms_block_iq4_xs), lms_unpack_iq4_xs, x);
 }

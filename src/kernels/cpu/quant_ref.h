@@ -46,7 +46,8 @@ static inline int lms_round_clamp(float v, int lo, int hi)
  * element i = q[i] * d + m. */
 typedef struct lms_lq_block {
     int8_t q[32]; /* codes with the format's offset removed: Q4_0 -8..7,
-                     Q5_0 -16..15, Q4_1 0..15, Q5_1 0..31, Q8_0 -128..127 */
+                     Q5_0 -16..15, Q4_1 0..15, Q5_1 0..31, Q8_0 -128..127;
+                     IQ4_NL: the table values (lms_iq4_values), not indices */
     float d;      /* scale (an f16 value) */
     float m;      /* offset (an f16 value; 0 for Q4_0, Q5_0, Q8_0) */
 } lms_lq_block;
@@ -55,11 +56,13 @@ typedef struct lms_lq_block {
  * is (d * sc[s]) * q[e] - dmin * mn[s]. */
 typedef struct lms_kq_block {
     int8_t q[LMS_QK_K]; /* codes, offset removed: Q2_K 0..3, Q3_K -4..3,
-                           Q4_K 0..15, Q5_K 0..31, Q6_K -32..31 */
+                           Q4_K 0..15, Q5_K 0..31, Q6_K -32..31; IQ4_XS: the
+                           table values (lms_iq4_values), not indices */
     int16_t sc[16];     /* sub-block scale codes: Q2_K 0..15, Q3_K -32..31,
-                           Q4_K/Q5_K 0..63, Q6_K -128..127 */
+                           Q4_K/Q5_K 0..63, Q6_K -128..127, IQ4_XS -32..31
+                           (stored + 32) */
     int16_t mn[16];     /* sub-block min codes (Q2_K 0..15, Q4_K/Q5_K 0..63;
-                           0 for Q3_K and Q6_K) */
+                           0 for Q3_K, Q6_K and IQ4_XS) */
     int sub;            /* sub-block width: 16 (Q2_K Q3_K Q6_K) or 32 */
     float d;            /* super-block scale (an f16 value) */
     float dmin;         /* super-block min scale (an f16 value, or 0) */
@@ -75,6 +78,13 @@ void lms_unpack_q3_K(const void *blk, lms_kq_block *out);
 void lms_unpack_q4_K(const void *blk, lms_kq_block *out);
 void lms_unpack_q5_K(const void *blk, lms_kq_block *out);
 void lms_unpack_q6_K(const void *blk, lms_kq_block *out);
+void lms_unpack_iq4_nl(const void *blk, lms_lq_block *out);
+void lms_unpack_iq4_xs(const void *blk, lms_kq_block *out);
+
+/* The values of the IQ4 indices (LMS_IQ4_VALUES), and the index of a value
+ * (-1 for a value not in the table). */
+extern const int8_t lms_iq4_values[16];
+int lms_iq4_index(int value);
 
 /* Inverses of the above. Codes must be in the ranges listed; d, m and dmin
  * are rounded to f16 (they should already be f16 values). `sub` is ignored. */
@@ -88,6 +98,8 @@ void lms_pack_q3_K(const lms_kq_block *in, void *blk);
 void lms_pack_q4_K(const lms_kq_block *in, void *blk);
 void lms_pack_q5_K(const lms_kq_block *in, void *blk);
 void lms_pack_q6_K(const lms_kq_block *in, void *blk);
+void lms_pack_iq4_nl(const lms_lq_block *in, void *blk); /* q: table values */
+void lms_pack_iq4_xs(const lms_kq_block *in, void *blk); /* q: table values */
 
 /* ---- to_float: dequantize n elements ----------------------------------------- */
 
@@ -106,6 +118,8 @@ void lms_to_float_q4_K_ref(const void *x, float *y, int64_t n);
 void lms_to_float_q5_K_ref(const void *x, float *y, int64_t n);
 void lms_to_float_q6_K_ref(const void *x, float *y, int64_t n);
 void lms_to_float_q8_K_ref(const void *x, float *y, int64_t n);
+void lms_to_float_iq4_nl_ref(const void *x, float *y, int64_t n);
+void lms_to_float_iq4_xs_ref(const void *x, float *y, int64_t n);
 
 /* ---- from_float: activation conversion ------------------------------------------
  *
@@ -140,5 +154,7 @@ void lms_vec_dot_q3_K_q8_K_ref(int64_t n, float *s, const void *w, const void *x
 void lms_vec_dot_q4_K_q8_K_ref(int64_t n, float *s, const void *w, const void *x);
 void lms_vec_dot_q5_K_q8_K_ref(int64_t n, float *s, const void *w, const void *x);
 void lms_vec_dot_q6_K_q8_K_ref(int64_t n, float *s, const void *w, const void *x);
+void lms_vec_dot_iq4_nl_q8_0_ref(int64_t n, float *s, const void *w, const void *x);
+void lms_vec_dot_iq4_xs_q8_K_ref(int64_t n, float *s, const void *w, const void *x);
 
 #endif

@@ -23,6 +23,7 @@
 
 #include "base/fp16.h"
 #include "kernels/cpu/arm/gemm_neon.h"
+#include "kernels/cpu/quant_ref.h"
 #include "kernels/kernels_impl.h"
 #include "kernels/qtypes.h"
 
@@ -387,6 +388,71 @@ static void vec_dot_q3_K_q8_K_neon(int64_t n, float *s, const void *vw, const vo
     *s = sumf;
 }
 
+/* ---- IQ4_NL / IQ4_XS: 4-bit indices into a table of 16 values ----------------------
+ *
+ * vqtbl1q_s8 with the table in one register turns 16 index nibbles into 16
+ * int8 values, which go straight into vdotq_s32 against the activations. */
+
+/* The 32 values of a 32-element block from its 16 bytes of indices. */
+static inline void iq4_values32(int8x16_t tbl, const uint8_t *qs, int8x16_t *lo, int8x16_t *hi)
+{
+    const uint8x16_t v = vld1q_u8(qs);
+    *lo = vqtbl1q_s8(tbl, vandq_u8(v, vdupq_n_u8(0x0F)));
+    *hi = vqtbl1q_s8(tbl, vshrq_n_u8(v, 4));
+}
+
+static inline int32x4_t iq4_dot32(int8x16_t tbl, const uint8_t *qs, const int8_t *a)
+{
+    int8x16_t lo, hi;
+    iq4_values32(tbl, qs, &lo, &hi);
+    return dot16(dot16(vdupq_n_s32(0), lo, vld1q_s8(a)), hi, vld1q_s8(a + 16));
+}
+
+static void vec_dot_iq4_nl_q8_0_neon(int64_t n, float *s, const void *vw, const void *vx)
+{
+    const lms_block_iq4_nl *w = vw;
+    const lms_block_q8_0 *x = vx;
+    const int64_t nb = n / LMS_QK4_NL;
+    const int8x16_t tbl = vld1q_s8(lms_iq4_values);
+    float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = acc0;
+    int64_t i = 0;
+    for (; i + 1 < nb; i += 2) {
+        const int32x4_t p0 = iq4_dot32(tbl, w[i].qs, x[i].qs);
+        const int32x4_t p1 = iq4_dot32(tbl, w[i + 1].qs, x[i + 1].qs);
+        acc0 = vfmaq_n_f32(acc0, vcvtq_f32_s32(p0), h2f(w[i].d) * h2f(x[i].d));
+        acc1 = vfmaq_n_f32(acc1, vcvtq_f32_s32(p1), h2f(w[i + 1].d) * h2f(x[i + 1].d));
+    }
+    if (i < nb)
+        acc0 = vfmaq_n_f32(acc0, vcvtq_f32_s32(iq4_dot32(tbl, w[i].qs, x[i].qs)),
+                           h2f(w[i].d) * h2f(x[i].d));
+    *s = vaddvq_f32(vaddq_f32(acc0, acc1));
+}
+
+/* Per super-block: int32 lanes accumulate (scale - 32) * (4-product sums)
+ * of each 32-element sub-block, then one float scaling by d * d_x. */
+static void vec_dot_iq4_xs_q8_K_neon(int64_t n, float *s, const void *vw, const void *vx)
+{
+    const lms_block_iq4_xs *w = vw;
+    const lms_block_q8_K *x = vx;
+    const int64_t nb = n / LMS_QK_K;
+    const int8x16_t tbl = vld1q_s8(lms_iq4_values);
+    float sumf = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        const int8_t *a = x[i].qs;
+        int32x4_t sum0 = vdupq_n_s32(0), sum1 = sum0;
+        for (int j = 0; j < 8; j += 2) {
+            const int ls0 = ((w[i].scales_l[j / 2] & 0xF) | ((w[i].scales_h >> (2 * j)) & 3) << 4);
+            const int ls1 =
+                ((w[i].scales_l[j / 2] >> 4) | ((w[i].scales_h >> (2 * j + 2)) & 3) << 4);
+            sum0 = vmlaq_n_s32(sum0, iq4_dot32(tbl, w[i].qs + 16 * j, a + 32 * j), ls0 - 32);
+            sum1 = vmlaq_n_s32(sum1, iq4_dot32(tbl, w[i].qs + 16 * j + 16, a + 32 * j + 32),
+                               ls1 - 32);
+        }
+        sumf += (h2f(w[i].d) * x[i].d) * (float)vaddvq_s32(vaddq_s32(sum0, sum1));
+    }
+    *s = sumf;
+}
+
 /* ---- float rows -------------------------------------------------------------------------- */
 
 static void vec_dot_f32_neon(int64_t n, float *s, const void *vw, const void *vx)
@@ -641,6 +707,8 @@ static const lms_kernel_table k_neon = {
         [LMS_TYPE_Q4_K] = vec_dot_q4_K_q8_K_neon,
         [LMS_TYPE_Q5_K] = vec_dot_q5_K_q8_K_neon,
         [LMS_TYPE_Q6_K] = vec_dot_q6_K_q8_K_neon,
+        [LMS_TYPE_IQ4_NL] = vec_dot_iq4_nl_q8_0_neon,
+        [LMS_TYPE_IQ4_XS] = vec_dot_iq4_xs_q8_K_neon,
     },
     .from_float = {
         [LMS_TYPE_F16] = from_float_f16_neon,

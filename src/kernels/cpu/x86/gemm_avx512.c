@@ -16,6 +16,7 @@
  *   Q6_K         1 row x 16 tokens    x + 128 (q - 32 s8)   -128 * sum q, int32
  *   Q8_0         4 rows x 4 tokens    q + 128               -128 * sum x, int32
  *   Q4_0         4 rows x 4 tokens    q + 8                 -8 * sum x, int32
+ *   IQ4_NL       4 rows x 4 tokens    value + 128 (vpshufb) -128 * sum x, int32
  *   F16          4 rows x 6 tokens    (float FMA)           -
  *
  * The driver loops keep a tile's tokens outermost, then a chunk of blocks
@@ -596,10 +597,21 @@ INLINE __m512i q4_0_pair(const lms_block_q4_0 *b, int one)
     return _mm512_and_si512(v, _mm512_set1_epi8(0x0F));
 }
 
-/* ---- Q8_0 and Q4_0: pairs of 32-blocks per zmm ------------------------------------
+/* IQ4_NL: the Q4_0 nibbles of blocks 2p and 2p+1 looked up in a table of
+ * value + 128 (1..241) held in every 128-bit lane. */
+INLINE __m512i iq4_nl_pair(const lms_block_iq4_nl *b, int one)
+{
+    const __m128i t = _mm_xor_si128(_mm_loadu_si128((const __m128i *)lms_iq4_values),
+                                    _mm_set1_epi8(-128));
+    return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(t),
+                               q4_0_pair((const lms_block_q4_0 *)(const void *)b, one));
+}
+
+/* ---- Q8_0, Q4_0 and IQ4_NL: pairs of 32-blocks per zmm -----------------------------
  *
  * Per (row, token, pair of blocks): one vpdpbusd of the unsigned weight
- * codes (q + 128 for Q8_0, q + 8 for Q4_0) with the activations, starting
+ * codes (q + 128 for Q8_0, q + 8 for Q4_0, value + 128 for IQ4_NL, whose
+ * blocks have Q4_0's layout) with the activations, starting
  * from -offset * (sums of 4 activations), which makes the int32 lanes exact
  * signed sums. Two tokens' lanes are then folded into one vector (lanes
  * 0..3 block a, 4..7 block b of token 0; 8..15 the same of token 1) before
@@ -656,12 +668,17 @@ INLINE void q8_prep(const uint8_t *const *xt, int n_tok, int64_t pb0, int64_t np
     }
 }
 
+/* Weight kinds of the kernels below. */
+#define Q8K_Q8_0 0
+#define Q8K_Q4_0 1
+#define Q8K_IQ4_NL 2
+
 /* MR rows x NP token pairs over block pairs [pb0, pb0 + npb). */
-INLINE void q8_rows(const uint8_t *w, size_t ldw, int is_q4, int64_t pb0, int64_t npb, int64_t nb,
+INLINE void q8_rows(const uint8_t *w, size_t ldw, int kind, int64_t pb0, int64_t npb, int64_t nb,
                     const q8_aux *aux, float *s, size_t lds, int n_tok, int add, const int MR,
                     const int NP)
 {
-    const size_t bw = is_q4 ? sizeof(lms_block_q4_0) : sizeof(lms_block_q8_0);
+    const size_t bw = kind != Q8K_Q8_0 ? sizeof(lms_block_q4_0) : sizeof(lms_block_q8_0);
     __m512 acc[Q8_ROWS][Q8_PAIRS];
     for (int r = 0; r < MR; r++)
         for (int p = 0; p < NP; p++)
@@ -674,9 +691,10 @@ INLINE void q8_rows(const uint8_t *w, size_t ldw, int is_q4, int64_t pb0, int64_
         for (int r = 0; r < MR; r++) {
             const uint8_t *wb = w + (size_t)r * ldw + (size_t)i * bw;
             float da, db;
-            if (is_q4) {
+            if (kind != Q8K_Q8_0) {
                 const lms_block_q4_0 *b = (const lms_block_q4_0 *)wb;
-                u[r] = q4_0_pair(b, one);
+                u[r] = kind == Q8K_Q4_0 ? q4_0_pair(b, one)
+                                        : iq4_nl_pair((const lms_block_iq4_nl *)wb, one);
                 da = x86_h2f(b[0].d), db = one ? 0.0f : x86_h2f(b[1].d);
             } else {
                 const lms_block_q8_0 *b = (const lms_block_q8_0 *)wb;
@@ -711,12 +729,12 @@ INLINE void q8_rows(const uint8_t *w, size_t ldw, int is_q4, int64_t pb0, int64_
             }
 }
 
-INLINE void q8_gemm(int is_q4, int64_t n, int64_t n_rows, int64_t n_tok, const void *w,
+INLINE void q8_gemm(int kind, int64_t n, int64_t n_rows, int64_t n_tok, const void *w,
                     size_t ldw, const void *x, size_t ldx, float *s, size_t lds)
 {
     q8_aux aux[Q8_CHUNK * Q8_PAIRS];
     const int64_t nb = n / LMS_QK8_0, npb_all = (nb + 1) / 2;
-    const __m512i off = _mm512_set1_epi8(is_q4 ? 8 : -128);
+    const __m512i off = _mm512_set1_epi8(kind == Q8K_Q4_0 ? 8 : -128);
     for (int64_t t0 = 0; t0 < n_tok; t0 += 2 * Q8_PAIRS) {
         const int nt = n_tok - t0 < 2 * Q8_PAIRS ? (int)(n_tok - t0) : 2 * Q8_PAIRS;
         const int np = (nt + 1) / 2;
@@ -734,9 +752,9 @@ INLINE void q8_gemm(int is_q4, int64_t n, int64_t n_rows, int64_t n_tok, const v
 #define Q8_ROWS_CALL(mr)                                                                           \
     do {                                                                                           \
         if (np == 1)                                                                               \
-            q8_rows(wr, ldw, is_q4, pb0, npb, nb, aux, sr, lds, nt, add, mr, 1);                   \
+            q8_rows(wr, ldw, kind, pb0, npb, nb, aux, sr, lds, nt, add, mr, 1);                    \
         else                                                                                       \
-            q8_rows(wr, ldw, is_q4, pb0, npb, nb, aux, sr, lds, nt, add, mr, 2);                   \
+            q8_rows(wr, ldw, kind, pb0, npb, nb, aux, sr, lds, nt, add, mr, 2);                    \
     } while (0)
                 switch (nr) {
                 case 1: Q8_ROWS_CALL(1); break;
@@ -753,13 +771,19 @@ INLINE void q8_gemm(int is_q4, int64_t n, int64_t n_rows, int64_t n_tok, const v
 void gemm_q8_0_q8_0_avx512(int64_t n, int64_t n_rows, int64_t n_tok, const void *w, size_t ldw,
                            const void *x, size_t ldx, float *s, size_t lds)
 {
-    q8_gemm(0, n, n_rows, n_tok, w, ldw, x, ldx, s, lds);
+    q8_gemm(Q8K_Q8_0, n, n_rows, n_tok, w, ldw, x, ldx, s, lds);
 }
 
 void gemm_q4_0_q8_0_avx512(int64_t n, int64_t n_rows, int64_t n_tok, const void *w, size_t ldw,
                            const void *x, size_t ldx, float *s, size_t lds)
 {
-    q8_gemm(1, n, n_rows, n_tok, w, ldw, x, ldx, s, lds);
+    q8_gemm(Q8K_Q4_0, n, n_rows, n_tok, w, ldw, x, ldx, s, lds);
+}
+
+void gemm_iq4_nl_q8_0_avx512(int64_t n, int64_t n_rows, int64_t n_tok, const void *w,
+                             size_t ldw, const void *x, size_t ldx, float *s, size_t lds)
+{
+    q8_gemm(Q8K_IQ4_NL, n, n_rows, n_tok, w, ldw, x, ldx, s, lds);
 }
 
 /* ---- F16 -------------------------------------------------------------------------

@@ -20,6 +20,8 @@ void gemm_q8_0_q8_0_avx512(int64_t n, int64_t n_rows, int64_t n_tok, const void 
                            const void *x, size_t ldx, float *s, size_t lds);
 void gemm_q4_0_q8_0_avx512(int64_t n, int64_t n_rows, int64_t n_tok, const void *w, size_t ldw,
                            const void *x, size_t ldx, float *s, size_t lds);
+void gemm_iq4_nl_q8_0_avx512(int64_t n, int64_t n_rows, int64_t n_tok, const void *w, size_t ldw,
+                             const void *x, size_t ldx, float *s, size_t lds);
 void gemm_q4_K_q8_K_avx2(int64_t n, int64_t n_rows, int64_t n_tok, const void *w, size_t ldw,
                          const void *x, size_t ldx, float *s, size_t lds);
 void gemm_q6_K_q8_K_avx2(int64_t n, int64_t n_rows, int64_t n_tok, const void *w, size_t ldw,

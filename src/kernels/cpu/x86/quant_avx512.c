@@ -10,12 +10,14 @@
  * Row tails use masked loads, so any n works.
  * Decode also has multi-row Q4_K and Q6_K kernels (gemv: four rows share
  * the activation loads, the scale unpacking and the final reductions).
+ * IQ4_XS's row, decode and tile kernels are in iq4_avx512.c.
  *
  * vdpbf16ps treats subnormal bfloat inputs as zero and rounds its pairs
  * differently from separate multiplies and adds: results agree with the
  * reference to float rounding (tests use a relative tolerance).
  */
 #include "kernels/cpu/x86/gemm_x86.h"
+#include "kernels/cpu/x86/iq4_x86.h"
 #include "kernels/cpu/x86/quant_x86.h"
 #include "kernels/kernels_impl.h"
 
@@ -477,6 +479,8 @@ static const lms_kernel_table k_avx512 = {
         [LMS_TYPE_Q4_K] = vec_dot_q4_K_q8_K_512,
         [LMS_TYPE_Q5_K] = vec_dot_q5_K_q8_K,
         [LMS_TYPE_Q6_K] = vec_dot_q6_K_q8_K_512,
+        [LMS_TYPE_IQ4_NL] = vec_dot_iq4_nl_q8_0,
+        [LMS_TYPE_IQ4_XS] = vec_dot_iq4_xs_q8_K_avx512,
     },
     .from_float = {
         [LMS_TYPE_F16] = from_float_f16_x86,
@@ -496,10 +500,14 @@ static const lms_kernel_table k_avx512 = {
         [LMS_TYPE_Q4_K] = gemm_q4_K_q8_K_avx512,
         [LMS_TYPE_Q5_K] = gemm_q5_K_q8_K_avx512,
         [LMS_TYPE_Q6_K] = gemm_q6_K_q8_K_avx512,
+        [LMS_TYPE_IQ4_NL] = gemm_iq4_nl_q8_0_avx512,
+        [LMS_TYPE_IQ4_XS] = gemm_iq4_xs_q8_K_avx512,
     },
     .gemv = {
         [LMS_TYPE_Q4_K] = gemv_q4_K_q8_K_512,
         [LMS_TYPE_Q6_K] = gemv_q6_K_q8_K_512,
+        [LMS_TYPE_IQ4_NL] = gemv_iq4_nl_q8_0_avx512,
+        [LMS_TYPE_IQ4_XS] = gemv_iq4_xs_q8_K_avx512,
     },
 };
 /* clang-format on */

@@ -24,8 +24,9 @@
  *
  * vpmaddubsw saturates each pair of u8 * i8 products to int16. Every use
  * below keeps |pair| < 2^15: weight codes are at most 63 in magnitude
- * except Q8_0's (up to 128), whose activations come from the Q8_0
- * quantizer and are within -127..127 (128 * 127 * 2 < 2^15).
+ * except Q8_0's (up to 128) and the IQ4 table values (up to 127), whose
+ * activations come from the Q8_0 / Q8_K quantizers and are within
+ * -127..127 (128 * 127 * 2 < 2^15).
  */
 #ifndef LMS_QUANT_X86_H
 #define LMS_QUANT_X86_H
@@ -35,6 +36,7 @@
 #include <string.h>
 
 #include "base/fp16.h"
+#include "kernels/cpu/quant_ref.h"
 #include "kernels/qtypes.h"
 
 /* ---- primitives ------------------------------------------------------------- */
@@ -455,6 +457,94 @@ static inline void vec_dot_q3_K_q8_K(int64_t n, float *s, const void *vw, const 
         sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 2));
         const __m256 d = _mm256_set1_ps(x86_h2f(w[i].d) * x[i].d);
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    *s = x86_hsum_ps(acc);
+}
+
+/* ---- IQ4_NL / IQ4_XS: 4-bit indices into a table of 16 values ----------------------
+ *
+ * One vpshufb with the table in both 128-bit lanes turns 32 index nibbles
+ * into 32 int8 values; from there the products are Q4_0's (IQ4_NL against
+ * Q8_0) or, with the sub-block scales applied to int16 pair sums by
+ * vpmaddwd, the K-quants' (IQ4_XS against Q8_K). Integer sums are exact. */
+
+static inline __m256i x86_iq4_table(void)
+{
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)lms_iq4_values));
+}
+
+/* 16 bytes of indices -> the 32 values of a 32-element block, in order. */
+static inline __m256i x86_iq4_values32(__m256i table, const uint8_t *qs)
+{
+    return _mm256_shuffle_epi8(table, x86_nibbles32(qs));
+}
+
+static inline void vec_dot_iq4_nl_q8_0(int64_t n, float *s, const void *vw, const void *vx)
+{
+    const lms_block_iq4_nl *w = vw;
+    const lms_block_q8_0 *x = vx;
+    const int64_t nb = n / LMS_QK4_NL;
+    const __m256i tbl = x86_iq4_table();
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 1 < nb; i += 2) {
+        const __m256i p0 = x86_dot_i8(_mm256_setzero_si256(), x86_iq4_values32(tbl, w[i].qs),
+                                      x86_load(x[i].qs));
+        const __m256i p1 = x86_dot_i8(_mm256_setzero_si256(), x86_iq4_values32(tbl, w[i + 1].qs),
+                                      x86_load(x[i + 1].qs));
+        const __m256 d0 = _mm256_set1_ps(x86_h2f(w[i].d) * x86_h2f(x[i].d));
+        const __m256 d1 = _mm256_set1_ps(x86_h2f(w[i + 1].d) * x86_h2f(x[i + 1].d));
+        acc0 = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(p0), acc0);
+        acc1 = _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(p1), acc1);
+    }
+    if (i < nb) {
+        const __m256i p0 = x86_dot_i8(_mm256_setzero_si256(), x86_iq4_values32(tbl, w[i].qs),
+                                      x86_load(x[i].qs));
+        const __m256 d0 = _mm256_set1_ps(x86_h2f(w[i].d) * x86_h2f(x[i].d));
+        acc0 = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(p0), acc0);
+    }
+    *s = x86_hsum_ps(_mm256_add_ps(acc0, acc1));
+}
+
+/* The 8 sub-block scales of an IQ4_XS block as int8 (-32..31) in the low 8
+ * bytes: pdep spreads the 8 low nibbles (scales_l, in sub-block order) and
+ * the 8 bit pairs (scales_h) over the 8 bytes. */
+static inline __m128i iq4_xs_scales(const lms_block_iq4_xs *b)
+{
+    uint32_t lo;
+    memcpy(&lo, b->scales_l, 4);
+    const uint64_t v =
+        _pdep_u64(lo, 0x0F0F0F0F0F0F0F0FULL) | _pdep_u64(b->scales_h, 0x3030303030303030ULL);
+    return _mm_sub_epi8(_mm_cvtsi64_si128((long long)v), _mm_set1_epi8(32));
+}
+
+/* Per sub-block j: vpmaddubsw of |value| and the activations with the
+ * values' signs (16 int16 pair sums, |pair| <= 2 * 127 * 127), then
+ * vpmaddwd by the scale broadcast from the 8 int16 scales. */
+static inline void vec_dot_iq4_xs_q8_K(int64_t n, float *s, const void *vw, const void *vx)
+{
+    const lms_block_iq4_xs *w = vw;
+    const lms_block_q8_K *x = vx;
+    const int64_t nb = n / LMS_QK_K;
+    const __m256i tbl = x86_iq4_table();
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const int8_t *a = x[i].qs;
+        const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(iq4_xs_scales(&w[i])));
+        __m256i sum0 = _mm256_setzero_si256(), sum1 = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int j = 0; j < 8; j += 2) {
+            const __m256i v0 = x86_iq4_values32(tbl, w[i].qs + 16 * j);
+            const __m256i v1 = x86_iq4_values32(tbl, w[i].qs + 16 * j + 16);
+            const __m256i p0 = _mm256_maddubs_epi16(_mm256_sign_epi8(v0, v0),
+                                                    _mm256_sign_epi8(x86_load(a + 32 * j), v0));
+            const __m256i p1 = _mm256_maddubs_epi16(
+                _mm256_sign_epi8(v1, v1), _mm256_sign_epi8(x86_load(a + 32 * j + 32), v1));
+            sum0 = x86_dpwssd(sum0, p0, x86_scale_k(sc16, j));
+            sum1 = x86_dpwssd(sum1, p1, x86_scale_k(sc16, j + 1));
+        }
+        const __m256 d = _mm256_set1_ps(x86_h2f(w[i].d) * x[i].d);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_add_epi32(sum0, sum1)), acc);
     }
     *s = x86_hsum_ps(acc);
 }
