@@ -21,7 +21,10 @@
  */
 #include "engine/jsonschema.h"
 
+#define PCRE2_CODE_UNIT_WIDTH 8
 #include <jansson.h>
+#include <pcre2.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -51,6 +54,8 @@ typedef struct js_node {
     uint32_t min_len, max_len; /* string characters */
     uint8_t bounds;         /* B_* flags: which of lo, hi apply, and how */
     double lo, hi;
+    int16_t pattern;        /* string: index of its compiled pattern (patterns[]), or NONE */
+    bool pat_anchored;      /* the pattern starts with ^: prefixes are checked as they come */
 } js_node;
 
 enum { B_LO = 1, B_HI = 2, B_LO_EXCL = 4, B_HI_EXCL = 8 };
@@ -168,6 +173,7 @@ static int new_node(builder *b)
     n->map = n->items = NONE;
     n->max_items = UINT16_MAX;
     n->max_len = UINT32_MAX;
+    n->pattern = NONE;
     return b->n_nodes++;
 }
 
@@ -287,6 +293,74 @@ static int compile_object(builder *b, int id, const json_t *sch, int depth)
     return 0;
 }
 
+/*
+ * Compiled patterns, shared by every schema of the process: a schema's
+ * node keeps an index. Patterns are compiled once (PCRE2, JIT when
+ * available) and kept for the process's life, so a schema block can be
+ * copied freely; the table is append-only under a mutex, and an index
+ * reaches the scheduler thread through the request queue's lock. The
+ * checker runs each with its own match data.
+ */
+#define MAX_PATTERNS 1024
+#define MAX_PATTERN_BYTES 512
+static struct {
+    pthread_mutex_t mu;
+    int n;
+    pcre2_code *code[MAX_PATTERNS];
+    char *text[MAX_PATTERNS];
+    pcre2_match_context *mctx; /* a bound on backtracking: a pathological pattern on a
+                                * 128-byte string fails instead of taking seconds */
+} patterns = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* The index of pattern text t (compiled on first use); NONE with a message. */
+static int pattern_index(builder *b, const char *t, size_t n)
+{
+    pthread_mutex_lock(&patterns.mu);
+    int found = NONE;
+    for (int i = 0; i < patterns.n && found == NONE; i++)
+        if (strlen(patterns.text[i]) == n && !memcmp(patterns.text[i], t, n))
+            found = i;
+    if (!patterns.mctx && (patterns.mctx = pcre2_match_context_create(NULL)) != NULL) {
+        pcre2_set_match_limit(patterns.mctx, 200000);
+        pcre2_set_depth_limit(patterns.mctx, 10000);
+    }
+    if (found == NONE && patterns.n < MAX_PATTERNS) {
+        int code;
+        PCRE2_SIZE at;
+        pcre2_code *re = pcre2_compile((PCRE2_SPTR)t, n, PCRE2_UTF | PCRE2_MATCH_INVALID_UTF, &code,
+                                       &at, NULL);
+        char *copy = re ? strndup(t, n) : NULL;
+        if (!re) {
+            PCRE2_UCHAR msg[160];
+            pcre2_get_error_message(code, msg, sizeof msg);
+            pthread_mutex_unlock(&patterns.mu);
+            return fail(b, "'pattern' does not compile at offset %zu: %s", (size_t)at, (char *)msg);
+        }
+        if (!copy) {
+            pcre2_code_free(re);
+            pthread_mutex_unlock(&patterns.mu);
+            return fail(b, "out of memory");
+        }
+        pcre2_jit_compile(re, PCRE2_JIT_COMPLETE | PCRE2_JIT_PARTIAL_HARD);
+        patterns.code[patterns.n] = re;
+        patterns.text[patterns.n] = copy;
+        found = patterns.n++;
+    }
+    pthread_mutex_unlock(&patterns.mu);
+    if (found == NONE)
+        return fail(b, "more than %d different patterns are in use", MAX_PATTERNS);
+    return found;
+}
+
+static pcre2_code *pattern_code(int i, pcre2_match_context **mctx)
+{
+    pthread_mutex_lock(&patterns.mu);
+    pcre2_code *c = patterns.code[i];
+    *mctx = patterns.mctx;
+    pthread_mutex_unlock(&patterns.mu);
+    return c;
+}
+
 /* minLength / maxLength and the numeric bounds of node id. A node with a
  * limit is no longer "any" value of its kinds. */
 static int compile_limits(builder *b, int id, const json_t *sch)
@@ -304,6 +378,20 @@ static int compile_limits(builder *b, int id, const json_t *sch)
         n->max_len = (uint32_t)json_integer_value(mxl);
     if (n->min_len > n->max_len)
         return fail(b, "'minLength' is above 'maxLength'");
+    const json_t *pat = json_object_get(sch, "pattern");
+    if (pat) {
+        if (!json_is_string(pat) || json_string_length(pat) > MAX_PATTERN_BYTES ||
+            strlen(json_string_value(pat)) != json_string_length(pat))
+            return fail(b, "'pattern' must be a string of at most %d bytes, without NUL",
+                        MAX_PATTERN_BYTES);
+        const int pi = pattern_index(b, json_string_value(pat), json_string_length(pat));
+        if (pi < 0)
+            return NONE;
+        b->nodes[id].pattern = (int16_t)pi;
+        b->nodes[id].pat_anchored =
+            json_string_value(pat)[0] == '^' && !strchr(json_string_value(pat), '|');
+        n = &b->nodes[id];
+    }
     static const struct {
         const char *key;
         uint8_t flag;
@@ -339,7 +427,7 @@ static int compile_limits(builder *b, int id, const json_t *sch)
     if ((n->bounds & (B_LO | B_HI)) == (B_LO | B_HI) &&
         (n->lo > n->hi || (n->lo == n->hi && (n->bounds & (B_LO_EXCL | B_HI_EXCL)))))
         return fail(b, "the bounds leave no number");
-    if ((n->bounds || mnl || mxl) && n->any)
+    if ((n->bounds || mnl || mxl || pat) && n->any)
         n->any = false;
     return 0;
 }
@@ -357,7 +445,7 @@ static int compile(builder *b, const json_t *sch, int depth)
     if (!json_is_object(sch))
         return fail(b, "a schema must be an object");
     static const char *const refused[] = {
-        "pattern", "patternProperties", "multipleOf", "not", "if", "then", "else",
+        "patternProperties", "multipleOf", "not", "if", "then", "else",
         "prefixItems", "contains", "minContains", "maxContains", "uniqueItems", "propertyNames",
         "dependentRequired", "dependentSchemas", "unevaluatedProperties", "unevaluatedItems",
         "minProperties", "maxProperties"};
@@ -566,7 +654,8 @@ bool lms_jschk_same(const lms_jschk *a, const lms_jschk *b)
         a->vpos != b->vpos || a->vcand != b->vcand || a->vint != b->vint ||
         a->vlen != b->vlen || a->vesc != b->vesc || a->vhi != b->vhi || a->vhex != b->vhex ||
         a->vneg != b->vneg || a->vni != b->vni || a->vnf != b->vnf || a->vval != b->vval ||
-        a->vkind != b->vkind)
+        a->vkind != b->vkind || a->vslen != b->vslen || a->vhigh != b->vhigh ||
+        memcmp(a->vs, b->vs, a->vslen) != 0)
         return false;
     for (int i = 0; i < a->depth; i++) {
         const lms_jsframe *x = &a->fr[i], *y = &b->fr[i];
@@ -634,6 +723,9 @@ static bool value_begins(lms_jschk *k, unsigned char c, bool container)
     k->vhex = 0;
     k->vneg = false;
     k->vkind = (uint8_t)kind;
+    k->vslen = 0;
+    k->vpat_dirty = false;
+    k->vhigh = 0;
     k->vni = 0;
     k->vnf = 0xff;
     k->vval = 0.0;
@@ -667,7 +759,67 @@ static bool str_char(lms_jschk *k, const js_node *n)
     return true;
 }
 
-/* A byte of a string (its quotes included) under length limits. */
+/* Appends n bytes of decoded text to a pattern string's buffer. */
+static bool pat_put(lms_jschk *k, const js_node *n, const char *p, int len)
+{
+    if (n->pattern == NONE)
+        return true;
+    if (k->vslen + len > LMS_JS_PATTERN_TEXT)
+        return false;
+    memcpy(k->vs + k->vslen, p, (size_t)len);
+    k->vslen = (uint8_t)(k->vslen + len);
+    k->vpat_dirty = true;
+    return true;
+}
+
+/* Code point cp as UTF-8 into the pattern buffer. */
+static bool pat_put_cp(lms_jschk *k, const js_node *n, uint32_t cp)
+{
+    char u[4];
+    int len = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+    if (len == 1)
+        u[0] = (char)cp;
+    else {
+        for (int i = len - 1; i > 0; i--, cp >>= 6)
+            u[i] = (char)(0x80 | (cp & 0x3F));
+        u[0] = (char)((len == 2 ? 0xC0 : len == 3 ? 0xE0 : 0xF0) | cp);
+    }
+    return pat_put(k, n, u, len);
+}
+
+/* Whether the pattern string read so far matches (whole: at its closing
+ * quote) or can still be extended to match (a prefix; anchored patterns
+ * only: an unanchored one can always end with a match). */
+static bool pattern_ok(lms_jschk *k, const js_node *n, bool whole)
+{
+    k->vpat_dirty = false;
+    if (!whole && !n->pat_anchored)
+        return true;
+    size_t len = k->vslen;
+    if (!whole) { /* leave out a character whose UTF-8 bytes have not all come */
+        for (size_t back = 1; back <= 3 && back <= len; back++) {
+            const unsigned char b = (unsigned char)k->vs[len - back];
+            if ((b & 0xC0) == 0x80)
+                continue;
+            const size_t need = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
+            if (need > back)
+                len -= back;
+            break;
+        }
+    }
+    pcre2_match_context *mctx;
+    pcre2_code *re = pattern_code(n->pattern, &mctx);
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+    if (!md)
+        return false;
+    const int rc = pcre2_match(re, (PCRE2_SPTR)k->vs, len, 0, whole ? 0 : PCRE2_PARTIAL_HARD, md,
+                               mctx);
+    pcre2_match_data_free(md);
+    return rc >= 0 || (!whole && rc == PCRE2_ERROR_PARTIAL);
+}
+
+/* A byte of a string (its quotes included) under length limits or a
+ * pattern. */
 static bool string_byte(lms_jschk *k, const js_node *n, unsigned char c)
 {
     if (k->vpos == 0) /* the opening quote */
@@ -677,8 +829,10 @@ static bool string_byte(lms_jschk *k, const js_node *n, unsigned char c)
         k->vhex = 0;
         if (c == 'u')
             return true;
+        static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
+        const char *e = strchr(from, c);
         k->vhi = false;
-        return str_char(k, n);
+        return str_char(k, n) && pat_put(k, n, e ? &to[e - from] : (const char *)&c, 1);
     }
     if (k->vesc >= 2) { /* a \u digit (the syntax checker saw it is hex) */
         const int d = c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10;
@@ -689,10 +843,15 @@ static bool string_byte(lms_jschk *k, const js_node *n, unsigned char c)
         const bool low = k->vhex >= 0xDC00 && k->vhex <= 0xDFFF;
         if (low && k->vhi) { /* ends the pair its high half counted */
             k->vhi = false;
-            return true;
+            return pat_put_cp(k, n, 0x10000 + (((uint32_t)k->vhigh - 0xD800) << 10) +
+                                        (k->vhex - 0xDC00));
         }
         k->vhi = k->vhex >= 0xD800 && k->vhex <= 0xDBFF;
-        return str_char(k, n);
+        k->vhigh = k->vhex;
+        if (!str_char(k, n))
+            return false;
+        /* a high half waits for its low half; a lone half becomes U+FFFD */
+        return k->vhi || pat_put_cp(k, n, low ? 0xFFFD : k->vhex);
     }
     if (c == '\\') {
         k->vesc = 1;
@@ -700,11 +859,11 @@ static bool string_byte(lms_jschk *k, const js_node *n, unsigned char c)
         return k->vlen < n->max_len || k->vhi;
     }
     if (c == '"') /* the closing quote */
-        return k->vlen >= n->min_len;
+        return k->vlen >= n->min_len && (n->pattern == NONE || pattern_ok(k, n, true));
     if ((c & 0xC0) == 0x80) /* a UTF-8 continuation byte */
-        return true;
+        return pat_put(k, n, (const char *)&c, 1);
     k->vhi = false;
-    return str_char(k, n);
+    return str_char(k, n) && pat_put(k, n, (const char *)&c, 1);
 }
 
 /* Whether some number between a and b (each end included when its flag
@@ -797,7 +956,8 @@ static bool scalar_byte(lms_jschk *k, unsigned char c)
     const js_node *n = &nodes_of(k->sc)[k->vnode];
     if (k->vint && (c == '.' || c == 'e' || c == 'E'))
         return false;
-    if (k->vkind == K_STR && (n->min_len || n->max_len != UINT32_MAX) && !string_byte(k, n, c))
+    if (k->vkind == K_STR && (n->min_len || n->max_len != UINT32_MAX || n->pattern != NONE) &&
+        !string_byte(k, n, c))
         return false;
     if (k->vkind == K_NUM && n->bounds && !number_byte(k, n, c))
         return false;
@@ -973,5 +1133,9 @@ bool lms_jschk_feed(lms_jschk *k, const char *p, size_t n)
     for (size_t i = 0; i < n; i++)
         if (!step(k, (unsigned char)p[i]))
             return false;
+    /* a pattern looks at a string's new text once per piece (a token's
+     * bytes), not per byte: a prefix it refuses cannot be mended by more */
+    if (k->vpat_dirty && k->vnode != NONE)
+        return pattern_ok(k, &nodes_of(k->sc)[k->vnode], false);
     return true;
 }

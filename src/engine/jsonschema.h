@@ -16,6 +16,12 @@
  *   items, minItems, maxItems
  *   minLength, maxLength   a string's characters (code points; an escape
  *                     is one, a surrogate pair one)
+ *   pattern           a regular expression the string must match (PCRE2, in
+ *                     the ECMA subset schemas use; unanchored, as JSON
+ *                     Schema says). One that starts with ^ (and has no |) is
+ *                     also checked on every prefix (PCRE2 partial matching),
+ *                     so generation never enters a string it cannot finish;
+ *                     such a string has at most LMS_JS_PATTERN_TEXT bytes
  *   minimum, maximum, exclusiveMinimum, exclusiveMaximum   (numbers; the
  *                     draft-4 boolean forms too): a number is then written
  *                     without an exponent, and each prefix must still
@@ -51,6 +57,7 @@ lms_jschema *lms_jschema_from_json(const struct json_t *schema, char *err, size_
 size_t lms_jschema_size(const lms_jschema *s);
 
 #define LMS_JS_DEPTH 16 /* nested containers the checker follows */
+#define LMS_JS_PATTERN_TEXT 128 /* bytes of a string held to a pattern */
 
 typedef struct lms_jsframe {
     uint64_t cand;  /* key being read: the properties it may still be */
@@ -82,6 +89,13 @@ typedef struct lms_jschk {
     uint8_t vni, vnf;
     double vval;            /* every digit so far, as one integer */
     uint8_t vkind;          /* the scalar's kind (the schema's K_ bit) */
+    /* string under a pattern: its text so far, escapes decoded (UTF-8),
+     * the high half of a \u pair waiting for its low half, and whether
+     * bytes came since the pattern last looked */
+    uint8_t vslen;
+    bool vpat_dirty;
+    uint16_t vhigh;
+    char vs[LMS_JS_PATTERN_TEXT];
     uint8_t depth;          /* frames in use */
     lms_jsframe fr[LMS_JS_DEPTH];
 } lms_jschk;

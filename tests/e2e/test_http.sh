@@ -176,8 +176,12 @@ req POST /v1/chat/completions -d "{\"messages\":[{\"role\":\"user\",\"content\":
 check "tool_choice naming no tool refused" eq "$(code) $(py "$T/out" 'd["error"]["param"]')" "400 tool_choice"
 req POST /v1/chat/completions -d "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],$FT,\"tool_choice\":\"required\",\"response_format\":{\"type\":\"json_object\"}}"
 check "a forced call with a response_format refused" eq "$(code)" 400
-req POST /v1/chat/completions -d '{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"a","schema":{"type":"object","properties":{"s":{"type":"string","pattern":"x+"}}}}}}'
-check "json_schema with an unsupported keyword refused, naming it" eq "$(code) $(py "$T/out" '"pattern" in d["error"]["message"]')" "400 True"
+PSCHEMA='{"type":"object","properties":{"c":{"type":"string","pattern":"^[a-c]{2,3}$"},"k":{"type":"integer","minimum":10,"maximum":20}},"required":["c","k"]}'
+req POST /v1/chat/completions -d "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":250,\"seed\":2,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\",\"schema\":$PSCHEMA}}}"
+check "json_schema pattern and bounds: a finished reply holds them" eq "$(py "$T/out" 'd["choices"][0]["finish_reason"] == "length" or (lambda o: bool(__import__("re").fullmatch("[a-c]{2,3}", o["c"])) and 10 <= o["k"] <= 20)(json.loads(d["choices"][0]["message"]["content"]))')" True
+check "json_schema pattern: the string so far fits it" eq "$(py "$T/out" 'bool(__import__("re").match(r"\s*\{\s*\"c\"\s*:\s*\"[a-c]{0,3}(\"|$)", d["choices"][0]["message"]["content"]))')" True
+req POST /v1/chat/completions -d '{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"a","schema":{"type":"object","properties":{"s":{"type":"number","multipleOf":3}}}}}}'
+check "json_schema with an unsupported keyword refused, naming it" eq "$(code) $(py "$T/out" '"multipleOf" in d["error"]["message"]')" "400 True"
 req POST /api/generate -d '{"prompt":"Once","format":"json","stream":false,"options":{"num_predict":20}}'
 check "Ollama format json: an object's beginning" eq "$(py "$T/out" 'd["response"].lstrip()[:1]')" "{"
 req POST /api/generate -d "{\"prompt\":\"Once\",\"format\":$SCHEMA,\"stream\":false,\"options\":{\"num_predict\":30}}"

@@ -171,6 +171,36 @@ static void test_limits(void **state)
     free(sc);
 }
 
+/* patterns: a ^-anchored one checked on every prefix, an unanchored one
+ * at the closing quote; escapes decoded before matching */
+static void test_patterns(void **state)
+{
+    (void)state;
+    lms_jschema *sc = compile_ok(
+        "{\"type\":\"object\",\"properties\":{"
+        "\"d\":{\"type\":\"string\",\"pattern\":\"^[0-9]{4}-[0-9]{2}-[0-9]{2}$\"},"
+        "\"e\":{\"type\":\"string\",\"pattern\":\"@\"},"
+        "\"u\":{\"type\":\"string\",\"pattern\":\"^\\u00e9+\\\\n?$\"}},\"required\":[\"d\"]}");
+    check_valid(sc, "{\"d\":\"2024-01-31\"}");
+    check_valid(sc, "{\"d\":\"2024-01-31\",\"e\":\"a@b\"}");
+    check_valid(sc, "{\"d\":\"1999-12-01\",\"e\":\"@\",\"u\":\"\\u00e9\xc3\xa9\\n\"}");
+    check_refused(sc, "{\"d\":\"2024-1-", 12);          /* two digits of month */
+    check_refused(sc, "{\"d\":\"2024-01-31x\"}", 16);   /* anchored at the end too */
+    check_refused(sc, "{\"d\":\"x", 6);                 /* at once, not at the quote */
+    check_refused(sc, "{\"d\":\"2024-01-31\",\"e\":\"ab\"}", 25); /* no @: at the quote */
+    check_refused(sc, "{\"d\":\"2024-01-31\",\"u\":\"\\u00e8", 28); /* at its last digit */
+    /* a whole token (several bytes) is judged once, by its last byte */
+    lms_jschk k;
+    lms_jschk_init(&k, sc);
+    assert_true(lms_jschk_feed(&k, "{\"d\":\"20", 8));
+    assert_false(lms_jschk_feed(&k, "24-0x", 5));
+    free(sc);
+    char err[256] = "";
+    const char *bad = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"([\"}}}";
+    assert_null(lms_jschema_compile(bad, strlen(bad), err, sizeof err));
+    assert_non_null(strstr(err, "does not compile"));
+}
+
 /* numbers written at random against random bounds: an in-bounds number
  * and every prefix of it accepted, an out-of-bounds one refused */
 static void test_bounds_random(void **state)
@@ -223,8 +253,8 @@ static void test_refused_schemas(void **state)
         const char *schema, *says;
     } bad[] = {
         {"{\"type\":\"string\"}", "top-level"},
-        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"x\"}}}",
-         "'pattern'"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"number\",\"multipleOf\":2}}}",
+         "'multipleOf'"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"anyOf\":[{\"type\":\"string\"},"
          "{\"enum\":[\"a\"]}]}}}",
          "start differently"},
@@ -278,6 +308,7 @@ int main(void)
         cmocka_unit_test(test_refs_maps_alternatives),
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_bounds_random),
+        cmocka_unit_test(test_patterns),
         cmocka_unit_test(test_refused_schemas),
         cmocka_unit_test(test_plain_and_copy),
     };
