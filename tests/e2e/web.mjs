@@ -1,8 +1,9 @@
 // web.mjs - the built-in web page (GET /) in a real browser (Debian's
 // chromium driven by playwright-core): the page loads without script
 // errors, names the model, streams a chat reply into the log with its
-// stats line, sends the API key it is given, and the dashboard fills from
-// /stats.
+// stats line, sends the API key it is given, offers the model and its LoRA
+// adapter (a greedy reply with the adapter differs), and the dashboard
+// fills from /stats.
 //
 // env: BASE (http://127.0.0.1:PORT), API_KEY (the server's key), CHROMIUM (the browser)
 import { chromium } from 'playwright-core';
@@ -33,6 +34,21 @@ try {
     ok(msgs.length === 2 && msgs[0] === 'Tell me a story', `user message shown: ${JSON.stringify(msgs)}`);
     ok(msgs[1] && msgs[1].length > 0 && !msgs[1].includes('['), `streamed reply shown: ${JSON.stringify(msgs[1])}`);
     ok(/12 generated/.test(await page.textContent('#last')), 'stats line counts the generated tokens');
+
+    // the model and adapter choices: one model, its adapter offered; the
+    // same greedy request with the adapter gives another reply
+    const models = await page.$$eval('#msel option', (e) => e.map((x) => x.value));
+    ok(JSON.stringify(models) === '["stories260K"]', `model choices: ${JSON.stringify(models)}`);
+    const ads = await page.$$eval('#lsel option', (e) => e.map((x) => x.textContent));
+    ok(await page.isVisible('#lsel') && ads.length === 3 && /\(0\)$/.test(ads[2]), `adapter choices: ${JSON.stringify(ads)}`);
+    await page.click('#clear');
+    await page.selectOption('#lsel', '0');
+    await page.fill('#input', 'Tell me a story');
+    await page.click('#send');
+    await page.waitForFunction(() => /tokens\/s/.test(document.getElementById('last').textContent), null, { timeout: 20000 });
+    const withAd = await page.$$eval('.msg span', (e) => e.map((x) => x.textContent));
+    ok(withAd.length === 2 && withAd[1].length > 0 && withAd[1] !== msgs[1],
+       `the adapter changes the reply: ${JSON.stringify([msgs[1], withAd[1]])}`);
 
     await page.click('#tab-dash');
     await page.waitForFunction(() => document.querySelectorAll('#dtable tr').length > 5, null, { timeout: 5000 });
