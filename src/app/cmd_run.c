@@ -63,6 +63,14 @@ static bool parse_sampling(int argc, char **argv, int *i, lms_sampler_params *sp
         sp->presence_penalty = (float)d;
     else if (!strcmp(a, "--seed") && (*ok = args_int(a, argv[++*i], 0, INT64_MAX, &v)))
         sp->seed = (uint64_t)v;
+    else if (!strcmp(a, "--typical") && (*ok = args_float(a, argv[++*i], 0.001, 1, &d)))
+        sp->typical_p = (float)d;
+    else if (!strcmp(a, "--mirostat") && (*ok = args_int(a, argv[++*i], 0, 2, &v)))
+        sp->mirostat = (int32_t)v;
+    else if (!strcmp(a, "--mirostat-ent") && (*ok = args_float(a, argv[++*i], 0, 100, &d)))
+        sp->mirostat_tau = (float)d;
+    else if (!strcmp(a, "--mirostat-lr") && (*ok = args_float(a, argv[++*i], 0, 10, &d)))
+        sp->mirostat_eta = (float)d;
     else
         return *ok == false;
     return true;
@@ -118,7 +126,8 @@ static int parse(int argc, char **argv, run_opts *o)
     }
     if (!o->model || !o->prompt) {
         fprintf(stderr, "usage: lmserv run -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] "
-                        "[--top-p P] [--min-p P] [--seed S] [--repeat-penalty R] [--chat] "
+                        "[--top-p P] [--min-p P] [--typical P] [--mirostat 0|1|2] [--mirostat-ent TAU] "
+                        "[--mirostat-lr ETA] [--seed S] [--repeat-penalty R] [--chat] "
                         APP_GPU_USAGE " " APP_LORA_USAGE "\n");
         return -1;
     }

@@ -33,6 +33,7 @@ struct lms_sampler {
     int32_t *hist;     /* ring of the last penalty_last_n tokens */
     int32_t n_hist, hist_head;
     float lse;         /* log-sum-exp of `logits` (for probabilities) */
+    float mu;          /* Mirostat: the surprise bound, 2 tau at first */
 };
 
 lms_sampler_params lms_sampler_defaults(void)
@@ -40,7 +41,8 @@ lms_sampler_params lms_sampler_defaults(void)
     lms_sampler_params p = {
         .temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f,
         .repeat_penalty = 1.0f, .frequency_penalty = 0.0f, .presence_penalty = 0.0f,
-        .penalty_last_n = 64, .seed = 0x5eed,
+        .penalty_last_n = 64, .seed = 0x5eed, .typical_p = 1.0f, .mirostat_tau = 5.0f,
+        .mirostat_eta = 0.1f,
     };
     return p;
 }
@@ -55,6 +57,15 @@ int lms_sampler_params_check(const lms_sampler_params *p, char *err, size_t errs
         return lms_errf(err, errsz, LMS_ERR_INVAL, "min_p %g is not in [0, 1]", p->min_p);
     if (p->top_k < 0)
         return lms_errf(err, errsz, LMS_ERR_INVAL, "top_k %d is negative", p->top_k);
+    if (!(p->typical_p > 0 && p->typical_p <= 1))
+        return lms_errf(err, errsz, LMS_ERR_INVAL, "typical_p %g is not in (0, 1]", p->typical_p);
+    if (p->mirostat < 0 || p->mirostat > 2)
+        return lms_errf(err, errsz, LMS_ERR_INVAL, "mirostat %d is not 0, 1 or 2", p->mirostat);
+    if (!(p->mirostat_tau >= 0 && p->mirostat_tau <= 100) ||
+        !(p->mirostat_eta >= 0 && p->mirostat_eta <= 10))
+        return lms_errf(err, errsz, LMS_ERR_INVAL,
+                        "mirostat_tau %g / mirostat_eta %g not in [0, 100] / [0, 10]",
+                        p->mirostat_tau, p->mirostat_eta);
     if (!(p->repeat_penalty > 0 && p->repeat_penalty <= 10))
         return lms_errf(err, errsz, LMS_ERR_INVAL, "repeat_penalty %g is not in (0, 10]",
                         p->repeat_penalty);
@@ -81,6 +92,7 @@ lms_sampler *lms_sampler_create(const lms_sampler_params *p, int32_t n_vocab)
     s->p = *p;
     s->n_vocab = n_vocab;
     s->rng = p->seed;
+    s->mu = 2.0f * p->mirostat_tau;
     s->logits = malloc((size_t)n_vocab * sizeof *s->logits);
     s->cands = malloc((size_t)n_vocab * sizeof *s->cands);
     s->hist = malloc((size_t)(p->penalty_last_n > 0 ? p->penalty_last_n : 1) * sizeof *s->hist);
@@ -379,12 +391,115 @@ static int32_t sample_sorted(lms_sampler *s, int32_t m, int32_t n_cand, double r
     return tok;
 }
 
+/* Locally typical sampling over the m sorted candidates: their entropy H,
+ * then the tokens whose surprise -log p is nearest H, in that order, until
+ * their mass reaches typical_p; the kept ones stay in s->cands in
+ * descending order. Returns how many. */
+static int32_t typical_filter(lms_sampler *s, int32_t m)
+{
+    double *lp = malloc((size_t)m * sizeof *lp);
+    int32_t *order = malloc((size_t)m * sizeof *order);
+    bool *keep = calloc((size_t)m, sizeof *keep);
+    if (!lp || !order || !keep) {
+        free(lp), free(order), free(keep);
+        return m;
+    }
+    const double best = s->cands[0].logit;
+    double sum = 0, ent = 0;
+    for (int32_t i = 0; i < m; i++)
+        sum += exp((double)s->cands[i].logit - best);
+    for (int32_t i = 0; i < m; i++) {
+        lp[i] = (double)s->cands[i].logit - best - log(sum);
+        ent -= exp(lp[i]) * lp[i];
+    }
+    /* insertion order by |-log p - H| (m is the top-k or the span's few) */
+    for (int32_t i = 0; i < m; i++) {
+        int32_t j = i;
+        const double d = fabs(-lp[i] - ent);
+        while (j > 0 && fabs(-lp[order[j - 1]] - ent) > d) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = i;
+    }
+    double acc = 0;
+    for (int32_t i = 0; i < m; i++) {
+        keep[order[i]] = true;
+        acc += exp(lp[order[i]]);
+        if (acc >= s->p.typical_p)
+            break;
+    }
+    int32_t n = 0;
+    for (int32_t i = 0; i < m; i++)
+        if (keep[i])
+            s->cands[n++] = s->cands[i];
+    free(lp), free(order), free(keep);
+    return n;
+}
+
+/* Mirostat over every candidate (sorted descending in s->cands, m of
+ * them), tempered; draws with u and moves mu by the draw's surprise. */
+static int32_t mirostat(lms_sampler *s, int32_t m, double u)
+{
+    const double inv_t = 1.0 / s->p.temperature, best = s->cands[0].logit;
+    double sum = 0;
+    for (int32_t i = 0; i < m; i++)
+        sum += exp(((double)s->cands[i].logit - best) * inv_t);
+    const double lsum = log(sum);
+    /* log2 p of candidate i under the tempered distribution */
+#define LOG2P(i) ((((double)s->cands[i].logit - best) * inv_t - lsum) / M_LN2)
+    int32_t keep = 1;
+    if (s->p.mirostat == 1) { /* Zipf exponent from the top 100, then a top-k */
+        const int32_t top = m < 100 ? m : 100;
+        double num = 0, den = 0;
+        for (int32_t i = 0; i + 1 < top; i++) {
+            const double t = log((i + 2.0) / (i + 1.0)), b = (LOG2P(i) - LOG2P(i + 1)) * M_LN2;
+            num += t * b;
+            den += t * t;
+        }
+        const double sh = den > 0 ? num / den : 1.0, eps = sh - 1.0;
+        double k = eps != 0 ? pow(eps * pow(2.0, s->mu) / (1.0 - pow(s->n_vocab, -eps)), 1.0 / sh)
+                            : (double)m;
+        keep = !(k >= 1) ? 1 : k >= m ? m : (int32_t)(k + 0.5);
+        keep = keep < 1 ? 1 : keep;
+    } else { /* v2: cut where the surprise passes mu */
+        while (keep < m && -LOG2P(keep) <= s->mu)
+            keep++;
+    }
+    double kept = 0;
+    for (int32_t i = 0; i < keep; i++)
+        kept += exp(LOG2P(i) * M_LN2);
+    u *= kept;
+    int32_t pick = keep - 1;
+    for (int32_t i = 0; i < keep; i++) {
+        const double p = exp(LOG2P(i) * M_LN2);
+        if (u < p) {
+            pick = i;
+            break;
+        }
+        u -= p;
+    }
+    /* the draw's surprise, under the kept tokens' renormalized distribution */
+    const double surprise = -(LOG2P(pick) - log2(kept));
+#undef LOG2P
+    s->mu -= s->p.mirostat_eta * (float)(surprise - s->p.mirostat_tau);
+    return s->cands[pick].id;
+}
+
 /* Top-k (or the best part of the vocabulary), then sample_sorted; falls
  * back to sorting every candidate when the best part does not decide. */
 static int32_t sample_dist(lms_sampler *s, float mx)
 {
     const int32_t n = s->n_vocab, k = s->p.top_k;
     const double u = (double)(next_u64(&s->rng) >> 11) * (1.0 / 9007199254740992.0);
+    float below;
+    if (s->p.mirostat)
+        return mirostat(s, gather_sorted(s, -INFINITY, &below), u);
+    if (s->p.typical_p < 1.0f) { /* over every candidate (or the top k), in order */
+        const int32_t m = k > 0 && k < n ? select_top(s, k) : gather_sorted(s, -INFINITY, &below);
+        const int32_t t = typical_filter(s, m);
+        return sample_sorted(s, t, t, 0, -INFINITY, u);
+    }
     if (k > 0 && k < n)
         return sample_sorted(s, select_top(s, k), k, 0, -INFINITY, u);
     /* min-p cuts every token below e^-span = min_p of the best's
@@ -392,7 +507,6 @@ static int32_t sample_dist(lms_sampler *s, float mx)
     float span = SPAN;
     if (s->p.min_p > 0.0f && -logf(s->p.min_p) < span)
         span = -logf(s->p.min_p);
-    float below;
     const int32_t m = gather_sorted(s, mx - span, &below);
     double rest = 0;
     if (m < n) {

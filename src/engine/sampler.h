@@ -4,7 +4,10 @@
  *
  * The chain runs in llama.cpp's default order (after any logit bias): repetition / frequency /
  * presence penalties over the last `penalty_last_n` tokens, then top-k,
- * top-p, min-p, temperature, and a draw. The probability of the chosen
+ * typical-p, top-p, min-p, temperature, and a draw. With Mirostat the
+ * chain is penalties, temperature, Mirostat (v1: a top-k from the
+ * estimated Zipf exponent; v2: tokens with surprise above mu cut), whose
+ * mu (starting at 2 tau) follows the observed surprise of each draw. The probability of the chosen
  * token under the model's (penalised, untempered) distribution is returned
  * for the protocols that report it.
  *
@@ -30,6 +33,11 @@ typedef struct lms_sampler_params {
     int32_t top_k;           /* <= 0: off */
     float top_p;             /* >= 1: off */
     float min_p;             /* <= 0: off */
+    float typical_p;         /* locally typical sampling; >= 1: off */
+    int32_t mirostat;        /* 0 off; 1 or 2: Mirostat v1 / v2 replaces top-k, top-p,
+                              * min-p and typical-p (as llama.cpp's chain does) */
+    float mirostat_tau;      /* target surprise (bits) */
+    float mirostat_eta;      /* learning rate */
     float repeat_penalty;    /* 1: off */
     float frequency_penalty; /* 0: off */
     float presence_penalty;  /* 0: off */
@@ -47,7 +55,8 @@ typedef struct lms_token_prob {
 typedef struct lms_sampler lms_sampler;
 
 /* Defaults a user of llama.cpp would expect: temp 0.8, top-k 40,
- * top-p 0.95, min-p 0.05, no penalties, last_n 64. */
+ * top-p 0.95, min-p 0.05, no typical-p, no Mirostat (tau 5, eta 0.1 when
+ * turned on), no penalties, last_n 64. */
 lms_sampler_params lms_sampler_defaults(void);
 /* Checks ranges; returns < 0 with a message naming the parameter. */
 int lms_sampler_params_check(const lms_sampler_params *p, char *err, size_t errsz);

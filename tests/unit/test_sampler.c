@@ -74,6 +74,86 @@ static void test_seed_reproducible(void **state)
     lms_sampler_destroy(s2);
 }
 
+/* p(i) proportional to 2^-i: entropy 2 bits */
+static void geometric(float *l)
+{
+    for (int i = 0; i < NV; i++)
+        l[i] = -(float)i * 0.6931472f;
+}
+
+static lms_sampler_params plain(void)
+{
+    lms_sampler_params p = lms_sampler_defaults();
+    p.temperature = 1.0f;
+    p.top_k = 0;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    return p;
+}
+
+/* typical-p keeps the tokens whose surprise is nearest the entropy: with
+ * p = 1/2, 1/4, ... (H = 2 bits) token 1 is exactly typical */
+static void test_typical_p(void **state)
+{
+    (void)state;
+    float l[NV];
+    geometric(l);
+    lms_sampler_params p = plain();
+    p.typical_p = 0.2f;
+    lms_sampler *s = lms_sampler_create(&p, NV);
+    for (int i = 0; i < 100; i++)
+        assert_int_equal(lms_sampler_sample(s, l, NULL), 1);
+    lms_sampler_destroy(s);
+    /* 0.6: tokens 1, then 0 and 2 (tied in distance) join */
+    p.typical_p = 0.6f;
+    s = lms_sampler_create(&p, NV);
+    int seen[NV] = {0};
+    for (int i = 0; i < 400; i++)
+        seen[lms_sampler_sample(s, l, NULL)]++;
+    assert_true(seen[1] > 0 && seen[0] + seen[1] + seen[2] == 400);
+    lms_sampler_destroy(s);
+}
+
+/* Mirostat drives the draws' surprise toward tau: a tiny tau ends on the
+ * best token, a large one spreads; it replaces top-k */
+static void test_mirostat(void **state)
+{
+    (void)state;
+    float l[NV];
+    geometric(l);
+    for (int v = 1; v <= 2; v++) {
+        lms_sampler_params p = plain();
+        p.mirostat = v;
+        p.mirostat_tau = 0.05f;
+        p.mirostat_eta = 0.5f;
+        lms_sampler *s = lms_sampler_create(&p, NV);
+        int best = 0;
+        for (int i = 0; i < 500; i++)
+            best += lms_sampler_sample(s, l, NULL) == 0;
+        lms_sampler_destroy(s);
+        if (best < 450)
+            fail_msg("mirostat v%d, tau 0.05: token 0 drawn %d of 500 times", v, best);
+        p.mirostat_tau = 6.0f;
+        p.top_k = 1; /* not applied under Mirostat */
+        s = lms_sampler_create(&p, NV);
+        int seen[NV] = {0}, distinct = 0;
+        for (int i = 0; i < 500; i++)
+            seen[lms_sampler_sample(s, l, NULL)]++;
+        for (int i = 0; i < NV; i++)
+            distinct += seen[i] > 0;
+        lms_sampler_destroy(s);
+        if (distinct < 5)
+            fail_msg("mirostat v%d, tau 6: only %d distinct tokens", v, distinct);
+    }
+    lms_sampler_params p = plain();
+    char err[128];
+    p.mirostat = 3;
+    assert_true(lms_sampler_params_check(&p, err, sizeof err) < 0);
+    p.mirostat = 0;
+    p.typical_p = 0.0f;
+    assert_true(lms_sampler_params_check(&p, err, sizeof err) < 0);
+}
+
 static void test_top_k_top_p_min_p(void **state)
 {
     float l[NV];
@@ -368,6 +448,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_and_prob), cmocka_unit_test(test_seed_reproducible),
         cmocka_unit_test(test_top_k_top_p_min_p), cmocka_unit_test(test_penalties),
+        cmocka_unit_test(test_typical_p), cmocka_unit_test(test_mirostat),
         cmocka_unit_test(test_param_checks), cmocka_unit_test(test_stop_strings),
         cmocka_unit_test(test_logit_bias), cmocka_unit_test(test_whole_vocab_matches_reference),
     };
