@@ -121,7 +121,17 @@ int cmd_info(int argc, char **argv)
     for (uint64_t i = 0; i < f->n_kv; i++)
         print_kv(&f->kv[i]);
     print_tensors(f);
+    const char *type = NULL, *arch = NULL;
+    const bool adapter = gguf_get_str(f, "general.type", &type) == 0 && type &&
+                         !strcmp(type, "adapter");
+    if (adapter) {
+        gguf_get_str(f, "general.architecture", &arch);
+        printf("a LoRA adapter for %s models: use it with --lora FILE (run, chat, eval, serve)\n",
+               arch ? arch : "(no architecture named)");
+    }
     gguf_close(f);
+    if (adapter)
+        return 0;
     lms_model *m;
     if (lms_model_load(path, &m, err, sizeof err) < 0) {
         printf("not loadable as a model: %s\n", err);
