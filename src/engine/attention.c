@@ -4,6 +4,12 @@
  * and AVX-512), with the by-head, by-group, by-heads and by-chunk schedules
  * described below, over an f16, q8_0 or q4_0 cache.
  * forward.c calls fwd_attention once per layer.
+ *
+ * Every schedule scores a query against all its earlier positions and goes
+ * through att_softmax, which applies the layer's score transform (att_mask:
+ * the 1/sqrt(head_dim) scale, gemma2's soft-capping) and its sliding window
+ * (gemma's local layers): positions before the window get weight exactly 0,
+ * so the value sums that follow are those of the window alone.
  */
 #include <math.h>
 #include <stdio.h>
@@ -150,7 +156,7 @@ static void prepare_queries(lms_ctx *c, const float *q, int n, uint8_t *qc)
     }
 }
 
-/* scores[qi][j] = scale * q_qi . K_j for j < n_max, by blocks of the cache:
+/* scores[qi][j] = q_qi . K_j for j < n_max (not yet scaled), by blocks of the cache:
  * within a block the K rows are row_bytes apart, which is the stride the
  * tile kernels take. The tile kernel's result for a (query, row) pair does
  * not depend on the tile around it, so batching never changes a score. */
@@ -174,10 +180,6 @@ static void tile_scores(lms_ctx *c, int il_host, const att_tile *a, int kvh, con
                                      qc + qi * qrow);
         }
     }
-    const float scale = 1.0f / sqrtf((float)hd);
-    for (int qi = 0; qi < n_q; qi++)
-        for (int32_t j = 0; j < n_max; j++)
-            w[(size_t)qi * stride + j] *= scale;
 }
 
 /* Softmax over the n visible positions, weights rounded to f16 as llama.cpp
@@ -246,6 +248,23 @@ static void accumulate_vf(int hd, const float *vf, const float *w, int32_t n, fl
         axpy_f32(hd, w[j], vf + (size_t)j * hd, out);
 }
 
+/* A layer's transform of a score row before the softmax, and its window. */
+typedef struct att_mask {
+    float scale;   /* scores *= scale (1: gemma, whose queries carry the scale) */
+    float softcap; /* 0, or scores = softcap * tanh(scores / softcap) (gemma2) */
+    int32_t n_swa; /* 0, or the query at p sees positions (p - n_swa, p] only */
+} att_mask;
+
+static att_mask att_mask_of(const lms_ctx *c, int il)
+{
+    const lms_hparams *hp = &c->m->hp;
+    att_mask am = {hp->q_scale != 0.0f ? 1.0f : 1.0f / sqrtf((float)hp->head_dim),
+                   hp->attn_softcap, c->m->layers[il].n_swa};
+    return am;
+}
+
+static void att_softmax(const lms_ctx *c, float *wq, int32_t n, const att_mask *am);
+
 /* The reference: gemm scores over the tile, V rows converted to f32 once
  * per tile when several queries read them. */
 static void attend_tile_ref(lms_ctx *c, int il, const att_tile *a, int kvh, int tid)
@@ -263,8 +282,9 @@ static void attend_tile_ref(lms_ctx *c, int il, const att_tile *a, int kvh, int 
         prepare_queries(c, c->qb + (a->t0 + t) * q_stride + (int64_t)kvh * group * hd, group,
                         qc + (size_t)t * group * qrow);
     tile_scores(c, il_host, a, kvh, qc, n_q, w);
+    const att_mask am = att_mask_of(c, il);
     for (int qi = 0; qi < n_q; qi++)
-        softmax_f16(w + (size_t)qi * stride, a->pos0 + qi / group + 1);
+        att_softmax(c, w + (size_t)qi * stride, a->pos0 + qi / group + 1, &am);
     for (int32_t t = 0; t < a->n_tok; t++)
         memset(c->att + (a->t0 + t) * q_stride + (int64_t)kvh * group * hd, 0,
                (size_t)group * hd * sizeof(float));
@@ -1376,11 +1396,29 @@ LMS_CLONES static void scale_row(float *w, int32_t n, float s)
         w[j] *= s;
 }
 
-/* Scale then softmax of one row of n scores. */
-static void att_softmax(const lms_ctx *c, float *wq, int32_t n, float scale)
+/* w[j] = cap * tanh(w[j] * (1 / cap)): the products as ggml's scale ops
+ * round them (llama.cpp's gemma2 graph). */
+static void softcap_row(float *w, int32_t n, float cap)
+{
+    const float inv = 1.0f / cap;
+    for (int32_t j = 0; j < n; j++)
+        w[j] = tanhf(w[j] * inv) * cap;
+}
+
+/* The row of a query at position n - 1 (n scores): positions before the
+ * window get weight 0; the others are scaled, soft-capped, then softmaxed. */
+static void att_softmax(const lms_ctx *c, float *wq, int32_t n, const att_mask *am)
 {
     (void)c; /* without AVX-512 */
-    scale_row(wq, n, scale);
+    if (am->n_swa > 0 && n > am->n_swa) {
+        memset(wq, 0, (size_t)(n - am->n_swa) * sizeof *wq);
+        wq += n - am->n_swa;
+        n = am->n_swa;
+    }
+    if (am->scale != 1.0f)
+        scale_row(wq, n, am->scale);
+    if (am->softcap != 0.0f)
+        softcap_row(wq, n, am->softcap);
 #ifdef ATT_AVX512
     if (c->att_impl == FWD_ATT_AVX512) {
         round_f16_avx512(wq, n, softmax_exp(wq, n));
@@ -1410,9 +1448,10 @@ static void attend_tile_rows(lms_ctx *c, int il, const att_tile *a, int kvh, int
                        c->qb + (a->t0 + t) * q_stride + ((int64_t)kvh * group + g) * hd,
                        qf + (size_t)(t * group + g) * qrow);
     const att_heads one = {1, 0, 0, 0};
+    const att_mask am = att_mask_of(c, il);
     scores_rows(&k, &ks, hd, n_q, qf, qrow, 0, n_max, n_max, w, (size_t)stride, &one);
     for (int qi = 0; qi < n_q; qi++)
-        att_softmax(c, w + (size_t)qi * stride, a->pos0 + qi / group + 1, 1.0f / sqrtf((float)hd));
+        att_softmax(c, w + (size_t)qi * stride, a->pos0 + qi / group + 1, &am);
     /* a pass takes rows of one token (they see the same positions) */
     for (int32_t t = 0; t < a->n_tok; t++) {
         float *out = c->att + (a->t0 + t) * q_stride + (int64_t)kvh * group * hd;
@@ -1574,6 +1613,7 @@ static bool attention_by_chunk(lms_ctx *c, int il, const att_tile *tiles, int32_
     const att_kernels k = att_pick(c);
     const att_heads heads = {nkv, lms_row_size(c->kv.type, hd), (size_t)group * qrow,
                              (size_t)group * l.ws};
+    const att_mask am = att_mask_of(c, il);
     const bool par = (int64_t)n_tiles * l.n_chunk * ATT_CHUNK * nh * hd >= 65536;
     (void)par; /* without OpenMP */
 #pragma omp parallel if (par)
@@ -1608,7 +1648,7 @@ static bool attention_by_chunk(lms_ctx *c, int il, const att_tile *tiles, int32_
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < (int64_t)n_tiles * nh; r++)
             att_softmax(c, c->dec + (size_t)(r / nh) * l.per_tile + (size_t)(r % nh) * l.ws,
-                        tiles[r / nh].pos0 + 1, 1.0f / sqrtf((float)hd));
+                        tiles[r / nh].pos0 + 1, &am);
         for (int32_t ti = 0; ti < n_tiles; ti++)
             att_chunk_share(c, il, &k, &tiles[ti], &l, ti, t, nt);
 #pragma omp barrier
@@ -1636,6 +1676,7 @@ static bool attention_by_group(lms_ctx *c, int il, const att_tile *tiles, int32_
     const att_kernels k = att_pick(c);
     const att_heads heads = {nkv, lms_row_size(c->kv.type, hd), (size_t)group * qrow,
                              (size_t)group * l.ws};
+    const att_mask am = att_mask_of(c, il);
 #pragma omp parallel for schedule(dynamic, 1)
     for (int32_t ti = 0; ti < n_tiles; ti++) {
         const att_tile *a = &tiles[ti];
@@ -1648,7 +1689,7 @@ static bool attention_by_group(lms_ctx *c, int il, const att_tile *tiles, int32_
         att_srcs(c, il, a->seq, 0, &ks, &vs);
         scores_rows(&k, &ks, hd, group, qf, qrow, 0, n, n, w, l.ws, &heads);
         for (int r = 0; r < nh; r++)
-            att_softmax(c, w + (size_t)r * l.ws, n, 1.0f / sqrtf((float)hd));
+            att_softmax(c, w + (size_t)r * l.ws, n, &am);
         for (int32_t ci = 0; ci <= a->pos0 / ATT_CHUNK; ci++)
             att_chunk_sums(c, il, &k, a, &l, ti, ci, 0, nkv);
         for (int r = 0; r < nh; r++)
@@ -1677,6 +1718,7 @@ static void att_heads_share(lms_ctx *c, int il, const att_kernels *k, const att_
     const att_heads heads = {h1 - h0, lms_row_size(c->kv.type, hd), (size_t)group * qrow,
                              (size_t)group * l->ws};
     const size_t bytes = (size_t)heads.n * heads.k_bytes; /* the share of a row */
+    const att_mask am = att_mask_of(c, il);
     for (int32_t ti = 0; ti < n_tiles; ti++) {
         const att_tile *a = &tiles[ti];
         const int32_t n = a->pos0 + 1;
@@ -1691,7 +1733,7 @@ static void att_heads_share(lms_ctx *c, int il, const att_kernels *k, const att_
         scores_rows(k, &ks, hd, group, qf + (size_t)h0 * group * qrow, qrow, 0, n, n,
                     w + (size_t)h0 * group * l->ws, l->ws, &heads);
         for (int r = h0 * group; r < h1 * group; r++)
-            att_softmax(c, w + (size_t)r * l->ws, n, 1.0f / sqrtf((float)hd));
+            att_softmax(c, w + (size_t)r * l->ws, n, &am);
         for (int32_t ci = 0; ci <= a->pos0 / ATT_CHUNK; ci++)
             att_chunk_sums(c, il, k, a, l, ti, ci, h0, h1);
         for (int r = h0 * group; r < h1 * group; r++)

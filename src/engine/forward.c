@@ -1,6 +1,6 @@
 /*
  * forward.c - one forward step of a decoder-only transformer (llama, qwen2,
- * qwen3) over a batch of tokens, in the order the data flows.
+ * qwen3, gemma2, gemma3) over a batch of tokens, in the order the data flows.
  *
  * Shapes (n = tokens in the batch, e = n_embd, hd = head_dim,
  * q = n_head*hd, kv = n_head_kv*hd, f = n_ff):
@@ -14,6 +14,11 @@
  * to f16 before they weight V, matrix products convert activations to the
  * weight's companion type (see kernels.h), and everything else (RMSNorm,
  * RoPE, SiLU, residual adds) is float32 with the same formulas.
+ *
+ * Gemma 2 / 3 (model.c's read_gemma): embeddings scaled by sqrt(e), queries
+ * scaled after RoPE, RMSNorm of the attention and FFN outputs before each
+ * residual add, a GELU-gated FFN, local layers (a window in attention.c)
+ * and soft-capped scores (attention.c) and logits (lms_forward).
  *
  * LoRA adapters (model/lora.h) are applied per token: after each adapted
  * product, y += scale * B (A x) for the rows whose sequence uses the
@@ -33,6 +38,7 @@
 
 #include "base/err.h"
 #include "base/fastmath.h"
+#include "base/fp16.h"
 #include "engine/forward_int.h"
 #include "kernels/kernels.h"
 #include "kernels/matmul.h"
@@ -63,11 +69,25 @@ static size_t max_scratch(const lms_model *m, int64_t n)
     return best;
 }
 
-/* GPU placement when asked for; a CPU-only build refuses GPU layers. */
+/* GPU placement when asked for; a CPU-only build refuses GPU layers. The
+ * CUDA layers know only the llama / qwen layer (no post-norms, GELU,
+ * windows or soft-capping): a gemma model stays on the CPU whole, and an
+ * explicit --gpu-layers for one is refused. */
 static int gpu_setup(lms_ctx *c, int32_t blocks, char *err, size_t errsz)
 {
     if (c->p.gpu_layers == 0)
         return 0;
+    const lms_hparams *hp = &c->m->hp;
+    if (hp->ffn_act != LMS_FFN_SILU || hp->embd_scale != 0.0f || hp->q_scale != 0.0f ||
+        hp->attn_softcap != 0.0f || hp->final_softcap != 0.0f) {
+        if (c->p.gpu_layers == LMS_GPU_LAYERS_AUTO) {
+            fprintf(stderr, "gpu: architecture '%s' runs on the CPU only\n", hp->arch);
+            return 0;
+        }
+        return lms_errf(err, errsz, LMS_ERR_UNSUPPORTED,
+                        "--gpu-layers: architecture '%s' runs on the CPU only (use --gpu-layers 0)",
+                        hp->arch);
+    }
 #ifdef LMS_HAVE_CUDA
     return fwd_gpu_create(c, blocks, err, errsz);
 #else
@@ -251,15 +271,15 @@ static void add_bias(float *y, const lms_weight *b, int64_t n_tok, int64_t n)
 
 /* cos and sin of the n_rot / 2 angles of position pos (shared by the
  * query and key heads of one token). */
-static void rope_angles(const lms_hparams *hp, const float *freq_factors, int32_t pos, float *cosv,
-                        float *sinv)
+static void rope_angles(const lms_hparams *hp, const lms_layer *l, const float *freq_factors,
+                        int32_t pos, float *cosv, float *sinv)
 {
     const int n_pairs = hp->n_rot / 2 < ROPE_MAX_PAIRS ? hp->n_rot / 2 : ROPE_MAX_PAIRS;
-    const float theta_scale = powf(hp->rope_base, -2.0f / (float)hp->n_rot);
+    const float theta_scale = powf(l->rope_base, -2.0f / (float)hp->n_rot);
     float theta = (float)pos;
     for (int i = 0; i < n_pairs; i++) {
         float ff = freq_factors ? freq_factors[i] : 1.0f;
-        float t = hp->rope_freq_scale * (theta / ff);
+        float t = l->rope_freq_scale * (theta / ff);
         cosv[i] = cosf(t);
         sinv[i] = sinf(t);
         theta *= theta_scale;
@@ -301,6 +321,37 @@ FWD_CLONES static void swiglu(float *ga, const float *up, int64_t n)
         const float e = lms_exp_neg(x < 0.0f ? x : -x);
         ga[i] = (x < 0.0f ? x * e : x) / (1.0f + e) * up[i];
     }
+}
+
+/* GELU, tanh approximation, as ggml's CPU path computes it: the input
+ * rounded to f16, 0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))) in
+ * float, the result rounded to f16 (ggml reads it from a table of all f16
+ * inputs); inputs <= -10 give 0 and >= 10 themselves. */
+static float gelu_tanh(float x)
+{
+    if (x <= -10.0f)
+        return 0.0f;
+    if (x >= 10.0f)
+        return x;
+    const float h = lms_f16_to_f32(lms_f32_to_f16(x)), sqrt_2_over_pi = 0.79788456080286535588f;
+    const float g = 0.5f * h * (1.0f + tanhf(sqrt_2_over_pi * h * (1.0f + 0.044715f * h * h)));
+    return lms_f16_to_f32(lms_f32_to_f16(g));
+}
+
+/* ga = gelu(ga) * up over n values (gemma's GeGLU). */
+static void geglu(float *ga, const float *up, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        ga[i] = gelu_tanh(ga[i]) * up[i];
+}
+
+/* The FFN's gated activation over one row's f values. */
+static void ffn_act_row(int act, float *ga, const float *up, int64_t f)
+{
+    if (act == LMS_FFN_GELU_TANH)
+        geglu(ga, up, f);
+    else
+        swiglu(ga, up, f);
 }
 
 static lms_mat as_mat(const lms_weight *w)
@@ -345,6 +396,20 @@ static void add_norm_rows(float *x, const float *d, const float *w, float *out, 
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < n; t++)
         add_norm_row(x, d, w, out, t, e, eps);
+}
+
+/* out = rms_norm(x) * w for each of n rows of e values, in place allowed
+ * (gemma's post-attention and post-FFN norms). */
+static void norm_rows(const float *x, const float *w, float *out, int64_t n, int64_t e, float eps)
+{
+    if (n * e < ROWS_PAR_MIN) {
+        for (int64_t t = 0; t < n; t++)
+            rms_norm(x + t * e, w, out + t * e, e, eps);
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < n; t++)
+        rms_norm(x + t * e, w, out + t * e, e, eps);
 }
 
 /* ---- LoRA ------------------------------------------------------------------
@@ -677,9 +742,12 @@ static void qkv_post_token(lms_ctx *c, const lms_layer *l, int il, const lms_bat
     if (l->k_norm.data)
         for (int h = 0; h < hp->n_head_kv; h++)
             rms_norm(kt + h * hd, l->k_norm.data, kt + h * hd, hd, hp->rms_eps);
-    rope_angles(hp, c->m->rope_freqs.data, b->pos[t], cosv, sinv);
+    rope_angles(hp, l, c->m->rope_freqs.data, b->pos[t], cosv, sinv);
     rope(hp, cosv, sinv, qt, hp->n_head);
     rope(hp, cosv, sinv, kt, hp->n_head_kv);
+    if (hp->q_scale != 0.0f) /* gemma: the scores' scale goes into the queries */
+        for (int64_t i = 0; i < q; i++)
+            qt[i] *= hp->q_scale;
     to_cache(kt, kc, kv);
     to_cache(c->vb + t * kv, vc, kv);
 }
@@ -718,6 +786,8 @@ static void layer(lms_ctx *c, int il, const lms_batch *b)
     matmul(c, &l->wo, c->att, n, c->xn);
     if (b->lora)
         lora_apply(c, il, LMS_LORA_O, c->att, c->xn);
+    if (l->attn_post_norm.data)
+        norm_rows(c->xn, l->attn_post_norm.data, c->xn, n, e, hp->rms_eps);
     add_norm_rows(c->x, c->xn, l->ffn_norm.data, c->xn, n, e, hp->rms_eps);
     lms_mat mg = as_mat(&l->w_gate), mu = as_mat(&l->w_up);
     const lms_mat *ws[2] = {&mg, &mu};
@@ -727,22 +797,35 @@ static void layer(lms_ctx *c, int il, const lms_batch *b)
         lora_apply(c, il, LMS_LORA_GATE, c->xn, c->ga);
         lora_apply(c, il, LMS_LORA_UP, c->xn, c->up);
     }
+    const int act = hp->ffn_act;
     if (n * f < ROWS_PAR_MIN) {
         for (int64_t t = 0; t < n; t++)
-            swiglu(c->ga + t * f, c->up + t * f, f);
+            ffn_act_row(act, c->ga + t * f, c->up + t * f, f);
     } else {
 #pragma omp parallel for schedule(static)
         for (int64_t t = 0; t < n; t++)
-            swiglu(c->ga + t * f, c->up + t * f, f);
+            ffn_act_row(act, c->ga + t * f, c->up + t * f, f);
     }
     matmul(c, &l->w_down, c->ga, n, c->xn);
     if (b->lora)
         lora_apply(c, il, LMS_LORA_DOWN, c->ga, c->xn);
+    if (l->ffn_post_norm.data)
+        norm_rows(c->xn, l->ffn_post_norm.data, c->xn, n, e, hp->rms_eps);
     for (int64_t i = 0; i < n * e; i++)
         c->x[i] += c->xn[i];
 }
 
 /* ---- the step --------------------------------------------------------------- */
+
+/* x = cap * tanh(x * (1 / cap)) over n values (gemma's logit soft-capping,
+ * the products as ggml's scale ops round them). */
+static void softcap(float *x, int64_t n, float cap)
+{
+    const float inv = 1.0f / cap;
+#pragma omp parallel for schedule(static) if (n >= ROWS_PAR_MIN)
+    for (int64_t i = 0; i < n; i++)
+        x[i] = tanhf(x[i] * inv) * cap;
+}
 
 static int check_batch(const lms_ctx *c, const lms_batch *b)
 {
@@ -788,6 +871,9 @@ int lms_forward(lms_ctx *c, const lms_batch *b, float *logits)
         lms_mat_get_row(&emb, b->tokens[t], c->x + t * e);
     if (b->lora)
         lora_embd(c, b);
+    if (m->hp.embd_scale != 0.0f) /* gemma, after the adapters as llama.cpp */
+        for (int64_t i = 0; i < n * e; i++)
+            c->x[i] *= m->hp.embd_scale;
 #ifdef LMS_HAVE_CUDA
     if (c->gpu && (rc = fwd_gpu_layers(c, b)) < 0)
         return rc;
@@ -824,6 +910,8 @@ int lms_forward(lms_ctx *c, const lms_batch *b, float *logits)
                 return rc;
             lora_apply(c, -1, 0, c->xn, logits);
         }
+        if (m->hp.final_softcap != 0.0f)
+            softcap(logits, (int64_t)n_lg * m->hp.n_vocab, m->hp.final_softcap);
     }
     return 0;
 }

@@ -4,10 +4,16 @@
  * shape before the forward pass may use it.
  *
  * Adding a family that fits the decoder template (RMSNorm, RoPE attention
- * with GQA, SwiGLU FFN) is one row of arch_table.
+ * with GQA, SwiGLU FFN) is one row of arch_table. Gemma 2 and 3 add, as
+ * flags of their rows: scaled input embeddings, RMSNorm after attention and
+ * after the FFN, a GELU-gated FFN, queries scaled before the scores,
+ * sliding-window (local) layers with their own RoPE base, and (gemma2)
+ * soft-capped attention scores and logits (read_gemma below; the facts
+ * are llama.cpp's, whose GGUF files these are).
  */
 #include "model/model.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +27,8 @@
 enum {
     ARCH_QKV_BIAS = 1 << 0, /* attn_{q,k,v}.bias expected */
     ARCH_QK_NORM = 1 << 1,  /* attn_{q,k}_norm.weight expected */
+    ARCH_GEMMA2 = 1 << 2,   /* the gemma2 extras (read_gemma) */
+    ARCH_GEMMA3 = 1 << 3,   /* the gemma3 extras (read_gemma) */
 };
 
 typedef struct arch_desc {
@@ -36,11 +44,14 @@ static const arch_desc arch_table[] = {
     {"mistral", LMS_ROPE_NORM, 0, 1000000.0f},
     {"qwen2", LMS_ROPE_NEOX, ARCH_QKV_BIAS, 1000000.0f},
     {"qwen3", LMS_ROPE_NEOX, ARCH_QK_NORM, 1000000.0f},
+    /* text decoders only (a gemma3 file's vision tower is not read) */
+    {"gemma2", LMS_ROPE_NEOX, ARCH_GEMMA2, 10000.0f},
+    {"gemma3", LMS_ROPE_NEOX, ARCH_GEMMA3 | ARCH_QK_NORM, 10000.0f},
 };
 
 const char *lms_model_supported_archs(void)
 {
-    return "llama, mistral, qwen2, qwen3";
+    return "llama, mistral, qwen2, qwen3, gemma2, gemma3";
 }
 
 static const arch_desc *arch_find(const char *name)
@@ -145,6 +156,80 @@ static int read_hparams(loader *L)
     return read_rope_scaling(L, hp);
 }
 
+/*
+ * Gemma 2 and 3 (as llama.cpp reads their GGUF files):
+ *
+ *   embeddings      x = token_embd[id] * sqrt(n_embd)
+ *   attention       q scaled by 1/sqrt(head_dim) after RoPE (1/sqrt(n_embd/n_head)
+ *                   for the 27B models: 46 layers gemma2, 62 gemma3), scores not
+ *                   scaled again; gemma2: scores = c * tanh(scores / c),
+ *                   c = attn_logit_softcapping (default 50)
+ *   local layers    layer il is local when il % P < P - 1 (P = 0: all local),
+ *                   P = attention.sliding_window_pattern (gemma2 default 2,
+ *                   gemma3 6); a local layer's query at p sees keys (p - W, p],
+ *                   W = attention.sliding_window (gemma2 default 4096; gemma3:
+ *                   no local layers without the key)
+ *   RoPE of local   base rope.freq_base_swa if present, else gemma2: the global
+ *                   base, gemma3: 10000; linear scaling: gemma2 as the global
+ *                   layers, gemma3 none
+ *   logits          gemma2: c * tanh(logits / c), c = final_logit_softcapping
+ *                   (default 30); gemma3 only when the key is present
+ *   norms           weights already hold the "+1" of Gemma's RMSNorm (the
+ *                   converter adds it), so they are used as stored
+ */
+static int read_gemma(loader *L)
+{
+    lms_hparams *hp = &L->m->hp;
+    const bool g2 = L->arch->flags & ARCH_GEMMA2;
+    char key[128];
+    hp->ffn_act = LMS_FFN_GELU_TANH;
+    hp->embd_scale = sqrtf((float)hp->n_embd);
+    const bool is_27b = hp->n_layer == (g2 ? 46 : 62);
+    hp->q_scale = 1.0f / sqrtf((float)(is_27b ? hp->n_embd / hp->n_head : hp->head_dim));
+    hp->attn_softcap = g2 ? hp_float(L, "attn_logit_softcapping", 50.0f) : 0.0f;
+    hp->final_softcap = hp_float(L, "final_logit_softcapping", g2 ? 30.0f : 0.0f);
+    if (hp->attn_softcap < 0.0f || hp->final_softcap < 0.0f || !isfinite(hp->attn_softcap) ||
+        !isfinite(hp->final_softcap))
+        return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT,
+                        "model: soft-capping values %g and %g must be >= 0", hp->attn_softcap,
+                        hp->final_softcap);
+    int32_t n_swa = 0, pattern = g2 ? 2 : 6;
+    int64_t v;
+    snprintf(key, sizeof key, "%s.attention.sliding_window", L->arch->name);
+    int rc = gguf_get_i64(L->m->gguf, key, &v);
+    if (rc == 0 && (v < 0 || v > (1 << 24)))
+        return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT, "model: '%s' = %lld", key, (long long)v);
+    if (rc == 0)
+        n_swa = (int32_t)v;
+    else if (rc != LMS_ERR_NOTFOUND)
+        return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT, "model: '%s' is not an integer", key);
+    else if (g2)
+        n_swa = 4096;
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", L->arch->name);
+    rc = gguf_get_i64(L->m->gguf, key, &v);
+    if (rc == 0 && (v < 0 || v > (1 << 24)))
+        return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT, "model: '%s' = %lld", key, (long long)v);
+    if (rc == 0)
+        pattern = (int32_t)v;
+    else if (rc != LMS_ERR_NOTFOUND) /* a per-layer array: not read yet */
+        return lms_errf(L->err, L->errsz, LMS_ERR_UNSUPPORTED,
+                        "model: '%s' is not a single integer (per-layer patterns are not "
+                        "supported)", key);
+    const float base_swa = hp_float(L, "rope.freq_base_swa", g2 ? hp->rope_base : 10000.0f);
+    if (!(base_swa > 0.0f))
+        return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT, "model: rope.freq_base_swa %g", base_swa);
+    for (int il = 0; il < hp->n_layer; il++) {
+        lms_layer *l = &L->m->layers[il];
+        const bool local = n_swa > 0 && (pattern == 0 || il % pattern < pattern - 1);
+        l->n_swa = local ? n_swa : 0;
+        if (local) {
+            l->rope_base = base_swa;
+            l->rope_freq_scale = g2 ? hp->rope_freq_scale : 1.0f;
+        }
+    }
+    return 0;
+}
+
 /* ---- weights ---------------------------------------------------------------- */
 
 /* Binds tensor `name` to *w after checking its shape [ne0, ne1] (ne1 = 0:
@@ -186,6 +271,7 @@ static int bind_layer(loader *L, int il)
     int64_t e = hp->n_embd, q = (int64_t)hp->n_head * hp->head_dim;
     int64_t kv = (int64_t)hp->n_head_kv * hp->head_dim, f = hp->n_ff;
     bool bias = L->arch->flags & ARCH_QKV_BIAS, qkn = L->arch->flags & ARCH_QK_NORM;
+    bool gemma = L->arch->flags & (ARCH_GEMMA2 | ARCH_GEMMA3);
     struct {
         lms_weight *w;
         const char *suffix;
@@ -202,11 +288,15 @@ static int bind_layer(loader *L, int il)
         {&l->bv, "attn_v.bias", kv, 0, bias},
         {&l->q_norm, "attn_q_norm.weight", hp->head_dim, 0, qkn},
         {&l->k_norm, "attn_k_norm.weight", hp->head_dim, 0, qkn},
+        {&l->attn_post_norm, "post_attention_norm.weight", e, 0, gemma},
         {&l->ffn_norm, "ffn_norm.weight", e, 0, true},
         {&l->w_gate, "ffn_gate.weight", e, f, true},
         {&l->w_up, "ffn_up.weight", e, f, true},
         {&l->w_down, "ffn_down.weight", f, e, true},
+        {&l->ffn_post_norm, "post_ffw_norm.weight", e, 0, gemma},
     };
+    l->rope_base = hp->rope_base;
+    l->rope_freq_scale = hp->rope_freq_scale;
     for (size_t i = 0; i < sizeof spec / sizeof spec[0]; i++) {
         char name[96];
         snprintf(name, sizeof name, "blk.%d.%s", il, spec[i].suffix);
@@ -230,7 +320,9 @@ static int bind_weights(loader *L)
     hp->n_vocab = (int32_t)te->ne[1];
     int rc = bind(L, &m->tok_embd, "token_embd.weight", hp->n_embd, hp->n_vocab, true);
     if (rc < 0 || (rc = bind(L, &m->output_norm, "output_norm.weight", hp->n_embd, 0, true)) < 0 ||
-        (rc = bind(L, &m->output, "output.weight", hp->n_embd, hp->n_vocab, false)) < 0 ||
+        /* gemma2's head is always token_embd (as llama.cpp: an output.weight is ignored) */
+        (!(L->arch->flags & ARCH_GEMMA2) &&
+         (rc = bind(L, &m->output, "output.weight", hp->n_embd, hp->n_vocab, false)) < 0) ||
         (rc = bind(L, &m->rope_freqs, "rope_freqs.weight", hp->n_rot / 2, 0, false)) < 0)
         return rc;
     if (!m->output.data)
@@ -241,6 +333,8 @@ static int bind_weights(loader *L)
     for (int il = 0; il < hp->n_layer; il++)
         if ((rc = bind_layer(L, il)) < 0)
             return rc;
+    if (L->arch->flags & (ARCH_GEMMA2 | ARCH_GEMMA3))
+        return read_gemma(L);
     return 0;
 }
 

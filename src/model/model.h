@@ -20,7 +20,13 @@ typedef struct lms_tokenizer lms_tokenizer; /* model/tokenizer.h */
 
 enum lms_rope_type {
     LMS_ROPE_NORM = 0, /* rotate adjacent pairs (x[2i], x[2i+1]): llama */
-    LMS_ROPE_NEOX = 2, /* rotate halves (x[i], x[i+d/2]): qwen2, qwen3 */
+    LMS_ROPE_NEOX = 2, /* rotate halves (x[i], x[i+d/2]): qwen2, qwen3, gemma2, gemma3 */
+};
+
+/* The gated FFN's activation: act(gate) * up. */
+enum lms_ffn_act {
+    LMS_FFN_SILU = 0,      /* SwiGLU: llama, qwen */
+    LMS_FFN_GELU_TANH = 1, /* GeGLU, tanh approximation: gemma2, gemma3 */
 };
 
 /* A weight matrix or vector, used in place from the mapping.
@@ -37,9 +43,16 @@ typedef struct lms_layer {
     lms_weight wq, wk, wv, wo;     /* [n_embd, n_head*hd], [n_embd, n_kv*hd] x2, [n_head*hd, n_embd] */
     lms_weight bq, bk, bv;         /* optional biases (qwen2) */
     lms_weight q_norm, k_norm;     /* optional per-head RMSNorm [hd] (qwen3) */
+    lms_weight attn_post_norm;     /* optional [n_embd]: RMSNorm of the attention output (gemma) */
     lms_weight ffn_norm;           /* [n_embd] */
     lms_weight w_gate, w_up;       /* [n_embd, n_ff] */
     lms_weight w_down;             /* [n_ff, n_embd] */
+    lms_weight ffn_post_norm;      /* optional [n_embd]: RMSNorm of the FFN output (gemma) */
+    /* attention of this layer */
+    int32_t n_swa;                 /* sliding window: a query at p sees keys (p - n_swa, p];
+                                    * 0 = every earlier position */
+    float rope_base;               /* RoPE frequency base of this layer */
+    float rope_freq_scale;         /* and its 1 / linear scaling factor */
 } lms_layer;
 
 typedef struct lms_hparams {
@@ -57,6 +70,13 @@ typedef struct lms_hparams {
     float rope_base;
     float rope_freq_scale; /* 1 / linear scaling factor */
     float rms_eps;
+    /* family specifics; the defaults (zero) are the llama / qwen behaviour */
+    int ffn_act;           /* enum lms_ffn_act */
+    float embd_scale;      /* token embeddings are multiplied by this; 0 = not scaled */
+    float q_scale;         /* 0: scores scaled by 1/sqrt(head_dim); else queries are
+                            * multiplied by this after RoPE and scores are not scaled */
+    float attn_softcap;    /* 0 = none; else scores = cap * tanh(scores / cap) */
+    float final_softcap;   /* 0 = none; else logits = cap * tanh(logits / cap) */
 } lms_hparams;
 
 typedef struct lms_model {

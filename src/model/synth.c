@@ -1,7 +1,11 @@
 /*
  * synth.c - seeded random models of real shapes (see synth.h).
  *
- * Weights: matrices N(0, 0.02^2) (token embedding too), norm weights 1.
+ * Weights: matrices N(0, 0.02^2) (token embedding too), norm weights 1
+ * (shapes with w_sd: N(0, w_sd^2) and 1 + N(0, 0.1^2)). gemma2 / gemma3
+ * shapes get their post-attention and post-FFN norms (and gemma3 its q/k
+ * norms), sliding-window and soft-capping keys, as llama.cpp's converter
+ * writes them.
  * Vocabulary: a byte-level BPE (tokenizer.ggml.model "gpt2", pre "default")
  * with the 256 byte tokens, merges for lower-case letter pairs and
  * space+letter, the family's special tokens, then unused filler tokens up
@@ -20,27 +24,61 @@
 #include "model/quant_plan.h"
 #include "model/template.h"
 
-static const lms_synth_shape shapes[] = {
+typedef struct shape_row {
+    lms_synth_shape s;
+    lms_synth_extra x;
+} shape_row;
+
+#define NO_EXTRA {0, 0.0f, 0.0f, 0.0f}
+static const shape_row shapes[] = {
     /* name            arch     embd  lay head kv  hd   ff     vocab   ctx     base     eps  tied l3 */
-    {"tiny", "llama", 128, 4, 4, 2, 32, 384, 1024, 2048, 10000.0f, 1e-5f, 1, 0},
-    {"llama-3.2-1b", "llama", 2048, 16, 32, 8, 64, 8192, 128256, 131072, 500000.0f, 1e-5f, 1, 1},
-    {"llama-3.2-3b", "llama", 3072, 28, 24, 8, 128, 8192, 128256, 131072, 500000.0f, 1e-5f, 1, 1},
-    {"llama-3-8b", "llama", 4096, 32, 32, 8, 128, 14336, 128256, 8192, 500000.0f, 1e-5f, 0, 0},
-    {"qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 128, 3072, 151936, 40960, 1000000.0f, 1e-6f, 1, 0},
-    {"qwen2.5-0.5b", "qwen2", 896, 24, 14, 2, 64, 4864, 151936, 32768, 1000000.0f, 1e-6f, 1, 0},
+    {{"tiny", "llama", 128, 4, 4, 2, 32, 384, 1024, 2048, 10000.0f, 1e-5f, 1, 0}, NO_EXTRA},
+    {{"llama-3.2-1b", "llama", 2048, 16, 32, 8, 64, 8192, 128256, 131072, 500000.0f, 1e-5f, 1, 1},
+     NO_EXTRA},
+    {{"llama-3.2-3b", "llama", 3072, 28, 24, 8, 128, 8192, 128256, 131072, 500000.0f, 1e-5f, 1, 1},
+     NO_EXTRA},
+    {{"llama-3-8b", "llama", 4096, 32, 32, 8, 128, 14336, 128256, 8192, 500000.0f, 1e-5f, 0, 0},
+     NO_EXTRA},
+    {{"qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 128, 3072, 151936, 40960, 1000000.0f, 1e-6f, 1, 0},
+     NO_EXTRA},
+    {{"qwen2.5-0.5b", "qwen2", 896, 24, 14, 2, 64, 4864, 151936, 32768, 1000000.0f, 1e-6f, 1, 0},
+     NO_EXTRA},
+    /* gemma: head_dim 256 is not n_embd / n_head; gemma2 with its real caps 50 / 30
+     * (extras: window, attention cap, final cap, weight sd) */
+    {{"gemma2-2b", "gemma2", 2304, 26, 8, 4, 256, 9216, 256000, 8192, 10000.0f, 1e-6f, 1, 0},
+     {4096, 50.0f, 30.0f, 0.0f}},
+    {{"gemma3-1b", "gemma3", 1152, 26, 4, 1, 256, 6912, 262144, 32768, 1000000.0f, 1e-6f, 1, 0},
+     {512, 0.0f, 0.0f, 0.0f}},
+    /* tiny test models: window 16, q = 256 wider than n_embd 192; gemma2's caps
+     * small enough to bite on random weights; gemma3 with 6 layers (5 local, 1 global) */
+    {{"gemma2-tiny", "gemma2", 192, 4, 4, 2, 64, 512, 1024, 1024, 10000.0f, 1e-6f, 1, 0},
+     {16, 4.0f, 2.0f, 0.08f}},
+    {{"gemma3-tiny", "gemma3", 192, 6, 4, 1, 64, 512, 1024, 1024, 1000000.0f, 1e-6f, 1, 0},
+     {16, 0.0f, 0.0f, 0.08f}},
 };
+#undef NO_EXTRA
 
 const lms_synth_shape *lms_synth_find(const char *name)
 {
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        if (!strcmp(shapes[i].name, name))
-            return &shapes[i];
+        if (!strcmp(shapes[i].s.name, name))
+            return &shapes[i].s;
     return NULL;
+}
+
+static const lms_synth_extra *extra_of(const lms_synth_shape *s)
+{
+    static const lms_synth_extra none;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        if (s == &shapes[i].s)
+            return &shapes[i].x;
+    return &none;
 }
 
 const char *lms_synth_names(void)
 {
-    return "tiny llama-3.2-1b llama-3.2-3b llama-3-8b qwen3-0.6b qwen2.5-0.5b";
+    return "tiny llama-3.2-1b llama-3.2-3b llama-3-8b qwen3-0.6b qwen2.5-0.5b gemma2-2b gemma3-1b "
+           "gemma2-tiny gemma3-tiny";
 }
 
 /* ---- random numbers ------------------------------------------------------ */
@@ -107,9 +145,10 @@ static int build_vocab(const lms_synth_shape *s, vocab *v)
     static const char *llama_sp[] = {"<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>",
                                      "<|start_header_id|>", "<|end_header_id|>"};
     static const char *qwen_sp[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
-    bool qwen = strncmp(s->arch, "qwen", 4) == 0;
-    const char **sp = qwen ? qwen_sp : llama_sp;
-    int n_sp = qwen ? 3 : 5;
+    static const char *gemma_sp[] = {"<bos>", "<eos>", "<end_of_turn>", "<start_of_turn>"};
+    bool qwen = strncmp(s->arch, "qwen", 4) == 0, gemma = strncmp(s->arch, "gemma", 5) == 0;
+    const char **sp = qwen ? qwen_sp : gemma ? gemma_sp : llama_sp;
+    int n_sp = qwen ? 3 : gemma ? 4 : 5;
     memset(v, 0, sizeof *v);
     v->tok = calloc((size_t)s->n_vocab, sizeof *v->tok);
     v->type = calloc((size_t)s->n_vocab, sizeof *v->type);
@@ -136,9 +175,9 @@ static int build_vocab(const lms_synth_shape *s, vocab *v)
         }
     for (int i = 0; i < n_sp; i++)
         v->tok[v->n] = strdup(sp[i]), v->type[v->n++] = 3;
-    v->bos = qwen ? v->n - 3 : v->n - 5;
-    v->eos = qwen ? v->n - 1 : v->n - 4;
-    v->eot = qwen ? v->n - 1 : v->n - 3;
+    v->bos = qwen ? v->n - 3 : v->n - n_sp;
+    v->eos = qwen ? v->n - 1 : v->n - n_sp + 1;
+    v->eot = qwen ? v->n - 1 : v->n - n_sp + 2;
     while (v->n < s->n_vocab) {
         snprintf(buf, sizeof buf, "[PAD%d]", v->n);
         v->tok[v->n] = strdup(buf), v->type[v->n++] = 5;
@@ -151,8 +190,8 @@ static int build_vocab(const lms_synth_shape *s, vocab *v)
 
 /* ---- metadata and tensors --------------------------------------------------- */
 
-static int write_meta(gguf_writer *w, const lms_synth_shape *s, const vocab *v,
-                      const lms_quant_plan *plan)
+static int write_meta(gguf_writer *w, const lms_synth_shape *s, const lms_synth_extra *x,
+                      const vocab *v, const lms_quant_plan *plan)
 {
     char key[96];
     const char *a = s->arch;
@@ -174,6 +213,12 @@ static int write_meta(gguf_writer *w, const lms_synth_shape *s, const vocab *v,
     rc |= SET_U32("vocab_size", s->n_vocab);
     rc |= SET_F32("rope.freq_base", s->rope_base);
     rc |= SET_F32("attention.layer_norm_rms_epsilon", s->rms_eps);
+    if (x->n_swa)
+        rc |= SET_U32("attention.sliding_window", x->n_swa);
+    if (x->attn_softcap != 0.0f)
+        rc |= SET_F32("attn_logit_softcapping", x->attn_softcap);
+    if (x->final_softcap != 0.0f)
+        rc |= SET_F32("final_logit_softcapping", x->final_softcap);
 #undef SET_U32
 #undef SET_F32
     rc |= gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
@@ -185,8 +230,11 @@ static int write_meta(gguf_writer *w, const lms_synth_shape *s, const vocab *v,
     rc |= gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)v->bos);
     rc |= gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)v->eos);
     rc |= gguf_writer_set_u32(w, "tokenizer.ggml.eot_token_id", (uint32_t)v->eot);
-    rc |= gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", strcmp(a, "llama") == 0);
-    const char *tpl = lms_template_builtin(strcmp(a, "llama") == 0 ? "llama3" : "chatml");
+    const bool gemma = strncmp(a, "gemma", 5) == 0;
+    rc |= gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", strcmp(a, "llama") == 0 || gemma);
+    const char *tpl = lms_template_builtin(strcmp(a, "llama") == 0 ? "llama3"
+                                           : gemma                 ? "gemma"
+                                                                   : "chatml");
     if (tpl)
         rc |= gguf_writer_set_str(w, "tokenizer.chat_template", tpl);
     return rc ? LMS_ERR_NOMEM : 0;
@@ -196,6 +244,7 @@ typedef struct synth_ctx {
     gguf_writer *w;
     const lms_quant_plan *plan;
     const lms_synth_shape *s;
+    const lms_synth_extra *x;
     uint64_t seed;
     uint64_t stream;   /* tensor counter: each tensor has its own stream */
 } synth_ctx;
@@ -207,9 +256,12 @@ static int add(synth_ctx *c, const char *name, int64_t ne0, int64_t ne1, float f
     if (!x)
         return LMS_ERR_NOMEM;
     uint64_t stream = mix64(c->seed + ++c->stream);
+    const float sd = c->x->w_sd > 0.0f ? c->x->w_sd : 0.02f;
+    const float fill_sd = c->x->w_sd > 0.0f ? 0.1f : 0.0f; /* norms: 1 + N(0, 0.1^2) */
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < (int64_t)n; i++)
-        x[i] = fill != 0.0f ? fill : 0.02f * normal_at(stream, (uint64_t)i);
+        x[i] = fill != 0.0f ? fill + fill_sd * normal_at(stream, (uint64_t)i)
+                            : sd * normal_at(stream, (uint64_t)i);
     int nd = ne1 ? 2 : 1;
     int type = lms_quant_pick(c->plan, name, nd, ne0, c->s->n_layer, !c->s->tied);
     size_t nb;
@@ -266,14 +318,19 @@ static int add_layer(synth_ctx *c, int il)
         T("attn_k.bias", kv, 0, 0.0f);
         T("attn_v.bias", kv, 0, 0.0f);
     }
-    if (!strcmp(s->arch, "qwen3")) {
+    const bool gemma = !strncmp(s->arch, "gemma", 5);
+    if (!strcmp(s->arch, "qwen3") || !strcmp(s->arch, "gemma3")) {
         T("attn_q_norm.weight", s->head_dim, 0, 1.0f);
         T("attn_k_norm.weight", s->head_dim, 0, 1.0f);
     }
+    if (gemma)
+        T("post_attention_norm.weight", e, 0, 1.0f);
     T("ffn_norm.weight", e, 0, 1.0f);
     T("ffn_gate.weight", e, s->n_ff, 0.0f);
     T("ffn_up.weight", e, s->n_ff, 0.0f);
     T("ffn_down.weight", s->n_ff, e, 0.0f);
+    if (gemma)
+        T("post_ffw_norm.weight", e, 0, 1.0f);
 #undef T
     return rc;
 }
@@ -281,6 +338,14 @@ static int add_layer(synth_ctx *c, int il)
 int lms_synth_write(const lms_synth_shape *s, const char *type, uint64_t seed, const char *path,
                     char *err, size_t errsz)
 {
+    return lms_synth_write_ex(s, NULL, type, seed, path, err, errsz);
+}
+
+int lms_synth_write_ex(const lms_synth_shape *s, const lms_synth_extra *x, const char *type,
+                       uint64_t seed, const char *path, char *err, size_t errsz)
+{
+    if (!x)
+        x = extra_of(s);
     const lms_quant_plan *plan = lms_quant_plan_find(type);
     if (!plan)
         return lms_errf(err, errsz, LMS_ERR_INVAL, "synth: unknown type '%s' (one of: %s)", type,
@@ -289,8 +354,8 @@ int lms_synth_write(const lms_synth_shape *s, const char *type, uint64_t seed, c
     gguf_writer *w = gguf_writer_create();
     int rc = w ? build_vocab(s, &v) : LMS_ERR_NOMEM;
     if (rc == 0)
-        rc = write_meta(w, s, &v, plan);
-    synth_ctx c = {.w = w, .plan = plan, .s = s, .seed = seed};
+        rc = write_meta(w, s, x, &v, plan);
+    synth_ctx c = {.w = w, .plan = plan, .s = s, .x = x, .seed = seed};
     if (rc == 0)
         rc = add(&c, "token_embd.weight", s->n_embd, s->n_vocab, 0.0f);
     for (int il = 0; il < s->n_layer && rc == 0; il++)

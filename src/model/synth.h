@@ -18,6 +18,16 @@ typedef struct lms_synth_shape {
     int llama3_rope;      /* write Llama 3 rope frequency factors */
 } lms_synth_shape;
 
+/* A shape's family extras (gemma2 / gemma3; zeros for the others). */
+typedef struct lms_synth_extra {
+    int32_t n_swa;        /* attention.sliding_window; 0: key not written */
+    float attn_softcap;   /* attn_logit_softcapping (gemma2); 0: not written */
+    float final_softcap;  /* final_logit_softcapping; 0: not written */
+    /* 0: matrices N(0, 0.02^2), norm weights 1; else matrices N(0, w_sd^2) and
+     * norm weights 1 + N(0, 0.1^2) (tiny test models with visible signal) */
+    float w_sd;
+} lms_synth_extra;
+
 /* Shape by name, NULL if unknown. */
 const lms_synth_shape *lms_synth_find(const char *name);
 /* Space-separated names (static string). */
@@ -27,6 +37,10 @@ const char *lms_synth_names(void);
  * quant_plan name such as "Q4_K_M"). Returns < 0 with a message. */
 int lms_synth_write(const lms_synth_shape *s, const char *type, uint64_t seed, const char *path,
                     char *err, size_t errsz);
+/* The same with explicit extras (NULL: those of a shape from the table,
+ * none for any other shape). */
+int lms_synth_write_ex(const lms_synth_shape *s, const lms_synth_extra *x, const char *type,
+                       uint64_t seed, const char *path, char *err, size_t errsz);
 
 /* ---- random LoRA adapters -----------------------------------------------------
  *
