@@ -68,7 +68,7 @@ static int get_str(cfgp *P, const json_t *o, const char *key, const char *field,
     if (n == 0 && required)
         return fail(P, field, "must not be empty");
     if (n > max)
-        return fail(P, field, "is too long (more than %s bytes)", max > 1000 ? "65536" : "128");
+        return fail(P, field, "is too long (more than %zu bytes)", max);
     for (size_t i = 0; i < n; i++)
         if ((unsigned char)s[i] < 0x20 && s[i] != '\t' && s[i] != '\n')
             return fail(P, field, "contains a control character");
@@ -290,10 +290,89 @@ static int parse_loras(cfgp *P, const json_t *x, const char *where, lms_expert_c
     return 0;
 }
 
+/* An endpoint URL: http(s)://authority[/path], printable ASCII, no
+ * credentials in it (they would show wherever the endpoint is shown). */
+static int check_endpoint(cfgp *P, const char *field, char *url)
+{
+    size_t n = strlen(url), scheme = 0;
+    if (!strncmp(url, "http://", 7))
+        scheme = 7;
+    else if (!strncmp(url, "https://", 8))
+        scheme = 8;
+    if (!scheme)
+        return fail(P, field, "must start with http:// or https://");
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)url[i] <= 0x20 || (unsigned char)url[i] >= 0x7f)
+            return fail(P, field, "must be printable ASCII without spaces");
+    size_t auth = strcspn(url + scheme, "/?#");
+    if (auth == 0)
+        return fail(P, field, "names no host");
+    if (memchr(url + scheme, '@', auth))
+        return fail(P, field, "must not hold credentials (use api_key or api_key_env)");
+    if (strpbrk(url + scheme, "?#"))
+        return fail(P, field, "must not hold a query or fragment");
+    while (n > scheme + auth && url[n - 1] == '/')
+        url[--n] = '\0';
+    return 0;
+}
+
+/* api_key or api_key_env (the variable is read now). Messages never show
+ * the key. */
+static int parse_key(cfgp *P, const json_t *x, const char *where, lms_expert_cfg *e)
+{
+    char kfield[96], field[96], *var = NULL;
+    snprintf(kfield, sizeof kfield, "%s.api_key", where);
+    int rc = get_str(P, x, "api_key", kfield, false, 4096, &e->api_key);
+    snprintf(field, sizeof field, "%s.api_key_env", where);
+    if (rc == 0)
+        rc = get_str(P, x, "api_key_env", field, false, 128, &var);
+    if (rc == 0 && var && e->api_key)
+        rc = fail(P, field, "cannot be given with api_key");
+    if (rc == 0 && var) {
+        const char *v = getenv(var);
+        if (!v || !v[0])
+            rc = fail(P, field, "the environment variable '%.128s' is not set", var);
+        else if (!(e->api_key = strdup(v)))
+            rc = lms_errf(P->err, P->errsz, LMS_ERR_NOMEM, "out of memory");
+    }
+    for (const char *k = e->api_key; rc == 0 && k && *k; k++)
+        if ((unsigned char)*k < 0x20 || *k == 0x7f)
+            rc = fail(P, var ? field : kfield, "the key contains a control character");
+    free(var);
+    return rc;
+}
+
+/* The fields of an expert served elsewhere. */
+static int parse_remote(cfgp *P, const json_t *x, const char *where, lms_expert_cfg *e)
+{
+    char field[96];
+    snprintf(field, sizeof field, "%s.endpoint", where);
+    int rc = get_str(P, x, "endpoint", field, true, 2048, &e->endpoint);
+    if (rc == 0)
+        rc = check_endpoint(P, field, e->endpoint);
+    if (rc == 0 && json_object_get(x, "lora"))
+        rc = fail(P, field, "an expert with an endpoint takes no 'lora'");
+    if (rc == 0)
+        rc = parse_key(P, x, where, e);
+    snprintf(field, sizeof field, "%s.remote_model", where);
+    if (rc == 0)
+        rc = get_str(P, x, "remote_model", field, false, 256, &e->remote_model);
+    if (rc == 0 && !e->remote_model && !(e->remote_model = strdup(e->id)))
+        rc = lms_errf(P->err, P->errsz, LMS_ERR_NOMEM, "out of memory");
+    snprintf(field, sizeof field, "%s.timeout_s", where);
+    e->timeout_s = 600;
+    if (rc == 0)
+        rc = get_num(P, x, "timeout_s", field, false, 0.1, 86400, &e->timeout_s);
+    return rc;
+}
+
 static int parse_expert(cfgp *P, const json_t *x, int i, lms_route_cfg *c)
 {
     static const char *const keys[] = {"expert_id", "model_path", "domain", "priority",
-                                       "examples", "lora", NULL};
+                                       "examples", "lora", "endpoint", "api_key",
+                                       "api_key_env", "remote_model", "timeout_s", NULL};
+    static const char *const remote_only[] = {"api_key", "api_key_env", "remote_model",
+                                              "timeout_s", NULL};
     char where[32], field[64];
     snprintf(where, sizeof where, "experts[%d]", i);
     if (!json_is_object(x))
@@ -309,8 +388,22 @@ static int parse_expert(cfgp *P, const json_t *x, int i, lms_route_cfg *c)
     for (int k = 0; rc == 0 && k < i; k++)
         if (!strcmp(c->experts[k].id, e->id))
             rc = fail(P, field, "'%.128s' is used by an earlier expert", e->id);
+    const json_t *ep = json_object_get(x, "endpoint");
+    bool remote = ep && !json_is_null(ep);
     snprintf(field, sizeof field, "%s.model_path", where);
-    if (rc == 0 && (rc = get_str(P, x, "model_path", field, true, PATH_MAX - 1, &e->path)) == 0)
+    if (rc == 0 && remote && json_object_get(x, "model_path"))
+        rc = fail(P, field, "cannot be given with endpoint (an expert is local or remote)");
+    if (rc == 0 && !remote && !json_object_get(x, "model_path"))
+        rc = fail(P, field, "is missing (or give 'endpoint' for an expert served elsewhere)");
+    for (int k = 0; rc == 0 && !remote && remote_only[k]; k++)
+        if (json_object_get(x, remote_only[k])) {
+            snprintf(field, sizeof field, "%s.%s", where, remote_only[k]);
+            rc = fail(P, field, "is only for an expert with 'endpoint'");
+        }
+    snprintf(field, sizeof field, "%s.model_path", where);
+    if (rc == 0 && remote)
+        rc = parse_remote(P, x, where, e);
+    else if (rc == 0 && (rc = get_str(P, x, "model_path", field, true, PATH_MAX - 1, &e->path)) == 0)
         rc = resolve_path(P, field, &e->path);
     snprintf(field, sizeof field, "%s.domain", where);
     if (rc == 0)
@@ -321,7 +414,7 @@ static int parse_expert(cfgp *P, const json_t *x, int i, lms_route_cfg *c)
         e->priority = (int)prio;
     if (rc == 0)
         rc = parse_examples(P, x, where, e);
-    return rc == 0 ? parse_loras(P, x, where, e) : rc;
+    return rc == 0 && !remote ? parse_loras(P, x, where, e) : rc;
 }
 
 static int parse_experts(cfgp *P, const json_t *root, lms_route_cfg *c)
@@ -387,6 +480,9 @@ static int parse_lazy(cfgp *P, const json_t *root, lms_route_cfg *c)
 static int parse_embedder(cfgp *P, lms_route_cfg *c)
 {
     c->embed_expert = lms_route_cfg_find(c, c->embedding_model);
+    if (c->embed_expert >= 0 && c->experts[c->embed_expert].endpoint)
+        return fail(P, "router.embedding_model", "'%.128s' is a remote expert; the router "
+                    "embeds with a local model", c->embedding_model);
     if (c->embed_expert >= 0)
         return 0;
     lms_expert_cfg *e = &c->embedder;
@@ -531,6 +627,11 @@ static void expert_free(lms_expert_cfg *e)
 {
     free(e->id);
     free(e->path);
+    free(e->endpoint);
+    if (e->api_key) /* secret: do not leave it in freed memory */
+        memset(e->api_key, 0, strlen(e->api_key));
+    free(e->api_key);
+    free(e->remote_model);
     free(e->domain);
     for (int k = 0; k < e->n_examples; k++)
         free(e->examples[k]);

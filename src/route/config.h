@@ -4,7 +4,9 @@
  * request without a model name is routed. DESIGN.md ("Configuration")
  * shows the file:
  *
- *   {"experts": [{"expert_id", "model_path", "domain", "priority", "examples"}],
+ *   {"experts": [{"expert_id", "model_path", "domain", "priority", "examples"}
+ *                 or {"expert_id", "endpoint", "api_key" | "api_key_env",
+ *                     "remote_model", "timeout_s", "domain", "priority", "examples"}],
  *    "lazy_loading": {"enabled", "warmup_pool_size", "max_loaded_experts",
  *                     "memory_threshold", "auto_unload_after_s"},
  *    "router": {"default", "embedding_model", "threshold"},
@@ -17,6 +19,12 @@
  * to the directory of the config file and must stay inside it; with
  * "model_dirs" every model must lie (after resolving links) under one of
  * those directories.
+ *
+ * An expert with "endpoint" (an OpenAI-compatible base URL, "http://host:8080/v1")
+ * instead of "model_path" is served elsewhere (route/remote.h): nothing loads,
+ * requests are forwarded. Its api_key (or the environment variable named by
+ * api_key_env, read when the file is) is secret: no message, log or listing
+ * ever shows it.
  *
  * `serve -m FILE` builds a one-expert configuration (lms_route_cfg_single)
  * so that the server has one code path.
@@ -31,7 +39,11 @@
 
 typedef struct lms_expert_cfg {
     char *id;           /* expert_id: [A-Za-z0-9._:-], 1..LMS_EXPERT_ID_MAX bytes */
-    char *path;         /* model_path, resolved (absolute unless from -m) */
+    char *path;         /* model_path, resolved (absolute unless from -m); NULL when remote */
+    char *endpoint;     /* remote: base URL without a trailing '/', else NULL */
+    char *api_key;      /* remote: sent as "Authorization: Bearer"; NULL = none. Secret */
+    char *remote_model; /* remote: the model name sent upstream (default: id) */
+    double timeout_s;   /* remote: the longest one upstream request may take */
     char *domain;       /* free text used by the router; NULL when absent */
     int priority;       /* higher wins ties and the warm-up order; default 0 */
     char **examples;    /* [n_examples] texts this expert should answer */

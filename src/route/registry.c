@@ -56,8 +56,9 @@ struct lms_registry {
 
 const char *lms_expert_state_name(int state)
 {
-    static const char *const names[] = {"unloaded", "loading", "ready", "failed", "unloading"};
-    return state >= 0 && state <= LMS_EXPERT_UNLOADING ? names[state] : "?";
+    static const char *const names[] = {"unloaded", "loading", "ready", "failed", "unloading",
+                                        "remote"};
+    return state >= 0 && state <= LMS_EXPERT_REMOTE ? names[state] : "?";
 }
 
 /* ---- sizes -------------------------------------------------------------------------- */
@@ -353,6 +354,7 @@ int lms_registry_want(lms_registry *r, lms_expert *x, char *err, size_t errsz)
 {
     switch (x->state) {
     case LMS_EXPERT_READY:
+    case LMS_EXPERT_REMOTE:
         x->t_used_ms = lms_now_ms();
         return 1;
     case LMS_EXPERT_LOADING:
@@ -504,7 +506,7 @@ static lms_expert *find_exact(lms_registry *r, const char *id)
             return &r->x[i];
     for (int i = 0; i < r->n; i++) {
         const lms_expert *x = &r->x[i];
-        if ((x->base[0] && !strcmp(x->base, id)) || !strcmp(x->cfg->path, id) ||
+        if ((x->base[0] && !strcmp(x->base, id)) || (x->cfg->path && !strcmp(x->cfg->path, id)) ||
             (x->model && x->model->name[0] && !strcmp(x->model->name, id)))
             return &r->x[i];
     }
@@ -581,12 +583,28 @@ int lms_registry_create(lms_route_cfg *cfg, const lms_sched_params *sp,
     r->n_all = r->n + (r->cfg.embedder.id ? 1 : 0);
     if (r->cfg.mem_threshold > 0)
         r->budget = (uint64_t)(r->cfg.mem_threshold * (double)mem_total());
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
     for (int i = 0; i < r->n_all; i++) {
         lms_expert *x = &r->x[i];
         struct stat st;
         x->index = i;
         x->cfg = i < r->n ? &r->cfg.experts[i] : &r->cfg.embedder;
         x->pinned = i >= r->n; /* the router's own model stays */
+        if (x->cfg->endpoint) {
+            x->state = LMS_EXPERT_REMOTE;
+            int rc = lms_remote_create(x->cfg, &x->remote, err, errsz);
+            if (rc < 0) {
+                r->n_all = i; /* the experts made so far are freed */
+                lms_registry_destroy(r);
+                return rc;
+            }
+            lms_log(LMS_LOG_INFO, "model_remote", "model", LMS_LOG_STR(x->cfg->id), "endpoint",
+                    LMS_LOG_STR(x->cfg->endpoint), "remote_model",
+                    LMS_LOG_STR(x->cfg->remote_model), "auth",
+                    LMS_LOG_BOOL(x->cfg->api_key != NULL));
+            continue;
+        }
         base_name(x->base, sizeof x->base, x->cfg->path);
         x->file_bytes = stat(x->cfg->path, &st) == 0 ? (uint64_t)st.st_size : 0;
         x->kv_bytes = estimate_kv(&r->sp, x->cfg->path);
@@ -594,8 +612,6 @@ int lms_registry_create(lms_route_cfg *cfg, const lms_sched_params *sp,
     r->embedder = r->cfg.embed_expert >= 0 ? &r->x[r->cfg.embed_expert]
                   : r->n_all > r->n       ? &r->x[r->n]
                                           : NULL;
-    pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
     if (pthread_create(&r->th, NULL, loader_main, r) != 0) {
         lms_registry_destroy(r);
         return lms_errf(err, errsz, LMS_ERR_IO, "cannot start the loader thread");
@@ -630,8 +646,10 @@ void lms_registry_destroy(lms_registry *r)
     }
     free_jobs(r, r->todo);
     free_jobs(r, r->done);
-    for (int i = 0; i < r->n_all; i++)
+    for (int i = 0; i < r->n_all; i++) {
+        lms_remote_destroy(r->x[i].remote);
         free_loaded(r, r->x[i].model, r->x[i].sched, r->x[i].attach);
+    }
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     lms_route_cfg_free(&r->cfg);

@@ -10,6 +10,10 @@
  *      ^                  |                                    |
  *      |                  +--fails--> FAILED --want--> LOADING  +--wanted meanwhile--> LOADING
  *
+ *   REMOTE: an expert served elsewhere ("endpoint", route/remote.h) is in
+ *   this state from creation to the end: always usable, never loaded or
+ *   unloaded, counted in neither max_loaded nor the memory threshold.
+ *
  * Threads: every function here runs on the event-loop thread except the
  * hooks marked "loader thread". The loop hands a job (load or unload one
  * expert) to the loader thread's queue; the loader does the slow part
@@ -40,6 +44,7 @@
 #include "engine/sched.h"
 #include "model/model.h"
 #include "route/config.h"
+#include "route/remote.h"
 
 enum lms_expert_state {
     LMS_EXPERT_UNLOADED = 0,
@@ -47,6 +52,7 @@ enum lms_expert_state {
     LMS_EXPERT_READY,
     LMS_EXPERT_FAILED,
     LMS_EXPERT_UNLOADING,
+    LMS_EXPERT_REMOTE,
 };
 
 const char *lms_expert_state_name(int state);
@@ -58,6 +64,7 @@ typedef struct lms_expert {
     const lms_expert_cfg *cfg;  /* id, path, domain, priority, examples */
     char base[160];             /* the model file's base name, ".gguf" stripped */
     uint64_t file_bytes;
+    lms_remote *remote;         /* served elsewhere (state REMOTE), else NULL */
     /* event-loop thread */
     int state;                  /* enum lms_expert_state */
     lms_model *model;           /* READY: the loaded model */
@@ -114,7 +121,7 @@ lms_expert *lms_registry_embedder(lms_registry *r);
  * general.name of a loaded model; "NAME:latest" as NAME), or NULL. */
 lms_expert *lms_registry_find(lms_registry *r, const char *id);
 
-/* Asks for x to be loaded. Returns 1 when READY (its LRU time is
+/* Asks for x to be loaded. Returns 1 when READY or REMOTE (its LRU time is
  * touched), 0 when it is loading (or will load after an unload), < 0 when
  * the load is refused now (LMS_ERR_BUSY: max_loaded reached and every
  * loaded expert busy; LMS_ERR_LIMIT: over the memory threshold) with the

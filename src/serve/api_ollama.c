@@ -12,6 +12,14 @@
  * seed, stop, repeat_penalty, repeat_last_n, presence/frequency_penalty).
  * Errors are {"error": "message"} with the HTTP status, or that object as
  * the last line of a stream that had started.
+ *
+ * For a remote expert (route/remote.h) the request is put in OpenAI's
+ * words (remote_body) and forwarded: chat and generate as chat
+ * completions, generate with "raw" as a completion; options become
+ * max_tokens, temperature, ... (top_k, min_p and repeat_penalty as the
+ * llama.cpp-style servers name them); format as response_format. Its
+ * stream starts with the first piece, so an upstream refusal is an HTTP
+ * error naming the expert. Tools stay local-only (400).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +38,7 @@ typedef struct oll_job {
     size_t sent; /* streamed with tools: bytes of text sent as content */
     double t0;   /* arrival, ms (lms_now_ms) */
     const lms_expert *x; /* the expert answering */
+    bool begun;  /* streamed: the 200 went out */
 } oll_job;
 
 /* ---- shapes --------------------------------------------------------------------- */
@@ -147,6 +156,12 @@ static void oll_on_event(task *t, const lms_event *ev, double t_ms)
     oll_job *j = t->state;
     conn *c = t->c;
     (void)t_ms;
+    const char *f = ev->stats.finish;
+    bool failed = ev->type == LMS_EV_ERROR || (f && !strcmp(f, "abort"));
+    if (j->stream && !j->begun && (ev->type == LMS_EV_TOKEN || (ev->type == LMS_EV_END && !failed))) {
+        http_stream_begin(c, 200, "application/x-ndjson");
+        j->begun = true;
+    }
     if (ev->type == LMS_EV_TOKEN) {
         if (!j->stream || j->tools)
             sbuf_add(&j->text, ev->text, ev->text_len);
@@ -162,12 +177,10 @@ static void oll_on_event(task *t, const lms_event *ev, double t_ms)
     }
     if (ev->type != LMS_EV_END && ev->type != LMS_EV_ERROR)
         return;
-    const char *f = ev->stats.finish;
-    bool failed = ev->type == LMS_EV_ERROR || (f && !strcmp(f, "abort"));
     const char *why = ev->type == LMS_EV_ERROR ? ev->message : "the generation was aborted";
     size_t n_content;
     json_t *calls = failed ? NULL : reply_calls(j, &n_content);
-    if (j->stream) {
+    if (j->stream && j->begun) {
         if (j->tools && !failed) { /* the content held back, then the calls */
             size_t end = calls ? n_content : j->text.n;
             if (end > j->sent)
@@ -185,7 +198,7 @@ static void oll_on_event(task *t, const lms_event *ev, double t_ms)
         http_stream_end(c);
     } else if (failed) {
         reqerr e;
-        reqerr_set(&e, ev->type == LMS_EV_ERROR ? 500 : 503, NULL, "%s", why);
+        reqerr_set(&e, ev->type == LMS_EV_ERROR ? task_error_status(t, ev) : 503, NULL, "%s", why);
         reply_err(c, &e);
     } else {
         json_t *o = reply_obj(j, j->text.p ? j->text.p : "", n_content, true);
@@ -247,6 +260,85 @@ static int prompt_tokens(conn *c, const json_t *body, bool chat, int32_t **toks,
     return rc;
 }
 
+/* The OpenAI body of an Ollama request for a remote expert; *chat_out:
+ * whether it goes to chat/completions. NULL with e filled. */
+static json_t *remote_body(const lms_expert *x, const json_t *body, const json_t *opts, bool chat,
+                           bool *chat_out, reqerr *e)
+{
+    static const char *const same[] = {"temperature", "top_p", "top_k", "min_p", "seed", "stop",
+                                       "presence_penalty", "frequency_penalty", "repeat_penalty",
+                                       NULL};
+    if (json_array_size(json_object_get(body, "tools")) > 0) {
+        reqerr_set(e, 400, "tools", "'tools' is not available for remote expert '%s'",
+                   x->cfg->id);
+        return NULL;
+    }
+    const char *prompt = NULL, *system = NULL;
+    bool raw = false;
+    json_t *msgs = NULL;
+    if (chat) {
+        msgs = chatfmt_messages(json_object_get(body, "messages"), "messages", e);
+    } else if (reqparse_str(body, "prompt", &prompt, e) < 0 ||
+               reqparse_str(body, "system", &system, e) < 0 ||
+               reqparse_bool(body, "raw", &raw, e) < 0) {
+        return NULL;
+    } else if (!prompt || !prompt[0]) {
+        reqerr_set(e, 400, "prompt", "'prompt' must be a non-empty string");
+        return NULL;
+    } else if (!raw) {
+        msgs = generate_messages(system, prompt);
+    }
+    if (!msgs && !raw)
+        return NULL;
+    json_t *o = json_object();
+    *chat_out = !raw;
+    if (raw)
+        json_object_set_new(o, "prompt", json_string(prompt));
+    else
+        json_object_set_new(o, "messages", msgs);
+    for (int k = 0; opts && same[k]; k++) {
+        json_t *v = json_object_get(opts, same[k]);
+        if (v && !json_is_null(v))
+            json_object_set(o, same[k], v);
+    }
+    json_t *np = json_object_get(opts, "num_predict");
+    if (json_is_integer(np) && json_integer_value(np) >= 0)
+        json_object_set(o, "max_tokens", np);
+    const json_t *fmt = json_object_get(body, "format");
+    if (json_is_string(fmt) && !strcmp(json_string_value(fmt), "json"))
+        json_object_set_new(o, "response_format", json_pack("{s:s}", "type", "json_object"));
+    else if (json_is_object(fmt))
+        json_object_set_new(o, "response_format",
+                            json_pack("{s:s, s:{s:s, s:O}}", "type", "json_schema", "json_schema",
+                                      "name", "format", "schema", fmt));
+    return o;
+}
+
+/* Forwards the request to c->x (remote); the stream starts with the first piece. */
+static int generate_remote(conn *c, const json_t *body, const json_t *opts, const genparams *gp,
+                           bool chat, bool stream)
+{
+    reqerr e;
+    bool up_chat = true;
+    json_t *o = remote_body(c->x, body, opts, chat, &up_chat, &e);
+    size_t n = 0;
+    char *text = o ? json_dump_compact(o, &n) : NULL;
+    json_decref(o);
+    oll_job *j = text ? calloc(1, sizeof *j) : NULL;
+    if (o && !j)
+        reqerr_set(&e, 503, NULL, "out of memory");
+    task *t = NULL;
+    if (j) {
+        *j = (oll_job){.chat = chat, .stream = stream, .t0 = lms_now_ms(), .x = c->x};
+        lms_remote_request r = {.chat = up_chat, .body = text, .n_body = n,
+                                .timeout_ms = gp->timeout_ms};
+        if (!(t = task_submit_remote(c, &r, &oll_ops, j, &e)))
+            oll_destroy(&(task){.state = j});
+    }
+    free(text);
+    return t ? 0 : reply_err(c, &e);
+}
+
 static int generate(conn *c, json_t *body, bool chat)
 {
     lms_server *s = c->srv;
@@ -274,6 +366,12 @@ static int generate(conn *c, json_t *body, bool chat)
     if (rc == 0 && fmt && !json_is_null(fmt) && !json && !schema &&
         !(json_is_string(fmt) && !json_string_length(fmt)))
         rc = reqerr_set(&e, 400, "format", "'format' must be \"json\" or a JSON schema");
+    if (rc == 0 && c->x->remote) {
+        rc = generate_remote(c, body, opts, &gp, chat, stream);
+        free(schema);
+        genparams_deinit(&gp);
+        return rc;
+    }
     if (rc == 0)
         rc = prompt_tokens(c, body, chat, &toks, &n, &e);
     oll_job *j = rc == 0 ? calloc(1, sizeof *j) : NULL;
@@ -295,8 +393,10 @@ static int generate(conn *c, json_t *body, bool chat)
     genparams_deinit(&gp);
     if (!t)
         return reply_err(c, &e);
-    if (stream)
+    if (stream) {
         http_stream_begin(c, 200, "application/x-ndjson");
+        j->begun = true;
+    }
     return 0;
 }
 

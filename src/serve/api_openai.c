@@ -40,10 +40,20 @@
  * stays content. While streaming, text that may still turn into a call is
  * held back until it is known. An error after the stream started is sent as
  * `data: {"error":{...}}` followed by [DONE].
+ *
+ * A remote expert (route/remote.h) answers the same way: the client's
+ * body, less what is ours (model, n, stream, lora, timeout), goes upstream
+ * untokenized, one upstream request per choice (each prompt of a
+ * completion, seed + i for choice i), and its events feed the same
+ * gen_job. Its stream opens with the first piece rather than at once, so
+ * that an upstream refusal is still an HTTP error (502, 504, or the
+ * upstream's own 4xx) naming the expert. Log-probabilities, tools, echo
+ * and token-id prompts stay local-only (400).
  */
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/err.h"
 #include "base/timeutil.h"
 #include "model/tokenizer.h"
 #include "engine/jsonschema.h"
@@ -85,6 +95,9 @@ typedef struct gen_resp {
     gen_prompt pr[MAX_CHOICES];
     gen_job *jobs[MAX_CHOICES];
     const lms_expert *x;       /* the expert answering (its id is the response's model) */
+    bool begun;                /* streamed: the 200 and the first chunks went out */
+    json_t *up;                /* remote: the upstream body (prompt set per choice) */
+    json_t *prompts;           /* remote completions: several prompts (an array), or NULL */
 } gen_resp;
 
 /* One choice: one scheduler task. */
@@ -328,10 +341,13 @@ static void on_token(task *t, gen_job *j, const lms_event *ev)
 
 /* An end that is not a normal finish: an engine error, or an abort (only
  * the server aborts a request whose client is still there). */
-static void end_error(const conn *c, const lms_event *ev, reqerr *e)
+static void end_error(const conn *c, const task *t, const lms_event *ev, reqerr *e)
 {
-    if (ev->type == LMS_EV_ERROR)
-        reqerr_set(e, 500, NULL, "%s", ev->message);
+    if (ev->type == LMS_EV_ERROR) {
+        reqerr_set(e, task_error_status(t, ev), NULL, "%s", ev->message);
+        if (t->x->remote)
+            e->code = "upstream_error";
+    }
     else
         reqerr_set(e, 503, NULL, "%s", c->srv->state == SRV_DRAINING
                                            ? "the server is shutting down"
@@ -436,13 +452,27 @@ static json_t *full_response(conn *c, const gen_resp *r)
     return o;
 }
 
+/* Streamed: the 200, then the role chunk of each choice (chat) or its echo. */
+static void stream_open(conn *c, gen_resp *r)
+{
+    r->begun = true;
+    http_stream_begin(c, 200, "text/event-stream");
+    for (int i = 0; i < r->n_choices; i++) {
+        const gen_job *j = r->jobs[i];
+        if (r->kind == JOB_CHAT)
+            sse_choice(c, j, chunk_choice(j, "", 0, "assistant", NULL, NULL));
+        else if (j->echo)
+            sse_choice(c, j, chunk_choice(j, j->echo, strlen(j->echo), NULL, NULL, NULL));
+    }
+}
+
 /* The response fails (choice j ended abnormally): the error goes out (in
  * the stream, followed by [DONE]) and the other choices are aborted. */
 static void resp_fail(conn *c, gen_job *j, const reqerr *e)
 {
     gen_resp *r = j->r;
     r->failed = true;
-    if (r->stream) {
+    if (r->stream && r->begun) {
         sse_send(c, reqerr_json(e));
         http_stream_write(c, "data: [DONE]\n\n", 14);
         http_stream_end(c);
@@ -461,6 +491,9 @@ static void gen_on_event(task *t, const lms_event *ev, double t_ms)
     (void)t_ms;
     if (r->failed)
         return;
+    if (r->stream && !r->begun &&
+        (ev->type == LMS_EV_TOKEN || (ev->type == LMS_EV_END && finish_reason(ev->stats.finish))))
+        stream_open(t->c, r);
     if (ev->type == LMS_EV_TOKEN) {
         on_token(t, j, ev);
         return;
@@ -475,7 +508,7 @@ static void gen_on_event(task *t, const lms_event *ev, double t_ms)
     j->t = NULL; /* removed after this event */
     if (ev->type == LMS_EV_ERROR || !finish_reason(ev->stats.finish)) {
         reqerr e;
-        end_error(t->c, ev, &e);
+        end_error(t->c, t, ev, &e);
         resp_fail(t->c, j, &e);
         return;
     }
@@ -510,6 +543,8 @@ static void resp_free(gen_resp *r)
     }
     genparams_deinit(&r->gp);
     free(r->schema);
+    json_decref(r->up);
+    json_decref(r->prompts);
     for (int i = 0; i < r->n_choices; i++) {
         gen_job *j = r->jobs[i];
         if (!j)
@@ -732,6 +767,50 @@ static int parse_completion(conn *c, const json_t *body, gen_resp *r, gen_prompt
     return parse_prompts(c, body, echo, r->n, pr, n_pr, e);
 }
 
+/* A request for a remote expert: checked here (what only the local engine
+ * does is refused), sent upstream as written. */
+static int parse_remote(const json_t *body, gen_resp *r, reqerr *e)
+{
+    static const char *const ours[] = {"model", "n", "best_of", "stream", "stream_options",
+                                       "lora", "timeout", NULL};
+    const json_t *lp = json_object_get(body, "logprobs");
+    const char *id = r->x->cfg->id;
+    if (lp && !json_is_null(lp) && !json_is_false(lp))
+        return reqerr_set(e, 400, "logprobs", "'logprobs' is not available for remote expert "
+                          "'%s'", id);
+    if (r->kind == JOB_CHAT) {
+        if (json_array_size(json_object_get(body, "tools")) > 0)
+            return reqerr_set(e, 400, "tools", "'tools' is not available for remote expert '%s'",
+                              id);
+        json_t *msgs = chatfmt_messages(json_object_get(body, "messages"), "messages", e);
+        if (!msgs)
+            return -1;
+        json_decref(msgs);
+    } else {
+        const json_t *p = json_object_get(body, "prompt");
+        if (json_is_true(json_object_get(body, "echo")))
+            return reqerr_set(e, 400, "echo", "'echo' is not available for remote expert '%s'", id);
+        bool ok = json_is_string(p);
+        if (json_is_array(p) && json_array_size(p) > 0) {
+            ok = json_array_size(p) * (size_t)r->n <= MAX_CHOICES;
+            for (size_t i = 0; ok && i < json_array_size(p); i++)
+                ok = json_is_string(json_array_get(p, i));
+            if (ok) {
+                r->prompts = json_incref((json_t *)p);
+                r->n_prompts = (int)json_array_size(p);
+            }
+        }
+        if (!ok)
+            return reqerr_set(e, 400, "prompt", "'prompt' must be a string or an array of at most "
+                              "%d strings for remote expert '%s'", MAX_CHOICES / r->n, id);
+    }
+    if (!(r->up = json_deep_copy(body)))
+        return reqerr_set(e, 503, NULL, "out of memory");
+    for (int k = 0; ours[k]; k++)
+        json_object_del(r->up, ours[k]);
+    return 0;
+}
+
 static void resp_ids(lms_server *s, gen_resp *r)
 {
     snprintf(r->id, sizeof r->id, "%s-%016llx", r->kind == JOB_CHAT ? "chatcmpl" : "cmpl",
@@ -740,8 +819,34 @@ static void resp_ids(lms_server *s, gen_resp *r)
 }
 
 /* Submits choice i; -1 with e set when the scheduler refuses it. */
+static int job_submit_remote(conn *c, gen_resp *r, int i, reqerr *e)
+{
+    gen_job *j = r->jobs[i];
+    json_t *o = json_copy(r->up);
+    if (o && r->prompts)
+        json_object_set(o, "prompt", json_array_get(r->prompts, (size_t)(i / r->n)));
+    if (o && r->gp.has_seed && r->n > 1)
+        json_object_set_new(o, "seed",
+                            json_integer((json_int_t)(r->gp.sp.seed + (uint64_t)(i % r->n))));
+    size_t n = 0;
+    char *text = o ? json_dump_compact(o, &n) : NULL;
+    json_decref(o);
+    if (!text)
+        return reqerr_set(e, 503, NULL, "out of memory");
+    lms_remote_request rq = {.chat = r->kind == JOB_CHAT, .body = text, .n_body = n,
+                             .timeout_ms = r->gp.timeout_ms};
+    j->t = task_submit_remote(c, &rq, &gen_ops, j, e);
+    free(text);
+    if (!j->t)
+        return -1;
+    r->refs++;
+    return 0;
+}
+
 static int job_submit(conn *c, gen_resp *r, int i, reqerr *e)
 {
+    if (r->x->remote)
+        return job_submit_remote(c, r, i, e);
     gen_job *j = r->jobs[i];
     const gen_prompt *p = &r->pr[i / r->n];
     lms_request rq = genparams_request(&r->gp, p->toks, p->n);
@@ -807,14 +912,8 @@ static int start(conn *c, gen_resp *r)
                 sbuf_adds(&r->jobs[i]->text, r->jobs[i]->echo);
         return 0;
     }
-    http_stream_begin(c, 200, "text/event-stream");
-    for (int i = 0; i < r->n_choices; i++) {
-        const gen_job *j = r->jobs[i];
-        if (r->kind == JOB_CHAT)
-            sse_choice(c, j, chunk_choice(j, "", 0, "assistant", NULL, NULL));
-        else if (j->echo)
-            sse_choice(c, j, chunk_choice(j, j->echo, strlen(j->echo), NULL, NULL, NULL));
-    }
+    if (!r->x->remote) /* remote: with the first piece (an upstream refusal stays an HTTP error) */
+        stream_open(c, r);
     return 0;
 }
 
@@ -836,7 +935,9 @@ static int api_generate(conn *c, json_t *body, int kind)
     r->n_prompts = 1;
     genparams_init(&r->gp, server_rand(s));
     rc = parse_common(c, body, r, &r->gp, &e);
-    if (rc == 0)
+    if (rc == 0 && c->x->remote)
+        rc = parse_remote(body, r, &e);
+    else if (rc == 0)
         rc = kind == JOB_CHAT ? parse_chat(c, body, r, &r->pr[0], &e)
                               : parse_completion(c, body, r, r->pr, &r->n_prompts, &e);
     if (rc < 0) {
@@ -875,6 +976,11 @@ static json_t *model_obj(const lms_server *s, const lms_expert *x)
     json_object_set_new(lm, "default", json_boolean(x == server_default_expert((lms_server *)s)));
     if (x->error[0])
         json_object_set_new(lm, "error", json_string_lossy(x->error, strlen(x->error)));
+    if (x->remote) { /* never the api_key */
+        json_object_set_new(lm, "endpoint", json_string(x->cfg->endpoint));
+        json_object_set_new(lm, "remote_model",
+                            json_string_lossy(x->cfg->remote_model, strlen(x->cfg->remote_model)));
+    }
     json_object_set_new(o, "lmserv", lm);
     if (x->state == LMS_EXPERT_READY) {
         const lms_model *m = x->model;

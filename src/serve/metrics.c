@@ -152,7 +152,7 @@ static void render_models(lms_server *s, sbuf *o)
     family(o, "model_state", "gauge", "1 for the state each expert model is in.");
     for (int i = 0; i < n; i++) {
         const lms_expert *x = lms_registry_at(s->reg, i);
-        for (int st = LMS_EXPERT_UNLOADED; st <= LMS_EXPERT_UNLOADING; st++)
+        for (int st = LMS_EXPERT_UNLOADED; st <= LMS_EXPERT_REMOTE; st++)
             sbuf_addf(o, "lmserv_model_state{model=\"%s\",state=\"%s\"} %d\n",
                       label(x, lb, sizeof lb), lms_expert_state_name(st), x->state == st);
     }
@@ -210,6 +210,16 @@ static json_t *models_json(lms_server *s)
             lms_sched_stats st;
             lms_sched_get_stats(x->sched, &st);
             json_object_set_new(o, "sched", sched_json(&st));
+        }
+        if (x->remote) { /* the endpoint, never the api_key */
+            lms_remote_stats rs;
+            lms_remote_get_stats(x->remote, &rs);
+            json_object_set_new(o, "remote", json_pack("{s:s, s:i, s:I, s:I, s:I, s:I, s:I, s:o, s:o}",
+                "endpoint", x->cfg->endpoint, "running", (int)rs.n_running,
+                "requests", (json_int_t)rs.n_requests, "aborted", (json_int_t)rs.n_aborted,
+                "failed", (json_int_t)rs.n_failed, "prompt_tokens", (json_int_t)rs.prompt_tokens,
+                "gen_tokens", (json_int_t)rs.gen_tokens, "last_tps", json_real_safe(rs.last_tps),
+                "last_ttft_ms", json_real_safe(rs.last_ttft_ms)));
         }
         json_array_append_new(a, o);
     }

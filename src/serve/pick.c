@@ -23,6 +23,10 @@
  * handler runs again with it (c->again). If the embedding model cannot be
  * had (failed, refused) the lexical router decides instead.
  *
+ * An expert served elsewhere (state REMOTE) is always ready; only the
+ * handlers that forward a request's text (remote_ok) may have it, the
+ * others (embeddings, tokenize, ...) get a 400 naming it.
+ *
  * The parked list belongs to the event-loop thread. A connection that
  * closes drops its parked requests (pick_drop_conn); nothing else keeps a
  * pointer to it. A parked request counts as a user of its expert
@@ -269,6 +273,13 @@ static int embed_route(conn *c, json_t *body, pick_fn fn, reqerr *e)
     return 0;
 }
 
+/* The handlers that can forward their request to a remote expert. */
+static bool remote_ok(pick_fn fn)
+{
+    return fn == api_chat || fn == api_completions || fn == api_ollama_chat ||
+           fn == api_ollama_generate || fn == ws_op_infer_again || fn == ws_type_again;
+}
+
 int pick_expert(conn *c, json_t *body, pick_fn fn, reqerr *e)
 {
     lms_server *s = c->srv;
@@ -297,6 +308,12 @@ int pick_expert(conn *c, json_t *body, pick_fn fn, reqerr *e)
         if (rc != 1)
             return rc; /* in flight or parked (0), or failed (-1) */
         x = route(s, body);
+    }
+    if (x->remote && !remote_ok(fn)) {
+        reqerr_set(e, 400, "model", "'%s' is a remote expert: this endpoint is not available for "
+                   "it (chat and completions are)", x->cfg->id);
+        e->code = "model_not_supported";
+        return -1;
     }
     char err[384];
     int rc = lms_registry_want(s->reg, x, err, sizeof err);

@@ -228,6 +228,33 @@ void genparams_deinit(genparams *gp)
     gp->n_stop = 0;
 }
 
+json_t *reqparse_upstream(const json_t *o)
+{
+    static const char *const same[] = {"temperature", "top_p", "top_k", "min_p",
+                                       "repeat_penalty", "presence_penalty", "frequency_penalty",
+                                       "seed", "stop", "ignore_eos", "logit_bias", NULL};
+    static const char *const max[] = {"max_tokens", "max_completion_tokens", "n_predict", NULL};
+    json_t *u = json_object();
+    if (!u || !json_is_object(o))
+        return u;
+    for (int k = 0; same[k]; k++) {
+        json_t *v = json_object_get(o, same[k]);
+        if (v && !json_is_null(v))
+            json_object_set(u, same[k], v);
+    }
+    json_t *t = json_object_get(o, "temp");
+    if (json_is_number(t) && !json_object_get(u, "temperature"))
+        json_object_set(u, "temperature", t);
+    for (int k = 0; max[k]; k++) {
+        json_t *v = json_object_get(o, max[k]);
+        if (json_is_integer(v) && json_integer_value(v) >= 0) {
+            json_object_set(u, "max_tokens", v);
+            break;
+        }
+    }
+    return u;
+}
+
 lms_request genparams_request(const genparams *gp, const int32_t *toks, int32_t n)
 {
     lms_request r = {

@@ -125,6 +125,12 @@ typedef struct genparams {
  * fields are ignored. gp must be initialized with genparams_init. */
 int reqparse_gen(const json_t *o, genparams *gp, reqerr *e);
 void genparams_init(genparams *gp, uint64_t seed);
+/* The generation fields of o (as reqparse_gen reads them, already checked)
+ * under OpenAI's names, for an upstream server: temperature (or temp),
+ * top_p, top_k, min_p, repeat_penalty, presence/frequency_penalty, seed,
+ * stop, ignore_eos, logit_bias, max_tokens (or max_completion_tokens,
+ * n_predict). A new object; fields o lacks stay the upstream's default. */
+json_t *reqparse_upstream(const json_t *o);
 void genparams_deinit(genparams *gp);
 /* The scheduler request for a prompt under these parameters (borrows gp's
  * stop strings and toks until submitted). */
@@ -330,7 +336,23 @@ void tasks_deinit(lms_server *s);
  * (the expert pick_expert chose). Returns the live task, or NULL with e
  * filled (then state is not taken). */
 task *task_submit(conn *c, lms_request *r, const task_ops *ops, void *state, reqerr *e);
-/* Aborts the request in the scheduler and frees the task now. */
+/* The same for an expert served elsewhere (c->x->remote): the request's
+ * text goes upstream as it is (route/remote.h). */
+task *task_submit_remote(conn *c, lms_remote_request *r, const task_ops *ops, void *state,
+                         reqerr *e);
+/* The HTTP status of an LMS_EV_ERROR of t: 500 (the engine failed), or
+ * for a remote expert the upstream's own 4xx, 504 (too slow) or 502. */
+int task_error_status(const task *t, const lms_event *ev);
+/* A WebSocket generation for a remote expert c->x: what (steals it; an
+ * array of chat messages, else a prompt string for a completion) with the
+ * generation fields of params (reqparse_upstream; may be NULL) and gp's
+ * deadline. */
+task *task_submit_upstream(conn *c, json_t *what, const json_t *params, const genparams *gp,
+                           const task_ops *ops, void *state, reqerr *e);
+/* Asks the task's engine (scheduler or remote) to stop it; its terminal
+ * event follows. */
+void task_abort(task *t);
+/* Aborts the request in its engine and frees the task now. */
 void task_cancel(task *t);
 /* Routes one event (frees it). */
 void task_dispatch(lms_server *s, lms_event *ev, double t_ms);
@@ -525,6 +547,10 @@ void ws_op_hello(conn *c);
 void ws_op_handle(conn *c, json_t *msg);
 json_t *ws_op_metrics_msg(lms_server *s);
 void ws_type_handle(conn *c, json_t *msg);
+/* The dialects' generation handlers as pick_expert re-runs them (pick.c
+ * lets these reach a remote expert). */
+int ws_op_infer_again(conn *c, json_t *msg);
+int ws_type_again(conn *c, json_t *msg);
 
 /* Prompt tokens and request for a WS generation (shared by both dialects). */
 bool ws_check_ready(conn *c, const char *session_id);

@@ -323,8 +323,7 @@ static void abort_all(lms_server *s, double now)
     s->drain_deadline = now + 2000;
     for (conn *c = s->conns; c; c = c->next)
         for (task *t = c->tasks; t; t = t->c_next)
-            if (t->x->sched)
-                lms_sched_abort(t->x->sched, t->id);
+            task_abort(t);
 }
 
 static void tick_cb(lws_sorted_usec_list_t *sul)
@@ -615,6 +614,8 @@ static void start_models(lms_server *s)
     int started = 0;
     for (int i = 0; order && i < n && started < want; i++) {
         char err[384];
+        if (order[i]->remote)
+            continue; /* nothing to load */
         if (lms_registry_want(s->reg, order[i], err, sizeof err) < 0)
             break; /* over the memory threshold: the rest load on use */
         started++;

@@ -10,6 +10,10 @@
  * id, so an event of a request whose connection has gone finds nothing
  * and is freed.
  *
+ * A remote expert (route/remote.h) takes the place of the scheduler for
+ * task_submit_remote: the same callback, the same events, ids from a range
+ * of their own; task_abort reaches whichever engine runs the task.
+ *
  * Ordering: submit runs on the loop thread and the table entry is made
  * before the loop drains again, so the first event of a request always
  * finds its task.
@@ -17,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/err.h"
 #include "base/timeutil.h"
 #include "ops/log.h"
 #include "model/tokenizer.h"
@@ -86,6 +91,21 @@ static void remove_task(lms_server *s, task *t)
     free(t);
 }
 
+/* Registers a task for a request its engine accepted as id. */
+static task *task_link(conn *c, lms_expert *x, uint64_t id, const task_ops *ops, void *state,
+                       task *t)
+{
+    t->id = id;
+    t->c = c;
+    t->x = x;
+    lms_registry_begin(x, lms_now_ms());
+    memcpy(t->peer, c->peer, sizeof t->peer);
+    t->ops = ops;
+    t->state = state;
+    link_task(c->srv, t);
+    return t;
+}
+
 /* Prompt and output must fit one sequence's context (OpenAI's rule: a
  * too-large max_tokens is refused, not silently cut). */
 static int check_budget(const lms_expert *x, const lms_request *r, reqerr *e)
@@ -125,6 +145,11 @@ task *task_submit(conn *c, lms_request *r, const task_ops *ops, void *state, req
 {
     lms_server *s = c->srv;
     lms_expert *x = c->x;
+    if (x && x->remote) {
+        reqerr_set(e, 400, "model", "'%s' is a remote expert: this request cannot go to it",
+                   x->cfg->id);
+        return NULL;
+    }
     if (!x || !x->sched) {
         reqerr_set(e, 503, NULL, "the model is still loading");
         e->code = "model_loading";
@@ -154,24 +179,81 @@ task *task_submit(conn *c, lms_request *r, const task_ops *ops, void *state, req
         reqerr_from_submit(e, rc, msg);
         return NULL;
     }
-    t->id = id;
-    t->c = c;
-    t->x = x;
-    lms_registry_begin(x, lms_now_ms());
-    memcpy(t->peer, c->peer, sizeof t->peer);
-    t->ops = ops;
-    t->state = state;
-    link_task(s, t);
+    task_link(c, x, id, ops, state, t);
     if (s->p.log_prompts)
         log_prompt(r, t);
     return t;
 }
 
+task *task_submit_remote(conn *c, lms_remote_request *r, const task_ops *ops, void *state,
+                         reqerr *e)
+{
+    lms_server *s = c->srv;
+    lms_expert *x = c->x;
+    double cap = s->p.request_timeout_ms;
+    if (cap > 0 && (r->timeout_ms <= 0 || r->timeout_ms > cap))
+        r->timeout_ms = cap;
+    task *t = calloc(1, sizeof *t);
+    if (!t) {
+        reqerr_set(e, 503, NULL, "out of memory");
+        return NULL;
+    }
+    r->cb = task_sched_cb;
+    r->user = s;
+    char msg[256] = "";
+    uint64_t id = 0;
+    if (lms_remote_submit(x->remote, r, &id, msg, sizeof msg) < 0) {
+        free(t);
+        s->met.by_finish[FIN_REJECTED]++;
+        reqerr_set(e, 400, NULL, "%s", msg);
+        return NULL;
+    }
+    return task_link(c, x, id, ops, state, t);
+}
+
+task *task_submit_upstream(conn *c, json_t *what, const json_t *params, const genparams *gp,
+                           const task_ops *ops, void *state, reqerr *e)
+{
+    bool chat = json_is_array(what);
+    json_t *o = reqparse_upstream(params);
+    if (o && what)
+        json_object_set_new(o, chat ? "messages" : "prompt", what);
+    else
+        json_decref(what);
+    size_t n = 0;
+    char *text = o ? json_dump_compact(o, &n) : NULL;
+    json_decref(o);
+    if (!text) {
+        reqerr_set(e, 503, NULL, "out of memory");
+        return NULL;
+    }
+    lms_remote_request rq = {.chat = chat, .body = text, .n_body = n,
+                             .timeout_ms = gp->timeout_ms};
+    task *t = task_submit_remote(c, &rq, ops, state, e);
+    free(text);
+    return t;
+}
+
+int task_error_status(const task *t, const lms_event *ev)
+{
+    if (!t->x->remote)
+        return 500;
+    /* the upstream's own 4xx passes; else 502 (no or a bad answer) or 504 (too slow) */
+    return ev->token >= 400 && ev->token < 500 ? ev->token : ev->err == LMS_ERR_BUSY ? 504 : 502;
+}
+
+void task_abort(task *t)
+{
+    if (t->x->remote)
+        lms_remote_abort(t->x->remote, t->id);
+    else if (t->x->sched)
+        lms_sched_abort(t->x->sched, t->id);
+}
+
 void task_cancel(task *t)
 {
     lms_server *s = t->c->srv;
-    if (t->x->sched)
-        lms_sched_abort(t->x->sched, t->id);
+    task_abort(t);
     remove_task(s, t);
 }
 
@@ -214,7 +296,7 @@ void task_dispatch(lms_server *s, lms_event *ev, double t_ms)
         if (!internal)
             log_end(ev, t);
         lms_expert *x = t ? t->x : NULL;
-        lms_supervisor *sup = x && !internal ? s->xs[x->index].sup : NULL;
+        lms_supervisor *sup = x && !internal && !x->remote ? s->xs[x->index].sup : NULL;
         if (t)
             remove_task(s, t);
         if (sup && ev->type == LMS_EV_END && ev->stats.n_gen > 1 && ev->stats.tps > 0 &&

@@ -138,7 +138,6 @@ static int parse_infer(const json_t *msg, genparams *gp, const char **prompt,
     return 0;
 }
 
-static int op_infer_again(conn *c, json_t *msg);
 
 static void op_infer(conn *c, json_t *msg)
 {
@@ -150,11 +149,11 @@ static void op_infer(conn *c, json_t *msg)
         return;
     }
     reqerr e;
-    int picked = pick_expert(c, msg, op_infer_again, &e);
+    int picked = pick_expert(c, msg, ws_op_infer_again, &e);
     if (picked <= 0) {
         if (picked < 0)
             ws_send_error(c, NULL, "%s", e.msg);
-        return; /* or parked: op_infer_again runs once the model is loaded */
+        return; /* or parked: ws_op_infer_again runs once the model is loaded */
     }
     const char *prompt = NULL, *system = NULL;
     bool raw = false;
@@ -164,9 +163,22 @@ static void op_infer(conn *c, json_t *msg)
     int rc = parse_infer(msg, &gp, &prompt, &system, &raw, &e);
     if (rc == 0)
         rc = api_lora_pick(c, json_object_get(msg, "params"), &gp, &e);
-    if (rc == 0)
+    if (rc == 0 && c->x->remote) { /* forwarded: messages, or the prompt as it is when raw */
+        json_t *what = json_string(prompt);
+        if (!raw) {
+            json_decref(what);
+            what = json_array();
+            if (system)
+                json_array_append_new(what, json_pack("{s:s, s:s}", "role", "system", "content",
+                                                      system));
+            json_array_append_new(what, json_pack("{s:s, s:s}", "role", "user", "content", prompt));
+        }
+        c->op_task = task_submit_upstream(c, what, json_object_get(msg, "params"), &gp, &op_ops,
+                                          NULL, &e);
+        rc = c->op_task ? 0 : -1;
+    } else if (rc == 0)
         rc = prompt_tokens(c, prompt, system, raw, &toks, &n, &e);
-    if (rc == 0) {
+    if (rc == 0 && !c->op_task) {
         lms_request r = genparams_request(&gp, toks, n);
         c->op_task = task_submit(c, &r, &op_ops, NULL, &e);
         rc = c->op_task ? 0 : -1;
@@ -177,7 +189,7 @@ static void op_infer(conn *c, json_t *msg)
     genparams_deinit(&gp);
 }
 
-static int op_infer_again(conn *c, json_t *msg)
+int ws_op_infer_again(conn *c, json_t *msg)
 {
     op_infer(c, msg);
     return 0;
@@ -204,8 +216,8 @@ void ws_op_handle(conn *c, json_t *msg)
     } else if (!strcmp(op, "infer")) {
         op_infer(c, msg);
     } else if (!strcmp(op, "abort")) {
-        if (c->op_task && c->op_task->x->sched)
-            lms_sched_abort(c->op_task->x->sched, c->op_task->id); /* "end" follows */
+        if (c->op_task)
+            task_abort(c->op_task); /* "end" follows */
     } else if (!strcmp(op, "metrics")) {
         op_metrics(c, msg);
     } else if (!strcmp(op, "ping")) {

@@ -158,11 +158,14 @@ static int start(conn *c, const json_t *msg, const char *sid, reqerr *e)
     }
     if (rc == 0 && !(msgs = conversation(msg, e)))
         rc = -1;
-    if (rc == 0)
+    if (rc == 0 && !c->x->remote)
         rc = chatfmt_tokens(xfmt(c->x), c->x->model, msgs, NULL, &toks, &n, e);
     if (rc == 0 && (!(j = calloc(1, sizeof *j)) || !(j->sid = strdup(sid))))
         rc = reqerr_set(e, 503, NULL, "out of memory");
-    if (rc == 0) {
+    if (rc == 0 && c->x->remote) { /* forwarded as chat messages */
+        rc = task_submit_upstream(c, msgs, msg, &gp, &type_ops, j, e) ? 0 : -1;
+        msgs = NULL; /* taken */
+    } else if (rc == 0) {
         lms_request r = genparams_request(&gp, toks, n);
         rc = task_submit(c, &r, &type_ops, j, e) ? 0 : -1;
     }
@@ -176,7 +179,6 @@ static int start(conn *c, const json_t *msg, const char *sid, reqerr *e)
     return rc;
 }
 
-static int type_again(conn *c, json_t *msg);
 
 static void generate(conn *c, const json_t *msg, const char *sid)
 {
@@ -193,7 +195,7 @@ static void generate(conn *c, const json_t *msg, const char *sid)
         return;
     }
     reqerr e;
-    int picked = pick_expert(c, (json_t *)msg, type_again, &e);
+    int picked = pick_expert(c, (json_t *)msg, ws_type_again, &e);
     if (picked > 0 && start(c, msg, sid, &e) < 0)
         picked = -1;
     if (picked < 0)
@@ -201,7 +203,7 @@ static void generate(conn *c, const json_t *msg, const char *sid)
 }
 
 /* A generate parked while its model loaded, handled again. */
-static int type_again(conn *c, json_t *msg)
+int ws_type_again(conn *c, json_t *msg)
 {
     ws_type_handle(c, msg);
     return 0;
@@ -265,9 +267,8 @@ static int adapter_again(conn *c, json_t *msg)
 static void abort_sessions(conn *c, const char *sid)
 {
     for (task *t = c->tasks; t; t = t->c_next)
-        if (t->ops == &type_ops && t->x->sched &&
-            (!sid || !strcmp(((type_job *)t->state)->sid, sid)))
-            lms_sched_abort(t->x->sched, t->id); /* "done" follows */
+        if (t->ops == &type_ops && (!sid || !strcmp(((type_job *)t->state)->sid, sid)))
+            task_abort(t); /* "done" follows */
 }
 
 static void pong(conn *c, const json_t *msg)

@@ -1,0 +1,272 @@
+#!/usr/bin/env bash
+# Remote experts: one lmserv (the tiny test model, --api-key) is the
+# upstream; a second lmserv (--config) serves it as expert "far" next to a
+# local expert, plus "badkey" (the same upstream, a wrong key from
+# api_key_env), "down" (nothing listens) and experts on fake_openai.py (an
+# upstream that answers in one JSON body, too slowly, with an error or
+# garbage mid-stream, or quoting the key). Greedy answers through "far"
+# equal the upstream's own, streamed and not, in chat and completions,
+# Ollama's routes and both WebSocket dialects, usage included; errors name
+# the expert (401 passes, a dead upstream is 502, a slow one 504); closing
+# a streamed request aborts the upstream's; /v1/models, /stats and
+# /metrics show "far" as remote; the key shows nowhere (listings, log,
+# errors).
+. "$(dirname "$0")/lib.sh"
+T=$(mktemp -d)
+# libcurl (the servers' and ours) follows http_proxy: keep local traffic local
+export no_proxy=127.0.0.1,localhost NO_PROXY=127.0.0.1,localhost
+KEY="sk-test-$(date +%s%N)"
+UP_PID="" UP_LOG="" FAKE_PID=""
+trap 'cleanup; [ -n "$UP_PID" ] && kill -KILL "$UP_PID" 2>/dev/null;
+      [ -n "$FAKE_PID" ] && kill -KILL "$FAKE_PID" 2>/dev/null;
+      [ -n "$UP_LOG" ] && [ -z "${KEEP_LOG:-}" ] && rm -f "$UP_LOG"; rm -rf "$T"' EXIT
+
+# ---- a misbehaving upstream (fake_openai.py) ------------------------------------------
+python3 "$(dirname "$0")/fake_openai.py" >"$T/fake.port" 2>/dev/null &
+FAKE_PID=$!
+for _ in $(seq 100); do [ -s "$T/fake.port" ] && break; sleep 0.05; done
+FAKE="http://127.0.0.1:$(cat "$T/fake.port")/v1"
+
+# ---- upstream ------------------------------------------------------------------
+start_server --api-key "$KEY" -c 8192
+UP_PID=$SRV_PID UP_BASE=$BASE UP_LOG=$LOG
+SRV_PID="" LOG=""
+curl -s -H "Authorization: Bearer $KEY" "$UP_BASE/v1/models" >"$T/upmodels"
+UP_MODEL=$(py "$T/upmodels" "d['data'][0]['id']")
+[ -n "$UP_MODEL" ] || die "the upstream lists no model"
+
+cat >"$T/cfg.json" <<JSON
+{"experts": [
+  {"expert_id": "local", "model_path": "$MODEL", "domain": "stories"},
+  {"expert_id": "far", "endpoint": "$UP_BASE/v1/", "api_key": "$KEY", "remote_model": "$UP_MODEL",
+   "domain": "far away", "timeout_s": 30},
+  {"expert_id": "badkey", "endpoint": "$UP_BASE/v1", "api_key_env": "LMS_TEST_BAD_KEY"},
+  {"expert_id": "down", "endpoint": "http://127.0.0.1:1/v1"},
+  {"expert_id": "json", "endpoint": "$FAKE", "api_key": "fake-key"},
+  {"expert_id": "slow", "endpoint": "$FAKE", "timeout_s": 1},
+  {"expert_id": "midfail", "endpoint": "$FAKE"},
+  {"expert_id": "garbage", "endpoint": "$FAKE"},
+  {"expert_id": "echokey", "endpoint": "$FAKE", "api_key": "fake-secret-key"}],
+ "router": {"default": "local"}}
+JSON
+LMS_TEST_BAD_KEY=wrong-key start_serve --config "$T/cfg.json" -c 512
+
+up() { # METHOD PATH [curl args]: to the upstream directly
+    local m=$1 p=$2
+    shift 2
+    curl -s -X "$m" -o "$T/up" -w '%{http_code}' "$UP_BASE$p" -H "Authorization: Bearer $KEY" "$@" \
+        >"$T/upcode"
+}
+
+# ---- listing --------------------------------------------------------------------------
+req GET /v1/models
+check "models 200" eq "$(code)" 200
+check "far is remote" eq "$(py "$T/out" "[m['lmserv']['state'] for m in d['data'] if m['id']=='far'][0]")" remote
+check "far's endpoint" eq "$(py "$T/out" "[m['lmserv']['endpoint'] for m in d['data'] if m['id']=='far'][0]")" \
+    "$UP_BASE/v1"
+check "no key in /v1/models" eval "! grep -q -- '$KEY' '$T/out'"
+
+# ---- chat, not streamed ------------------------------------------------------------------
+CHAT='"messages":[{"role":"user","content":"Once upon a time"}],"temperature":0,"max_tokens":24'
+up POST /v1/chat/completions -d "{\"model\":\"$UP_MODEL\",$CHAT}"
+check "upstream chat 200" eq "$(cat "$T/upcode")" 200
+WANT=$(py "$T/up" "d['choices'][0]['message']['content']")
+WANT_USAGE=$(py "$T/up" "(d['usage']['prompt_tokens'], d['usage']['completion_tokens'])")
+check "upstream said something" test -n "$WANT"
+req POST /v1/chat/completions -d "{\"model\":\"far\",$CHAT}"
+check "far chat 200" eq "$(code)" 200
+check "far chat text" eq "$(py "$T/out" "d['choices'][0]['message']['content']")" "$WANT"
+check "far chat model" eq "$(py "$T/out" "d['model']")" far
+check "far chat usage" eq "$(py "$T/out" "(d['usage']['prompt_tokens'], d['usage']['completion_tokens'])")" \
+    "$WANT_USAGE"
+check "far chat finish" eq "$(py "$T/out" "d['choices'][0]['finish_reason']")" \
+    "$(py "$T/up" "d['choices'][0]['finish_reason']")"
+
+# ---- chat, streamed ------------------------------------------------------------------------
+sse_text() { # FILE KIND: the streamed text (chat deltas or completion text) and the usage
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+text, usage, done = "", None, False
+for line in open(sys.argv[1]):
+    line = line.strip()
+    if not line.startswith("data: "):
+        continue
+    p = line[6:]
+    if p == "[DONE]":
+        done = True
+        continue
+    o = json.loads(p)
+    for c in o.get("choices", []):
+        text += (c.get("delta", {}).get("content") or "") if sys.argv[2] == "chat" else c.get("text", "")
+    if o.get("usage"):
+        usage = (o["usage"]["prompt_tokens"], o["usage"]["completion_tokens"])
+print(json.dumps([text, usage, done]))
+PY
+}
+req POST /v1/chat/completions -d "{\"model\":\"far\",\"stream\":true,\"stream_options\":{\"include_usage\":true},$CHAT}"
+check "far chat stream 200" eq "$(code)" 200
+GOT=$(sse_text "$T/out" chat)
+check "far chat stream text" eq "$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])[0])' "$GOT")" "$WANT"
+check "far chat stream usage+done" eq "$(python3 -c 'import json,sys; v=json.loads(sys.argv[1]); print((tuple(v[1]) if v[1] else None, v[2]))' "$GOT")" \
+    "($WANT_USAGE, True)"
+
+CHAT_WANT=$WANT
+
+# ---- Ollama's /api/chat and /api/generate ---------------------------------------------------
+OPTS='"options":{"temperature":0,"num_predict":24}'
+req POST /api/chat -d "{\"model\":\"far\",\"stream\":false,\"messages\":[{\"role\":\"user\",\"content\":\"Once upon a time\"}],$OPTS}"
+check "ollama chat 200" eq "$(code)" 200
+check "ollama chat text" eq "$(py "$T/out" "d['message']['content']")" "$CHAT_WANT"
+check "ollama chat counts" eq "$(py "$T/out" "(d['prompt_eval_count'], d['eval_count'], d['done'])")" \
+    "${WANT_USAGE%)}, True)"
+req POST /api/generate -d "{\"model\":\"far\",\"prompt\":\"Once upon a time\",$OPTS}"
+check "ollama generate stream 200" eq "$(code)" 200
+check "ollama generate stream text" eq "$(python3 -c 'import json,sys; print("".join(json.loads(l).get("response","") for l in open(sys.argv[1]) if l.strip()))' "$T/out")" "$CHAT_WANT"
+check "ollama generate done" eq "$(tail -1 "$T/out" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["done"], d["eval_count"])')" "True 24"
+req POST /api/chat -d "{\"model\":\"down\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
+check "ollama down: 502" eq "$(code)" 502
+check "ollama down: names it" eval "grep -q \"expert 'down'\" '$T/out'"
+
+# ---- the WebSocket dialects (with node) -------------------------------------------------------
+if command -v node >/dev/null && [ -d "$E2E_DIR/node_modules/ws" ]; then
+    R=$(cd "$E2E_DIR" && PORT="$PORT" timeout 60 node --input-type=module -e '
+import { Client } from "./wsclient.mjs";
+const c = await Client.open(`ws://127.0.0.1:${process.env.PORT}/ws`);
+const out = {};
+c.send(JSON.stringify({op: "infer", model: "far", prompt: "Once upon a time",
+                       params: {temp: 0, max_tokens: 24}}));
+let text = "";
+for (;;) {
+    const m = await c.next((j) => ["token", "end", "error"].includes(j.op));
+    if (m.op === "token") { text += m.content; continue; }
+    out.op = m.op === "end" ? [text, m.stats.tokens] : ["error", m.message];
+    break;
+}
+c.send(JSON.stringify({type: "generate", model: "far", session_id: "s1", max_tokens: 24,
+                       temperature: 0, messages: [{role: "user", content: "Once upon a time"}]}));
+let m = await c.next((j) => ["done", "error"].includes(j.type));
+out.type = m.type === "done" ? m.content : "error: " + m.message;
+c.send(JSON.stringify({type: "generate", model: "down", session_id: "s2", prompt: "hi"}));
+m = await c.next((j) => ["done", "error"].includes(j.type));
+out.down = m.type === "error" ? m.message : "not an error";
+c.send(JSON.stringify({op: "infer", model: "far", prompt: "Once",
+                       params: {max_tokens: 8000, ignore_eos: true, temp: 0}}));
+await c.next((j) => j.op === "token");
+c.send(JSON.stringify({op: "abort"}));
+m = await c.next((j) => ["end", "error"].includes(j.op));
+out.abort = m.op === "end" ? m.finish_reason : "error";
+console.log(JSON.stringify(out));
+c.close();
+')
+    check "ws op: same text, 24 tokens" eq "$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["op"])' "$R")" \
+        "$(python3 -c 'import sys; print([sys.argv[1], 24])' "$CHAT_WANT")"
+    check "ws type: same text" eq "$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["type"])' "$R")" "$CHAT_WANT"
+    check "ws op: abort ends it" eq "$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["abort"])' "$R")" abort
+    ws_down() { printf '%s' "$R" | grep -q "\"down\":\"expert 'down'"; }
+    check "ws type: down names it" ws_down
+else
+    echo "  (no node: the WebSocket checks are skipped)"
+fi
+
+# ---- completions -------------------------------------------------------------------------------
+CMPL='"prompt":"The little dog","temperature":0,"max_tokens":20'
+up POST /v1/completions -d "{\"model\":\"$UP_MODEL\",$CMPL}"
+WANT=$(py "$T/up" "d['choices'][0]['text']")
+WANT_USAGE=$(py "$T/up" "(d['usage']['prompt_tokens'], d['usage']['completion_tokens'])")
+req POST /v1/completions -d "{\"model\":\"far\",$CMPL}"
+check "far completion 200" eq "$(code)" 200
+check "far completion text" eq "$(py "$T/out" "d['choices'][0]['text']")" "$WANT"
+check "far completion usage" eq "$(py "$T/out" "(d['usage']['prompt_tokens'], d['usage']['completion_tokens'])")" \
+    "$WANT_USAGE"
+req POST /v1/completions -d "{\"model\":\"far\",\"stream\":true,$CMPL}"
+check "far completion stream" eq "$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])[0])' "$(sse_text "$T/out" completion)")" "$WANT"
+req POST /v1/completions -d "{\"model\":\"far\",\"n\":2,\"prompt\":[\"a\",\"b\"],\"temperature\":0,\"max_tokens\":4}"
+check "far: 2 prompts x n 2" eq "$(py "$T/out" "sorted(c['index'] for c in d['choices'])")" "[0, 1, 2, 3]"
+
+# ---- the router may choose a remote expert ---------------------------------------------------------
+req POST /v1/chat/completions -d '{"messages":[{"role":"user","content":"far away"}],"max_tokens":4}'
+check "routed to far" eq "$(code) $(py "$T/out" "d['model']")" "200 far"
+
+# ---- what stays local ----------------------------------------------------------------------------
+req POST /v1/embeddings -d '{"model":"far","input":"hi"}'
+check "far embeddings 400" eq "$(code)" 400
+check "names the remote expert" eval "grep -q \"'far' is a remote expert\" '$T/out'"
+req POST /v1/chat/completions -d "{\"model\":\"far\",\"logprobs\":true,$CHAT}"
+check "far logprobs 400" eq "$(code)" 400
+
+# ---- errors ------------------------------------------------------------------------------------------
+req POST /v1/chat/completions -d "{\"model\":\"down\",$CHAT}"
+check "down: 502" eq "$(code)" 502
+check "down: names it" eval "grep -q \"expert 'down'\" '$T/out'"
+req POST /v1/chat/completions -d "{\"model\":\"down\",\"stream\":true,$CHAT}"
+check "down streamed: 502" eq "$(code)" 502
+req POST /v1/chat/completions -d "{\"model\":\"badkey\",$CHAT}"
+check "wrong key: 401" eq "$(code)" 401
+check "wrong key: names it" eval "grep -q \"expert 'badkey'\" '$T/out'"
+check "wrong key: not shown" eval "! grep -q wrong-key '$T/out' '$LOG'"
+
+# ---- odd upstreams -------------------------------------------------------------------------------------
+req POST /v1/chat/completions -d '{"model":"json","n":1,"lora":[],"messages":[{"role":"user","content":"hi"}]}'
+check "whole JSON answer" eq "$(py "$T/out" "(d['choices'][0]['message']['content'], d['choices'][0]['finish_reason'], d['usage']['prompt_tokens'])")" \
+    "('whole answer', 'length', 7)"
+curl -s "${FAKE%/v1}/last" >"$T/last"
+check "sent upstream: model, stream, usage asked, ours removed, key" eq \
+    "$(py "$T/last" "(d['path'], d['body']['model'], d['body']['stream'], d['body']['stream_options'], 'n' in d['body'], 'lora' in d['body'], d['auth'])")" \
+    "('/v1/chat/completions', 'json', True, {'include_usage': True}, False, False, 'Bearer fake-key')"
+req POST /v1/chat/completions -d '{"model":"slow","messages":[{"role":"user","content":"hi"}]}'
+check "too slow: 504" eq "$(code)" 504
+check "too slow: names it" eval "grep -q \"expert 'slow'\" '$T/out'"
+req POST /v1/chat/completions -d '{"model":"midfail","stream":true,"messages":[{"role":"user","content":"hi"}]}'
+check "error mid-stream: in the stream" eval "grep -q 'boom in the middle' '$T/out' && grep -q 'DONE' '$T/out'"
+req POST /v1/chat/completions -d '{"model":"garbage","messages":[{"role":"user","content":"hi"}]}'
+check "not JSON: 502" eq "$(code)" 502
+req POST /v1/chat/completions -d '{"model":"echokey","messages":[{"role":"user","content":"hi"}]}'
+check "a quoted key is masked" eq "$(code) $(grep -c fake-secret-key "$T/out") $(grep -c 'refused Bearer \*\*\*' "$T/out")" "401 0 1"
+
+# ---- abort: the client goes, the upstream request stops --------------------------------------------------
+aborted() { # the upstream's aborted requests
+    up GET /stats
+    py "$T/up" "d['requests']['abort']"
+}
+sleep 0.3 # the WebSocket abort above has reached the upstream
+A0=$(aborted)
+curl -s -N --max-time 0.3 "$BASE/v1/completions" -d \
+    '{"model":"far","stream":true,"prompt":"Once","max_tokens":8000,"ignore_eos":true,"temperature":0}' \
+    >/dev/null 2>&1
+ok=0
+for _ in $(seq 100); do
+    [ "$(aborted)" -gt "$A0" ] 2>/dev/null && { ok=1; break; }
+    sleep 0.05
+done
+check "abort reaches the upstream" test "$ok" = 1
+req GET /stats
+check "stats: far counts its abort" test "$(py "$T/out" "[m['remote']['aborted'] for m in d['models'] if m['id']=='far'][0]")" -ge 1
+check "no key in /stats" eval "! grep -q -- '$KEY' '$T/out'"
+req GET /metrics
+check "metrics: far is remote" grep -q '^lmserv_model_state{model="far",state="remote"} 1' "$T/out"
+check "metrics: far's requests" grep -Eq '^lmserv_model_requests_total\{model="far"\} [1-9]' "$T/out"
+check "no key in /metrics" eval "! grep -q -- '$KEY' '$T/out'"
+check "no key in the log" eval "! grep -q -- '$KEY' '$LOG'"
+
+# ---- config errors name the field -------------------------------------------------------------------------
+bad_cfg() { # JSON, expected text in the error
+    echo "$1" >"$T/bad.json"
+    "$LMSERV" serve --config "$T/bad.json" --port 0 >"$T/bad.out" 2>&1 && return 1
+    grep -q -- "$2" "$T/bad.out" || { echo "    $(tail -1 "$T/bad.out")"; return 1; }
+}
+check "endpoint + model_path" bad_cfg \
+    '{"experts":[{"expert_id":"a","endpoint":"http://h/v1","model_path":"x.gguf"}]}' \
+    "experts\[0\].model_path: cannot be given with endpoint"
+check "ftp endpoint" bad_cfg '{"experts":[{"expert_id":"a","endpoint":"ftp://h/v1"}]}' \
+    "experts\[0\].endpoint: must start with http"
+check "api_key without endpoint" bad_cfg \
+    "{\"experts\":[{\"expert_id\":\"a\",\"model_path\":\"$MODEL\",\"api_key\":\"k\"}]}" \
+    "experts\[0\].api_key: is only for an expert with 'endpoint'"
+
+stop_server
+check "downstream exits 0" eq "$SRV_RC" 0
+kill -TERM "$UP_PID" && wait "$UP_PID"
+UP_PID=""
+kill "$FAKE_PID"
+FAKE_PID=""
+finish
