@@ -633,7 +633,11 @@ int fwd_gpu_create(lms_ctx *c, int32_t n_blocks, char *err, size_t errsz)
             fprintf(stderr, "lmserv: %s; running on the CPU\n", err);
             return 0;
         }
-        if (rc == 0 && c->p.gpu_layers == LMS_GPU_LAYERS_AUTO)
+        if (rc == 0 && c->p.gpu_layers == LMS_GPU_LAYERS_AUTO && c->m->hp.n_layer > 0 &&
+            !layer_supported(&c->m->layers[0]))
+            fprintf(stderr, "lmserv: layer 0 has a tensor type the CUDA kernels lack (IQ4_NL and "
+                            "IQ4_XS run on the CPU only); running on the CPU\n");
+        else if (rc == 0 && c->p.gpu_layers == LMS_GPU_LAYERS_AUTO)
             fprintf(stderr, "lmserv: no layer fits in the usable VRAM (%.0f MiB); running on the "
                             "CPU\n",
                     (double)c->plan.usable_bytes / (1 << 20));

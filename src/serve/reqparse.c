@@ -230,7 +230,8 @@ void genparams_deinit(genparams *gp)
 
 json_t *reqparse_upstream(const json_t *o)
 {
-    static const char *const same[] = {"temperature", "top_p", "top_k", "min_p",
+    static const char *const same[] = {"temperature", "top_p", "top_k", "min_p", "typical_p",
+                                       "mirostat", "mirostat_tau", "mirostat_eta",
                                        "repeat_penalty", "presence_penalty", "frequency_penalty",
                                        "seed", "stop", "ignore_eos", "logit_bias", NULL};
     static const char *const max[] = {"max_tokens", "max_completion_tokens", "n_predict", NULL};
@@ -330,6 +331,9 @@ static int parse_floats(const json_t *o, lms_sampler_params *sp, reqerr *e)
         {"repeat_penalty", 1e-6, 10, &sp->repeat_penalty},
         {"presence_penalty", -2, 2, &sp->presence_penalty},
         {"frequency_penalty", -2, 2, &sp->frequency_penalty},
+        {"typical_p", 1e-6, 1, &sp->typical_p},
+        {"mirostat_tau", 0, 100, &sp->mirostat_tau},
+        {"mirostat_eta", 0, 10, &sp->mirostat_eta},
     };
     for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++) {
         rc = reqparse_num(o, fl[i].key, fl[i].lo, fl[i].hi, &d, e);
@@ -387,6 +391,10 @@ int reqparse_gen(const json_t *o, genparams *gp, reqerr *e)
         return -1;
     if (rc)
         gp->sp.penalty_last_n = (int32_t)x;
+    if ((rc = reqparse_int(o, "mirostat", 0, 2, &x, e)) < 0) /* 0 off, 1 or 2: the version */
+        return -1;
+    if (rc)
+        gp->sp.mirostat = (int32_t)x;
     if ((rc = reqparse_int(o, "seed", INT64_MIN, INT64_MAX, &x, e)) < 0)
         return -1;
     if (rc && x != -1) {

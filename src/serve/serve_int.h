@@ -118,7 +118,8 @@ typedef struct genparams {
     int n_loras;
 } genparams;
 
-/* Reads temperature (or `temp`), top_k, top_p, min_p, repeat_penalty,
+/* Reads temperature (or `temp`), top_k, top_p, min_p, typical_p, mirostat
+ * (with mirostat_tau, mirostat_eta), repeat_penalty,
  * repeat_last_n, presence_penalty, frequency_penalty, seed, max_tokens (or
  * max_completion_tokens, n_predict), stop, ignore_eos, logit_bias and
  * timeout (seconds, the request's deadline) from o. Unknown

@@ -64,7 +64,8 @@ static void test_typed_fields(void **state)
 static void test_genparams(void **state)
 {
     json_t *o = parse_ok("{\"temp\":0.5,\"top_k\":7,\"top_p\":0.9,\"seed\":42,\"max_tokens\":9,"
-                         "\"stop\":[\"a\",\"\",\"bc\"],\"ignore_eos\":true,\"unknown\":{}}");
+                         "\"stop\":[\"a\",\"\",\"bc\"],\"ignore_eos\":true,\"unknown\":{},"
+                         "\"typical_p\":0.7,\"mirostat\":2,\"mirostat_tau\":3,\"mirostat_eta\":0.2}");
     genparams gp;
     reqerr e;
     genparams_init(&gp, 1);
@@ -77,6 +78,8 @@ static void test_genparams(void **state)
     assert_int_equal(gp.n_stop, 2); /* the empty one is dropped */
     assert_string_equal(gp.stop[1], "bc");
     assert_true(gp.ignore_eos);
+    assert_true(gp.sp.typical_p == 0.7f && gp.sp.mirostat == 2);
+    assert_true(gp.sp.mirostat_tau == 3.0f && gp.sp.mirostat_eta == 0.2f);
     genparams_deinit(&gp);
     json_decref(o);
 
@@ -89,6 +92,8 @@ static void test_genparams(void **state)
         {"{\"temperature\":-1}", "temperature"},
         {"{\"top_k\":-3}", "top_k"},
         {"{\"presence_penalty\":5}", "presence_penalty"},
+        {"{\"mirostat\":3}", "mirostat"},
+        {"{\"typical_p\":0}", "typical_p"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         o = parse_ok(bad[i][0]);
