@@ -109,6 +109,7 @@ struct gen_job {
     json_t *lp;                /* non-streamed logprobs (chat: content array; legacy object) */
     size_t text_off;           /* legacy logprobs text_offset */
     const char *echo;          /* completions: its prompt's text to echo, or NULL */
+    size_t echo_len;
     size_t sent;               /* streamed with tools: bytes of text sent as content */
     size_t plp_off;            /* prompt log-probabilities: text offset of the next token */
     const char *finish;        /* after a normal end: the finish reason */
@@ -183,6 +184,21 @@ static json_t *legacy_lp_new(void)
     return o;
 }
 
+/* The bytes a prompt token's piece (n bytes) spans in the echoed text from
+ * j->plp_off: all of them where the text has them; one fewer for a
+ * leading space the detokenizer dropped (SentencePiece's first word);
+ * none for a control token (its piece is empty); never past the end. So
+ * text_offset points into the text the response returns. */
+static size_t echo_span(const gen_job *j, const char *p, size_t n)
+{
+    const size_t at = j->plp_off, left = j->echo_len - at;
+    if (n <= left && !memcmp(j->echo + at, p, n))
+        return n;
+    if (n > 0 && p[0] == ' ' && n - 1 <= left && !memcmp(j->echo + at, p + 1, n - 1))
+        return n - 1;
+    return n < left ? n : left;
+}
+
 /* Legacy logprobs of echoed prompts: the first token with null entries
  * (nothing comes before it), then one entry per LMS_EV_PROMPT. */
 static void prompt_lp_first(const lms_model *m, gen_job *j, int32_t tok)
@@ -193,14 +209,15 @@ static void prompt_lp_first(const lms_model *m, gen_job *j, int32_t tok)
     json_array_append_new(json_object_get(j->lp, "token_logprobs"), json_null());
     json_array_append_new(json_object_get(j->lp, "top_logprobs"), json_null());
     json_array_append_new(json_object_get(j->lp, "text_offset"), json_integer(0));
-    j->plp_off = (size_t)n;
+    j->plp_off = echo_span(j, piece, (size_t)n);
 }
 
 static void prompt_lp_add(const lms_model *m, gen_job *j, const lms_event *ev)
 {
     char piece[512];
     legacy_lp_add(j->lp, m, ev, j->plp_off);
-    j->plp_off += (size_t)token_piece(m, ev->token, piece, sizeof piece);
+    const int n = token_piece(m, ev->token, piece, sizeof piece);
+    j->plp_off += echo_span(j, piece, (size_t)n);
 }
 
 /* ---- chunks -------------------------------------------------------------------------- */
@@ -873,6 +890,7 @@ static int make_jobs(const lms_model *m, gen_resp *r)
         j->r = r;
         j->index = i;
         j->echo = r->pr[i / r->n].echo;
+        j->echo_len = j->echo ? strlen(j->echo) : 0;
         if (!r->stream && r->logprobs >= 0 &&
             !(j->lp = r->kind == JOB_CHAT ? json_array() : legacy_lp_new()))
             return -1;

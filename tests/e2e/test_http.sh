@@ -141,6 +141,7 @@ check "echo + logprobs, max_tokens 0: the prompt, nothing generated" eq "$(py "$
 check "one entry per prompt token, the first null, the others log-probabilities" eq "$(py "$T/out" '(lambda l: len(l["token_logprobs"]) == d["usage"]["prompt_tokens"] and l["token_logprobs"][0] is None and all(x <= 0 for x in l["token_logprobs"][1:]) and all(len(t) == 2 for t in l["top_logprobs"][1:]))(d["choices"][0]["logprobs"])')" True
 py "$T/out" 'd["choices"][0]["logprobs"]["token_logprobs"]' >"$T/plp"
 req POST /v1/completions -d '{"prompt":"Once upon a time","max_tokens":3,"echo":true,"logprobs":0,"temperature":0}'
+check "text_offset points into the returned text: each token's text (less a leading space) starts there, in order" eq "$(py "$T/out" '(lambda c: all(c["text"][o:].startswith(t.lstrip(" ") if o == 0 else t) for t, o in zip(c["logprobs"]["tokens"], c["logprobs"]["text_offset"])) and c["logprobs"]["text_offset"] == sorted(c["logprobs"]["text_offset"]) and c["logprobs"]["text_offset"][-3] >= len("Once upon a time") - 5)(d["choices"][0])')" True
 check "with generated tokens: the same prompt entries, then theirs" eq "$(py "$T/out" 'str(d["choices"][0]["logprobs"]["token_logprobs"][:-3]) == open(sys.argv[1][:-3] + "plp").read().strip() and len(d["choices"][0]["logprobs"]["tokens"]) == d["usage"]["prompt_tokens"] + 3')" True
 req POST /tokenize -d '{"content":"Once upon a time","add_special":true}'
 req POST /v1/completions -d "{\"prompt\":$(py "$T/out" 'json.dumps(d["tokens"])'),\"max_tokens\":0,\"echo\":true,\"logprobs\":2}"
