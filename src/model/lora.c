@@ -8,17 +8,25 @@
  * lora_b whose shapes fit the base weight, and the values are converted to
  * f32 (B transposed). The file is closed before returning: the adapter
  * owns plain memory only.
+ *
+ * PEFT adapters (safetensors.c reads the tensors) are first translated to
+ * the GGUF names and layout (lora.h's table) and then go through the same
+ * checks and conversion, so both forms of one adapter load to the same
+ * values.
  */
 #include "model/lora.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "base/err.h"
 #include "kernels/kernels.h"
 #include "model/gguf.h"
+#include "model/safetensors.h"
 
 #define LORA_MAX_RANK 8192
 
@@ -168,7 +176,9 @@ static void want_shapes(const lms_weight *w, bool embd, int64_t r, int64_t a[2],
 /* ---- loading ------------------------------------------------------------------------ */
 
 typedef struct lora_loader {
-    const gguf_file *f;
+    const gguf_file *f;      /* GGUF metadata; NULL for PEFT adapters */
+    const gguf_tensor *ts;   /* the adapter's tensors, GGUF names and layout */
+    uint64_t n_ts;
     const lms_model *m;
     const char *file;        /* for messages */
     char *err;
@@ -225,8 +235,8 @@ static int map_tensors(lora_loader *L)
 {
     const int32_t nl = L->m->hp.n_layer;
     char base[256];
-    for (uint64_t i = 0; i < L->f->n_tensors; i++) {
-        const gguf_tensor *t = &L->f->tensors[i];
+    for (uint64_t i = 0; i < L->n_ts; i++) {
+        const gguf_tensor *t = &L->ts[i];
         const char *name = t->name.p;
         const size_t n = t->name.n;
         bool is_a = ends_with(name, n, ".lora_a"), is_b = ends_with(name, n, ".lora_b");
@@ -275,7 +285,7 @@ static int check_pair(lora_loader *L, int32_t slot, int32_t *rank)
                         "lora '%s': tensor '%s.%s' is missing (its pair '%s.%s' is present)",
                         L->file, wname, L->a_of[slot] < 0 ? "lora_a" : "lora_b", wname,
                         L->a_of[slot] < 0 ? "lora_b" : "lora_a");
-    const gguf_tensor *ta = &L->f->tensors[L->a_of[slot]], *tb = &L->f->tensors[L->b_of[slot]];
+    const gguf_tensor *ta = &L->ts[L->a_of[slot]], *tb = &L->ts[L->b_of[slot]];
     const lms_weight *w = base_weight(L->m, slot);
     const bool embd = slot == slot_embd(nl);
     const int64_t r = tb->ne[0];
@@ -330,7 +340,7 @@ static int to_f32(lora_loader *L, const gguf_tensor *t, float *out)
 /* Fills pair p of slot from its tensors (rank already checked). */
 static int load_pair(lora_loader *L, lms_lora *l, int32_t slot, int32_t rank, lms_lora_pair *p)
 {
-    const gguf_tensor *ta = &L->f->tensors[L->a_of[slot]], *tb = &L->f->tensors[L->b_of[slot]];
+    const gguf_tensor *ta = &L->ts[L->a_of[slot]], *tb = &L->ts[L->b_of[slot]];
     const lms_weight *w = base_weight(L->m, slot);
     const bool embd = slot == slot_embd(L->m->hp.n_layer);
     p->rank = rank;
@@ -396,7 +406,7 @@ static uint64_t content_id(const lms_lora *l)
 static int load_all(lora_loader *L, lms_lora *l)
 {
     const int32_t nl = L->m->hp.n_layer, ns = n_slots(nl);
-    int rc = check_meta(L, l);
+    int rc = L->f ? check_meta(L, l) : 0;
     if (rc < 0)
         return rc;
     l->slot = malloc((size_t)ns * sizeof *l->slot);
@@ -432,29 +442,33 @@ static int load_all(lora_loader *L, lms_lora *l)
     return 0;
 }
 
-/* Loads from an opened file; closes it. */
-static int load_from(gguf_file *f, const char *file, const char *path, const lms_model *base,
-                     lms_lora **out, char *err, size_t errsz)
+/* Loads the tensors L->ts (GGUF names and layout; with L->f, the GGUF
+ * file's metadata is checked too, else alpha is the caller's) into a new
+ * adapter named after file. */
+static int load_core(lora_loader *L, const char *path, float alpha, lms_lora **out)
 {
     lms_lora *l = calloc(1, sizeof *l);
     char *p = strdup(path);
     if (!l || !p) {
         free(l);
         free(p);
-        gguf_close(f);
-        return lms_errf(err, errsz, LMS_ERR_NOMEM, "lora '%s': out of memory", file);
+        return lms_errf(L->err, L->errsz, LMS_ERR_NOMEM, "lora '%s': out of memory", L->file);
     }
     l->refs = 1;
     l->path = p;
-    l->n_layer = base->hp.n_layer;
-    snprintf(l->arch, sizeof l->arch, "%s", base->hp.arch);
-    const char *slash = strrchr(file, '/');
-    snprintf(l->name, sizeof l->name, "%s", slash ? slash + 1 : file);
-    lora_loader L = {.f = f, .m = base, .file = file, .err = err, .errsz = errsz};
-    int rc = load_all(&L, l);
-    free(L.a_of);
-    free(L.b_of);
-    gguf_close(f);
+    l->alpha = alpha;
+    l->n_layer = L->m->hp.n_layer;
+    snprintf(l->arch, sizeof l->arch, "%s", L->m->hp.arch);
+    size_t n = strlen(L->file);
+    while (n > 1 && L->file[n - 1] == '/') /* "dir/adapter/": named "adapter" */
+        n--;
+    size_t b = n;
+    while (b > 0 && L->file[b - 1] != '/')
+        b--;
+    snprintf(l->name, sizeof l->name, "%.*s", (int)(n - b), L->file + b);
+    int rc = load_all(L, l);
+    free(L->a_of);
+    free(L->b_of);
     if (rc < 0) {
         lora_free(l);
         return rc;
@@ -463,8 +477,360 @@ static int load_from(gguf_file *f, const char *file, const char *path, const lms
     return 0;
 }
 
+/* Loads from an opened GGUF file; closes it. */
+static int load_from(gguf_file *f, const char *file, const char *path, const lms_model *base,
+                     lms_lora **out, char *err, size_t errsz)
+{
+    lora_loader L = {.f = f, .ts = f->tensors, .n_ts = f->n_tensors, .m = base, .file = file,
+                     .err = err, .errsz = errsz};
+    int rc = load_core(&L, path, 0.0f, out);
+    gguf_close(f);
+    return rc;
+}
+
+/* ---- PEFT adapters (adapter_model.safetensors + adapter_config.json) ------------ */
+
+/* PEFT module names, the first LMS_LORA_N_TARGETS in target order. */
+enum { PM_LM_HEAD = LMS_LORA_N_TARGETS, PM_EMBED, PM_N };
+static const char *const peft_modules[PM_N] = {
+    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+    "lm_head", "embed_tokens",
+};
+
+typedef struct peft_config {
+    int32_t r;
+    float alpha;        /* as lora.c uses it: factor = alpha / r */
+    unsigned targets;   /* bit per peft_modules entry */
+} peft_config;
+
+static int cfg_err(lora_loader *L, int code, const char *what, const char *detail)
+{
+    return lms_errf(L->err, L->errsz, code, "lora '%s': adapter_config.json: %s%s", L->file,
+                    what, detail);
+}
+
+/* A module name of target_modules to its bits (0: unknown). */
+static unsigned module_bits(const char *s)
+{
+    if (!strcmp(s, "all-linear")) /* PEFT: every linear layer but the output head */
+        return (1u << LMS_LORA_N_TARGETS) - 1;
+    for (int k = 0; k < PM_N; k++)
+        if (!strcmp(s, peft_modules[k]))
+            return 1u << k;
+    return 0;
+}
+
+/* Reads and checks adapter_config.json. */
+static int read_config(lora_loader *L, const char *path, peft_config *c)
+{
+    json_error_t je;
+    json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!j) {
+        char d[512];
+        if (je.line > 0) /* a parse error; else jansson's text names the file */
+            snprintf(d, sizeof d, "%.160s (line %d, column %d)", je.text, je.line, je.column);
+        else
+            snprintf(d, sizeof d, "%.160s", je.text);
+        return cfg_err(L, LMS_ERR_FORMAT, "cannot read: ", d);
+    }
+    int rc = 0;
+    const json_t *v;
+    char d[256];
+    if (!json_is_object(j)) {
+        rc = cfg_err(L, LMS_ERR_FORMAT, "not a JSON object", "");
+        goto out;
+    }
+    v = json_object_get(j, "peft_type");
+    if (v && (!json_is_string(v) || strcmp(json_string_value(v), "LORA") != 0)) {
+        rc = cfg_err(L, LMS_ERR_UNSUPPORTED, "peft_type is not \"LORA\"", "");
+        goto out;
+    }
+    v = json_object_get(j, "r");
+    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > LORA_MAX_RANK) {
+        snprintf(d, sizeof d, "%d]", LORA_MAX_RANK);
+        rc = cfg_err(L, LMS_ERR_FORMAT, "r is missing or not an integer in [1, ", d);
+        goto out;
+    }
+    c->r = (int32_t)json_integer_value(v);
+    v = json_object_get(j, "lora_alpha");
+    double alpha = json_number_value(v);
+    if (!json_is_number(v) || !(alpha > 0.0) || !isfinite((float)alpha)) {
+        rc = cfg_err(L, LMS_ERR_FORMAT, "lora_alpha is missing or not a positive number", "");
+        goto out;
+    }
+    /* rsLoRA scales by alpha / sqrt(r): the same as alpha * sqrt(r) / r */
+    c->alpha = json_is_true(json_object_get(j, "use_rslora")) ? (float)(alpha * sqrt(c->r))
+                                                                 : (float)alpha;
+    static const char *const refused[][2] = {
+        {"fan_in_fan_out", "fan_in_fan_out = true (Conv1D-style weights) is not supported"},
+        {"use_dora", "use_dora = true (DoRA) is not supported"},
+    };
+    for (size_t k = 0; k < sizeof refused / sizeof refused[0]; k++)
+        if (json_is_true(json_object_get(j, refused[k][0]))) {
+            rc = cfg_err(L, LMS_ERR_UNSUPPORTED, refused[k][1], "");
+            goto out;
+        }
+    static const char *const nonempty[] = {"rank_pattern", "alpha_pattern", "modules_to_save"};
+    for (size_t k = 0; k < sizeof nonempty / sizeof nonempty[0]; k++) {
+        v = json_object_get(j, nonempty[k]);
+        if ((json_is_object(v) && json_object_size(v)) || (json_is_array(v) && json_array_size(v))) {
+            rc = cfg_err(L, LMS_ERR_UNSUPPORTED, nonempty[k], " is not supported (must be empty)");
+            goto out;
+        }
+    }
+    v = json_object_get(j, "target_modules");
+    if (!v || json_is_null(v)) {
+        c->targets = (1u << PM_N) - 1; /* not stated: the tensors decide */
+    } else if (json_is_string(v) && module_bits(json_string_value(v))) {
+        c->targets = module_bits(json_string_value(v));
+    } else if (json_is_array(v)) {
+        size_t k;
+        json_t *e;
+        json_array_foreach(v, k, e) {
+            unsigned bits = json_is_string(e) ? module_bits(json_string_value(e)) : 0;
+            if (!bits) {
+                snprintf(d, sizeof d, "\"%.64s\" is not supported (q_proj, k_proj, v_proj, o_proj, "
+                         "gate_proj, up_proj, down_proj, lm_head, embed_tokens)",
+                         json_is_string(e) ? json_string_value(e) : "?");
+                rc = cfg_err(L, LMS_ERR_UNSUPPORTED, "target_modules entry ", d);
+                goto out;
+            }
+            c->targets |= bits;
+        }
+    } else {
+        rc = cfg_err(L, LMS_ERR_UNSUPPORTED, "target_modules is not a list of module names "
+                     "(regular expressions are not supported)", "");
+    }
+out:
+    json_decref(j);
+    return rc;
+}
+
+/* Parses "<digits>." at *s (canonical: no sign, no leading zero). */
+static bool eat_index(const char **s, int *out)
+{
+    const char *p = *s;
+    if (*p < '0' || *p > '9' || (p[0] == '0' && p[1] >= '0' && p[1] <= '9'))
+        return false;
+    long v = 0;
+    while (*p >= '0' && *p <= '9' && v < 1000000)
+        v = v * 10 + (*p++ - '0');
+    if (*p != '.')
+        return false;
+    *s = p + 1;
+    *out = (int)v;
+    return true;
+}
+
+static bool eat(const char **s, const char *prefix)
+{
+    size_t n = strlen(prefix);
+    if (strncmp(*s, prefix, n) != 0)
+        return false;
+    *s += n;
+    return true;
+}
+
+/* Maps a PEFT tensor name to its module (peft_modules index), whether it
+ * is lora_A, and the GGUF base weight name; -1 when it is not a LoRA
+ * tensor name PEFT writes for a llama-like model. */
+static int peft_name(const char *name, bool *is_a, char *gname, size_t n)
+{
+    const char *s = name;
+    if (!eat(&s, "base_model.model."))
+        return -1;
+    if (eat(&s, "model.embed_tokens.lora_embedding_")) {
+        if ((s[0] != 'A' && s[0] != 'B') || s[1])
+            return -1;
+        *is_a = s[0] == 'A';
+        snprintf(gname, n, "token_embd.weight");
+        return PM_EMBED;
+    }
+    int il = -1, mod = -1;
+    if (eat(&s, "lm_head.")) {
+        mod = PM_LM_HEAD;
+        snprintf(gname, n, "output.weight");
+    } else if (eat(&s, "model.layers.") && eat_index(&s, &il)) {
+        for (int k = 0; k < LMS_LORA_N_TARGETS && mod < 0; k++) {
+            const char *t = s;
+            if (eat(&t, k < LMS_LORA_GATE ? "self_attn." : "mlp.") && eat(&t, peft_modules[k]) &&
+                *t == '.') {
+                mod = k, s = t + 1;
+                snprintf(gname, n, "blk.%d.%s.weight", il, target_names[k]);
+            }
+        }
+    }
+    if (mod < 0 || !eat(&s, "lora_") || (s[0] != 'A' && s[0] != 'B') || strcmp(s + 1, ".weight"))
+        return -1;
+    *is_a = s[0] == 'A';
+    return mod;
+}
+
+/* What load_peft allocates (freed together). */
+typedef struct peft_tmp {
+    gguf_tensor *ts;
+    char (*names)[128];
+    void **copies;
+    int32_t n;
+} peft_tmp;
+
+/* Rows of t's data (rows x cols elements of esize bytes) into a new buffer:
+ * transposed (transpose), or with llama's RoPE row permutation within
+ * each of n_h heads (the row order llama.cpp's converter gives attn_q/k:
+ * new row h*hd + 2i + j = HF row h*hd + j*hd/2 + i). */
+static void *reorder(const lms_st_tensor *t, bool transpose, int32_t n_h)
+{
+    const size_t es = t->type == LMS_TYPE_F32 ? 4 : 2;
+    const size_t rows = (size_t)t->shape[0], cols = (size_t)t->shape[1];
+    uint8_t *out = malloc(t->n_bytes ? t->n_bytes : 1);
+    if (!out)
+        return NULL;
+    if (transpose) {
+        for (size_t r = 0; r < rows; r++)
+            for (size_t c = 0; c < cols; c++)
+                memcpy(out + (c * rows + r) * es, t->data + (r * cols + c) * es, es);
+        return out;
+    }
+    const size_t hd = rows / (size_t)n_h;
+    for (size_t h = 0; h < (size_t)n_h; h++)
+        for (size_t i = 0; i < hd / 2; i++)
+            for (size_t j = 0; j < 2; j++)
+                memcpy(out + (h * hd + 2 * i + j) * cols * es,
+                       t->data + (h * hd + j * (hd / 2) + i) * cols * es, cols * es);
+    return out;
+}
+
+/* Converts the safetensors tensors to GGUF-named, GGUF-laid-out tensors. */
+static int peft_tensors(lora_loader *L, const lms_st_file *sf, const peft_config *c, peft_tmp *T)
+{
+    const lms_model *m = L->m;
+    T->ts = calloc((size_t)sf->n_tensors + 1, sizeof *T->ts);
+    T->names = calloc((size_t)sf->n_tensors + 1, sizeof *T->names);
+    T->copies = calloc((size_t)sf->n_tensors + 1, sizeof *T->copies);
+    if (!T->ts || !T->names || !T->copies)
+        return lms_errf(L->err, L->errsz, LMS_ERR_NOMEM, "lora '%s': out of memory", L->file);
+    for (int32_t i = 0; i < sf->n_tensors; i++) {
+        const lms_st_tensor *st = &sf->tensors[i];
+        bool is_a = false;
+        char gname[96];
+        int mod = peft_name(st->name, &is_a, gname, sizeof gname);
+        if (mod < 0)
+            return lms_errf(L->err, L->errsz, LMS_ERR_UNSUPPORTED,
+                            "lora '%s': tensor '%s' is not a LoRA tensor this loader knows "
+                            "(base_model.model.model.layers.N.{self_attn,mlp}.*_proj.lora_A/B.weight, "
+                            "lm_head.lora_A/B.weight, model.embed_tokens.lora_embedding_A/B)",
+                            L->file, st->name);
+        if (!(c->targets >> mod & 1))
+            return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT,
+                            "lora '%s': tensor '%s': module '%s' is not in adapter_config.json "
+                            "target_modules", L->file, st->name, peft_modules[mod]);
+        if (mod == PM_LM_HEAD && m->output.data == m->tok_embd.data)
+            return lms_errf(L->err, L->errsz, LMS_ERR_UNSUPPORTED,
+                            "lora '%s': tensor '%s': the base model's lm_head is tied to "
+                            "embed_tokens, so it cannot be adapted apart", L->file, st->name);
+        if (st->n_dims != 2)
+            return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT,
+                            "lora '%s': tensor '%s' has %d dimensions, not 2", L->file, st->name,
+                            st->n_dims);
+        /* lora_A [r, n_in] (embedding: [r, n_vocab]); lora_B [n_out, r] */
+        const int64_t rank = is_a ? st->shape[0] : st->shape[1];
+        if (rank != c->r)
+            return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT,
+                            "lora '%s': tensor '%s' has rank %lld, but adapter_config.json has "
+                            "r = %d", L->file, st->name, (long long)rank, (int)c->r);
+        gguf_tensor *t = &T->ts[T->n];
+        snprintf(T->names[T->n], sizeof T->names[T->n], "%s.lora_%c", gname, is_a ? 'a' : 'b');
+        t->name.p = T->names[T->n];
+        t->name.n = strlen(t->name.p);
+        t->type = st->type;
+        t->n_dims = 2;
+        t->ne[0] = st->shape[1], t->ne[1] = st->shape[0], t->ne[2] = t->ne[3] = 1;
+        t->n_bytes = st->n_bytes;
+        t->data = st->data;
+        /* token_embd's lora_a is looked up by row: [n_vocab][r] */
+        const bool transpose = mod == PM_EMBED && is_a;
+        /* llama.cpp permutes q/k rows for RoPE on adjacent pairs (llama,
+         * mistral); lora_b holds the output rows */
+        int32_t n_h = 0;
+        if (!is_a && m->hp.rope_type == LMS_ROPE_NORM && (mod == LMS_LORA_Q || mod == LMS_LORA_K))
+            n_h = mod == LMS_LORA_Q ? m->hp.n_head : m->hp.n_head_kv;
+        if (n_h > 0 && st->shape[0] % (2 * (int64_t)n_h) != 0)
+            return lms_errf(L->err, L->errsz, LMS_ERR_INVAL,
+                            "lora '%s': tensor '%s' has %lld rows, not a whole number of "
+                            "%d heads of even size", L->file, st->name, (long long)st->shape[0],
+                            (int)n_h);
+        if (transpose || n_h > 0) {
+            void *p = reorder(st, transpose, n_h);
+            if (!p)
+                return lms_errf(L->err, L->errsz, LMS_ERR_NOMEM, "lora '%s': out of memory",
+                                L->file);
+            T->copies[T->n] = p;
+            t->data = p;
+            if (transpose)
+                t->ne[0] = st->shape[0], t->ne[1] = st->shape[1];
+        }
+        T->n++;
+    }
+    return 0;
+}
+
+/* Loads a PEFT adapter: st_path, and the adapter_config.json at cfg_path. */
+static int load_peft(const char *path, const char *st_path, const char *cfg_path,
+                     const lms_model *base, lms_lora **out, char *err, size_t errsz)
+{
+    lora_loader L = {.m = base, .file = path, .err = err, .errsz = errsz};
+    peft_config c = {0};
+    int rc = read_config(&L, cfg_path, &c);
+    if (rc < 0)
+        return rc;
+    lms_st_file *sf;
+    char serr[384];
+    if ((rc = lms_st_open(st_path, &sf, serr, sizeof serr)) < 0)
+        return lms_errf(err, errsz, rc, "lora '%s': %s", path, serr);
+    peft_tmp T = {0};
+    rc = peft_tensors(&L, sf, &c, &T);
+    if (rc == 0) {
+        L.ts = T.ts;
+        L.n_ts = (uint64_t)T.n;
+        rc = load_core(&L, path, c.alpha, out);
+    }
+    for (int32_t i = 0; T.copies && i < T.n; i++)
+        free(T.copies[i]);
+    free(T.copies);
+    free(T.names);
+    free(T.ts);
+    lms_st_close(sf);
+    return rc;
+}
+
+/* 1 with the two file paths when path is a PEFT adapter (a directory, or
+ * a .safetensors file with adapter_config.json beside it); else 0. */
+static int peft_paths(const char *path, char *st, char *cfg, size_t n)
+{
+    struct stat sb;
+    size_t len = strlen(path);
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        const char *sep = len && path[len - 1] == '/' ? "" : "/";
+        snprintf(st, n, "%s%sadapter_model.safetensors", path, sep);
+        snprintf(cfg, n, "%s%sadapter_config.json", path, sep);
+        return 1;
+    }
+    if (!ends_with(path, len, ".safetensors"))
+        return 0;
+    snprintf(st, n, "%s", path);
+    const char *slash = strrchr(path, '/');
+    if (slash)
+        snprintf(cfg, n, "%.*sadapter_config.json", (int)(slash + 1 - path), path);
+    else
+        snprintf(cfg, n, "adapter_config.json");
+    return 1;
+}
+
 int lms_lora_load(const char *path, const lms_model *base, lms_lora **out, char *err, size_t errsz)
 {
+    char st[4096], cfg[4096];
+    if (strlen(path) < sizeof st - 32 && peft_paths(path, st, cfg, sizeof st))
+        return load_peft(path, st, cfg, base, out, err, errsz);
     gguf_file *f;
     char gerr[384];
     int rc = gguf_open(path, &f, gerr, sizeof gerr);

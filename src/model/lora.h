@@ -26,6 +26,35 @@
  * Tensor types: any with a dequantizer (F32, F16, BF16, Q8_0, ...);
  * everything is converted to f32 at load (adapters are small).
  *
+ * PEFT adapters (Hugging Face) are read directly: a directory holding
+ * adapter_model.safetensors and adapter_config.json, or the .safetensors
+ * file with adapter_config.json beside it. They are mapped to the GGUF
+ * names and layout above, as llama.cpp's convert_lora_to_gguf.py would:
+ *
+ *   PEFT (HF row-major shapes)                        GGUF equivalent
+ *   ------------------------------------------------  -------------------------
+ *   base_model.model.model.layers.N.self_attn.        blk.N.attn_{q,k,v,output}
+ *     {q,k,v,o}_proj.lora_A.weight [r, n_in]            .weight.lora_a (same bytes)
+ *     ...lora_B.weight [n_out, r]                       .lora_b (q, k: rows permuted*)
+ *   ...layers.N.mlp.{gate,up,down}_proj.lora_A/B      blk.N.ffn_{gate,up,down}.weight
+ *   base_model.model.lm_head.lora_A/B.weight          output.weight (untied only)
+ *   base_model.model.model.embed_tokens.              token_embd.weight.lora_a
+ *     lora_embedding_A [r, n_vocab]                     (transposed: [n_vocab][r])
+ *     lora_embedding_B [n_embd, r]                      .lora_b (same bytes)
+ *   adapter_config.json lora_alpha                    adapter.lora.alpha
+ *
+ *   * for models whose RoPE rotates adjacent pairs (llama, mistral), the
+ *     converter stores attn_q/attn_k rows per head in the order
+ *     (i, half) instead of HF's (half, i); lora_b gets the same order.
+ *
+ * adapter_config.json: r (must equal every tensor's rank), lora_alpha > 0
+ * (scale alpha / r), use_rslora (scale alpha / sqrt(r), kept as alpha' =
+ * alpha sqrt(r)), target_modules (a list of the module names above, or
+ * "all-linear"; each tensor's module must be listed). Refused: peft_type
+ * other than LORA, fan_in_fan_out, use_dora, non-empty rank_pattern,
+ * alpha_pattern or modules_to_save, target_modules as a regex. Tensor
+ * dtypes F32, F16, BF16.
+ *
  * Lifetime: an adapter is reference counted. lms_lora_load returns it with
  * one reference (the caller's); the scheduler takes one per sequence that
  * uses it, so an adapter "unloaded" (released by its owner) while requests
@@ -62,7 +91,9 @@ typedef struct lms_lora_set {
 
 /* ---- loading and lifetime -------------------------------------------------- */
 
-/* Reads the adapter at path and checks it against base (architecture,
+/* Reads the adapter at path (a GGUF file, or a PEFT adapter: a directory,
+ * or a .safetensors file with adapter_config.json beside it) and checks
+ * it against base (architecture,
  * every pair names a weight of base, shapes, ranks, types). On failure
  * returns < 0 with a message naming the file and the tensor or key, and
  * leaves *out untouched. base is only read during the call. */

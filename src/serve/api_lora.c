@@ -97,8 +97,8 @@ int api_lora_open(lms_server *s, const lms_expert *x, const char *path, lms_lora
     if (strncmp(real, s->lora_dir, n) != 0 || (real[n] != '/' && s->lora_dir[n - 1] != '/'))
         return reqerr_set(e, 403, "path", "adapter '%.200s' is outside the adapter folder", path);
     struct stat st;
-    if (stat(real, &st) != 0 || !S_ISREG(st.st_mode))
-        return reqerr_set(e, 400, "path", "adapter '%.200s' is not a regular file", path);
+    if (stat(real, &st) != 0 || !(S_ISREG(st.st_mode) || S_ISDIR(st.st_mode)))
+        return reqerr_set(e, 400, "path", "adapter '%.200s' is not a file or a PEFT folder", path);
     char err[512];
     if (lms_lora_load(real, x->model, out, err, sizeof err) < 0)
         return reqerr_set(e, 400, "path", "%s", err);
