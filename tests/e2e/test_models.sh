@@ -78,6 +78,10 @@ check "ollama tags lists all" eq "$(py "$T/out" "len(d['models'])")" 4
 chat '"model":"chef",' "hi" &
 CHAT_PID=$!
 check "chef shows loading" wait_state chef loading
+# while chef loads (and its request waits), nothing can make room for another
+chat '"model":"coder",' "hi"
+check "every loaded expert busy: 503 at once, not a wait" eq \
+    "$(code) $(py "$T/out" "'busy' in d['error']['message']")" "503 True"
 wait "$CHAT_PID"
 check "chef answers 200" eq "$(code)" 200
 check "the answer names chef" eq "$(py "$T/out" "d['model']")" chef
