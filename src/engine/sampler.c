@@ -391,14 +391,28 @@ static int32_t sample_sorted(lms_sampler *s, int32_t m, int32_t n_cand, double r
     return tok;
 }
 
-/* Locally typical sampling over the m sorted candidates: their entropy H,
- * then the tokens whose surprise -log p is nearest H, in that order, until
- * their mass reaches typical_p; the kept ones stay in s->cands in
- * descending order. Returns how many. */
+/* A candidate's distance from typicality, for typical_filter's order. */
+typedef struct typ_rank {
+    double dist; /* |-log p - H| */
+    int32_t i;   /* its place in s->cands */
+} typ_rank;
+
+static int typ_rank_cmp(const void *a, const void *b)
+{
+    const typ_rank *x = a, *y = b;
+    if (x->dist != y->dist)
+        return x->dist < y->dist ? -1 : 1;
+    return x->i - y->i; /* ties: the more likely first */
+}
+
+/* Locally typical sampling over the m sorted candidates (the top k, or the
+ * whole vocabulary): their entropy H, then the tokens whose surprise
+ * -log p is nearest H, in that order, until their mass reaches typical_p;
+ * the kept ones stay in s->cands in descending order. Returns how many. */
 static int32_t typical_filter(lms_sampler *s, int32_t m)
 {
     double *lp = malloc((size_t)m * sizeof *lp);
-    int32_t *order = malloc((size_t)m * sizeof *order);
+    typ_rank *order = malloc((size_t)m * sizeof *order);
     bool *keep = calloc((size_t)m, sizeof *keep);
     if (!lp || !order || !keep) {
         free(lp), free(order), free(keep);
@@ -412,20 +426,13 @@ static int32_t typical_filter(lms_sampler *s, int32_t m)
         lp[i] = (double)s->cands[i].logit - best - log(sum);
         ent -= exp(lp[i]) * lp[i];
     }
-    /* insertion order by |-log p - H| (m is the top-k or the span's few) */
-    for (int32_t i = 0; i < m; i++) {
-        int32_t j = i;
-        const double d = fabs(-lp[i] - ent);
-        while (j > 0 && fabs(-lp[order[j - 1]] - ent) > d) {
-            order[j] = order[j - 1];
-            j--;
-        }
-        order[j] = i;
-    }
+    for (int32_t i = 0; i < m; i++)
+        order[i] = (typ_rank){fabs(-lp[i] - ent), i};
+    qsort(order, (size_t)m, sizeof *order, typ_rank_cmp);
     double acc = 0;
     for (int32_t i = 0; i < m; i++) {
-        keep[order[i]] = true;
-        acc += exp(lp[order[i]]);
+        keep[order[i].i] = true;
+        acc += exp(lp[order[i].i]);
         if (acc >= s->p.typical_p)
             break;
     }

@@ -87,6 +87,7 @@ start_server() {
 # start_serve ARGS...: start_server with the whole model choice given
 # (--config FILE, or -m another model).
 start_serve() {
+    [ -n "$LOG" ] && [ -z "${KEEP_LOG:-}" ] && rm -f "$LOG" # a previous server's
     LOG=$(mktemp /tmp/lmserv-e2e.XXXXXX)
     "$LMSERV" serve --host 127.0.0.1 --port 0 "$@" >"$LOG" 2>&1 &
     SRV_PID=$!

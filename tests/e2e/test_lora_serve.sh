@@ -104,7 +104,6 @@ sys.exit(0 if len(d) == 3 and d[0] == d[2] and d[0] != d[1] else 1)' "$R"
 
 stop_server
 check "clean stop" eq "$SRV_RC" "0"
-rm -f "$LOG"
 
 # a configuration's experts list their adapters ("lora": paths or {path, scale})
 cp "$MODEL" "$T/m.gguf"

@@ -30,21 +30,8 @@ cat >"$T/cfg.json" <<'JSON'
  "router": {"default": "general", "embedding_model": null}}
 JSON
 
-# start: like lib.sh's start_server, with --config instead of -m
-LOG=$T/log
-LMSERV_DEBUG_LOAD_DELAY_MS=700 "$LMSERV" serve --config "$T/cfg.json" --host 127.0.0.1 --port 0 \
-    -c 256 >"$LOG" 2>&1 &
-SRV_PID=$!
-PORT=""
-for _ in $(seq 100); do
-    PORT=$(sed -n 's|.*"server_listening".*"url":"http://127\.0\.0\.1:\([0-9]*\)".*|\1|p' "$LOG" | head -1)
-    [ -n "$PORT" ] && break
-    kill -0 "$SRV_PID" 2>/dev/null || die "the server exited at start"
-    sleep 0.05
-done
-[ -n "$PORT" ] || die "the server did not report its port"
-BASE="http://127.0.0.1:$PORT"
-wait_ready
+# loads take at least 700 ms, so the "loading" state can be seen
+LMSERV_DEBUG_LOAD_DELAY_MS=700 start_serve --config "$T/cfg.json" -c 256
 
 state() { # expert -> its state in /v1/models
     curl -s "$BASE/v1/models" >"$T/models"
@@ -150,18 +137,7 @@ c["router"]["embedding_model"] = "m3.gguf"
 c["router"]["threshold"] = 0.5
 json.dump(c, open(sys.argv[2], "w"))
 PY
-LOG=$T/log_emb
-"$LMSERV" serve --config "$T/cfg_emb.json" --host 127.0.0.1 --port 0 -c 256 >"$LOG" 2>&1 &
-SRV_PID=$!
-PORT=""
-for _ in $(seq 100); do
-    PORT=$(sed -n 's|.*"server_listening".*"url":"http://127\.0\.0\.1:\([0-9]*\)".*|\1|p' "$LOG" | head -1)
-    [ -n "$PORT" ] && break
-    sleep 0.05
-done
-[ -n "$PORT" ] || die "the embedding-router server did not start"
-BASE="http://127.0.0.1:$PORT"
-wait_ready
+start_serve --config "$T/cfg_emb.json" -c 256
 chat "" "a recipe for tomato soup"
 check "embedding router: chef" eq "$(code) $(py "$T/out" "d['model']")" "200 chef"
 chat "" "fix this javascript bug"
@@ -177,18 +153,7 @@ check "embedding router: clean exit" eq "$SRV_RC" 0
 # --- memory_threshold: a load that cannot fit is refused with the reason ------------------
 printf '{"experts":[{"expert_id":"a","model_path":"m1.gguf"}],
  "lazy_loading":{"enabled":true,"memory_threshold":1e-9}}' >"$T/mem.json"
-LOG=$T/log_mem
-"$LMSERV" serve --config "$T/mem.json" --host 127.0.0.1 --port 0 -c 256 >"$LOG" 2>&1 &
-SRV_PID=$!
-PORT=""
-for _ in $(seq 100); do
-    PORT=$(sed -n 's|.*"server_listening".*"url":"http://127\.0\.0\.1:\([0-9]*\)".*|\1|p' "$LOG" | head -1)
-    [ -n "$PORT" ] && break
-    sleep 0.05
-done
-[ -n "$PORT" ] || die "the memory-threshold server did not start"
-BASE="http://127.0.0.1:$PORT"
-wait_ready
+start_serve --config "$T/mem.json" -c 256
 chat '"model":"a",' "hi"
 check "over the memory threshold: 503" eq "$(code) $(py "$T/out" "d['error']['code']")" \
     "503 model_unavailable"
