@@ -12,6 +12,7 @@
 #include "base/err.h"
 #include "kernels/kernels.h"
 #include "model/gguf.h"
+#include "model/hf.h"
 #include "model/model.h"
 
 static void print_kv(const gguf_kv *kv)
@@ -112,12 +113,16 @@ int cmd_info(int argc, char **argv)
     }
     char err[512];
     gguf_file *f;
-    if (gguf_open(path, &f, err, sizeof err) < 0) {
+    if (hf_open_any(path, 0, &f, err, sizeof err) < 0) {
         fprintf(stderr, "lmserv info: %s\n", err);
         return 1;
     }
-    printf("file: %s (GGUF v%u, %.2f MiB)\nmetadata: %llu keys\n", path, f->version,
-           (double)f->size / (1 << 20), (unsigned long long)f->n_kv);
+    if (f->release) /* a Hugging Face folder: the metadata its conversion would have */
+        printf("folder: %s (Hugging Face, read as GGUF)\nmetadata: %llu keys\n", f->path,
+               (unsigned long long)f->n_kv);
+    else
+        printf("file: %s (GGUF v%u, %.2f MiB)\nmetadata: %llu keys\n", path, f->version,
+               (double)f->size / (1 << 20), (unsigned long long)f->n_kv);
     for (uint64_t i = 0; i < f->n_kv; i++)
         print_kv(&f->kv[i]);
     print_tensors(f);

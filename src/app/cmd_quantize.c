@@ -1,5 +1,6 @@
 /*
- * cmd_quantize.c - `lmserv quantize IN.gguf OUT.gguf TYPE`.
+ * cmd_quantize.c - `lmserv quantize IN.gguf OUT.gguf TYPE` (IN may also be a
+ * Hugging Face model folder, model/hf.h).
  *
  * Reads a model (any type the kernels can dequantize, normally F32, F16 or
  * BF16) and writes every matrix in the type the plan picks (quant_plan.h);
@@ -15,6 +16,7 @@
 #include "base/err.h"
 #include "kernels/kernels.h"
 #include "model/gguf.h"
+#include "model/hf.h"
 #include "model/quant_plan.h"
 
 /* Dequantizes a whole tensor to floats (malloc'd), NULL on failure. */
@@ -103,7 +105,7 @@ int cmd_quantize(int argc, char **argv)
     }
     char err[512];
     gguf_file *in;
-    if (gguf_open(argv[1], &in, err, sizeof err) < 0) {
+    if (hf_open_any(argv[1], 0, &in, err, sizeof err) < 0) { /* GGUF or a Hugging Face folder */
         fprintf(stderr, "lmserv quantize: %s\n", err);
         return 1;
     }

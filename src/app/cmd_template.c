@@ -30,6 +30,7 @@
 #include "app/prompt.h"
 #include "base/err.h"
 #include "model/gguf.h"
+#include "model/hf.h"
 #include "model/template.h"
 #include "model/tokenizer.h"
 
@@ -146,7 +147,7 @@ static int from_model(const char *path, char **tpl, char **bos, char **eos)
     char err[512];
     gguf_file *f = NULL;
     lms_tokenizer *tok = NULL;
-    if (gguf_open(path, &f, err, sizeof err) < 0 ||
+    if (hf_open_any(path, HF_OPEN_NO_TENSORS, &f, err, sizeof err) < 0 ||
         lms_tokenizer_load(f, &tok, err, sizeof err) < 0) {
         fprintf(stderr, "lmserv template: %s\n", err);
         gguf_close(f);

@@ -12,6 +12,7 @@
 #include "app/cli.h"
 #include "base/err.h"
 #include "model/gguf.h"
+#include "model/hf.h"
 #include "model/tokenizer.h"
 
 static void print_piece(const lms_tokenizer *t, int32_t id)
@@ -62,7 +63,8 @@ int cmd_tokenize(int argc, char **argv)
     char err[512];
     gguf_file *f;
     lms_tokenizer *t;
-    if (gguf_open(model, &f, err, sizeof err) < 0 || lms_tokenizer_load(f, &t, err, sizeof err) < 0) {
+    if (hf_open_any(model, HF_OPEN_NO_TENSORS, &f, err, sizeof err) < 0 ||
+        lms_tokenizer_load(f, &t, err, sizeof err) < 0) {
         fprintf(stderr, "lmserv tokenize: %s\n", err);
         return 1;
     }

@@ -572,6 +572,8 @@ void gguf_close(gguf_file *f)
     if (f->is_mapped)
         munmap((void *)f->base, f->size);
     free(f->path);
+    if (f->release)
+        f->release(f->release_ctx);
     free(f);
 }
 

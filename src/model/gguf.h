@@ -97,6 +97,11 @@ typedef struct gguf_file {
     bool is_mapped;
     bool resident;            /* tensor data moved to anonymous memory (gguf_make_resident) */
     char *path;               /* owned copy, NULL for memory files */
+    /* Other memory the views point into (a Hugging Face folder's mapped
+     * safetensors files and converted tensors, model/hf.c): gguf_close
+     * calls release(release_ctx) last. NULL for GGUF files. */
+    void (*release)(void *ctx);
+    void *release_ctx;
     /* private */
     void *strpool;
 } gguf_file;

@@ -674,32 +674,6 @@ typedef struct peft_tmp {
     int32_t n;
 } peft_tmp;
 
-/* Rows of t's data (rows x cols elements of esize bytes) into a new buffer:
- * transposed (transpose), or with llama's RoPE row permutation within
- * each of n_h heads (the row order llama.cpp's converter gives attn_q/k:
- * new row h*hd + 2i + j = HF row h*hd + j*hd/2 + i). */
-static void *reorder(const lms_st_tensor *t, bool transpose, int32_t n_h)
-{
-    const size_t es = t->type == LMS_TYPE_F32 ? 4 : 2;
-    const size_t rows = (size_t)t->shape[0], cols = (size_t)t->shape[1];
-    uint8_t *out = malloc(t->n_bytes ? t->n_bytes : 1);
-    if (!out)
-        return NULL;
-    if (transpose) {
-        for (size_t r = 0; r < rows; r++)
-            for (size_t c = 0; c < cols; c++)
-                memcpy(out + (c * rows + r) * es, t->data + (r * cols + c) * es, es);
-        return out;
-    }
-    const size_t hd = rows / (size_t)n_h;
-    for (size_t h = 0; h < (size_t)n_h; h++)
-        for (size_t i = 0; i < hd / 2; i++)
-            for (size_t j = 0; j < 2; j++)
-                memcpy(out + (h * hd + 2 * i + j) * cols * es,
-                       t->data + (h * hd + j * (hd / 2) + i) * cols * es, cols * es);
-    return out;
-}
-
 /* Converts the safetensors tensors to GGUF-named, GGUF-laid-out tensors. */
 static int peft_tensors(lora_loader *L, const lms_st_file *sf, const peft_config *c, peft_tmp *T)
 {
@@ -760,7 +734,7 @@ static int peft_tensors(lora_loader *L, const lms_st_file *sf, const peft_config
                             "%d heads of even size", L->file, st->name, (long long)st->shape[0],
                             (int)n_h);
         if (transpose || n_h > 0) {
-            void *p = reorder(st, transpose, n_h);
+            void *p = lms_st_reorder(st, transpose, n_h);
             if (!p)
                 return lms_errf(L->err, L->errsz, LMS_ERR_NOMEM, "lora '%s': out of memory",
                                 L->file);

@@ -20,6 +20,7 @@
 
 #include "base/err.h"
 #include "kernels/kernels.h"
+#include "model/hf.h"
 #include "model/tokenizer.h"
 
 /* ---- the architecture table ---------------------------------------------- */
@@ -358,7 +359,8 @@ int lms_model_load(const char *path, lms_model **out, char *err, size_t errsz)
         return lms_errf(err, errsz, LMS_ERR_NOMEM, "model: out of memory");
     loader L = {.m = m, .err = err, .errsz = errsz};
     const char *arch = NULL;
-    int rc = gguf_open(path, &m->gguf, err, errsz);
+    /* a Hugging Face folder becomes the gguf_file its conversion would be */
+    int rc = hf_open_any(path, 0, &m->gguf, err, errsz);
     if (rc < 0)
         goto fail;
     if (gguf_get_str(m->gguf, "general.architecture", &arch) < 0) {

@@ -5,15 +5,20 @@
  */
 #include "model/safetensors.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/err.h"
 #include "kernels/qtypes.h"
 
-#define ST_MAX_HEADER (64u << 20) /* a header larger than this is not an adapter's */
+#define ST_MAX_HEADER (64u << 20) /* far above any real header (a 70B shard: < 1 MiB) */
 
 void lms_st_close(lms_st_file *f)
 {
@@ -22,7 +27,10 @@ void lms_st_close(lms_st_file *f)
     for (int32_t i = 0; i < f->n_tensors; i++)
         free(f->tensors[i].name);
     free(f->tensors);
-    free(f->buf);
+    if (f->is_mapped)
+        munmap(f->buf, f->size);
+    else
+        free(f->buf);
     free(f);
 }
 
@@ -208,4 +216,57 @@ int lms_st_open(const char *path, lms_st_file **out, char *err, size_t errsz)
     }
     *out = f;
     return 0;
+}
+
+int lms_st_map(const char *path, lms_st_file **out, char *err, size_t errsz)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return lms_errf(err, errsz, LMS_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0) {
+        close(fd);
+        return lms_errf(err, errsz, LMS_ERR_IO, "'%s' is not a regular non-empty file", path);
+    }
+    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED)
+        return lms_errf(err, errsz, LMS_ERR_IO, "cannot map '%s': %s", path, strerror(errno));
+    lms_st_file *f = calloc(1, sizeof *f);
+    if (!f) {
+        munmap(m, (size_t)st.st_size);
+        return lms_errf(err, errsz, LMS_ERR_NOMEM, "out of memory");
+    }
+    f->buf = m;
+    f->size = (size_t)st.st_size;
+    f->is_mapped = 1;
+    int rc = parse(f, err, errsz);
+    if (rc < 0) {
+        lms_st_close(f);
+        return rc;
+    }
+    *out = f;
+    return 0;
+}
+
+void *lms_st_reorder(const lms_st_tensor *t, bool transpose, int32_t n_h)
+{
+    const size_t es = t->type == LMS_TYPE_F32 ? 4 : 2;
+    const size_t rows = (size_t)t->shape[0], cols = (size_t)t->shape[1];
+    uint8_t *out = malloc(t->n_bytes ? t->n_bytes : 1);
+    if (!out)
+        return NULL;
+    if (transpose) {
+        for (size_t r = 0; r < rows; r++)
+            for (size_t c = 0; c < cols; c++)
+                memcpy(out + (c * rows + r) * es, t->data + (r * cols + c) * es, es);
+        return out;
+    }
+    const size_t hd = rows / (size_t)n_h;
+    for (size_t h = 0; h < (size_t)n_h; h++)
+        for (size_t i = 0; i < hd / 2; i++)
+            for (size_t j = 0; j < 2; j++)
+                memcpy(out + (h * hd + 2 * i + j) * cols * es,
+                       t->data + (h * hd + j * (hd / 2) + i) * cols * es, cols * es);
+    return out;
 }

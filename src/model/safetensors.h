@@ -1,6 +1,6 @@
 /*
- * safetensors.h - reader for Hugging Face .safetensors files (small ones:
- * the whole file is read into memory; used for PEFT LoRA adapters).
+ * safetensors.h - reader for Hugging Face .safetensors files: read into
+ * memory (PEFT LoRA adapters, small) or mapped (checkpoints, model/hf.c).
  *
  * Format facts relied on:
  *
@@ -20,6 +20,7 @@
 #ifndef LMS_SAFETENSORS_H
 #define LMS_SAFETENSORS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,8 +36,9 @@ typedef struct lms_st_tensor {
 } lms_st_tensor;
 
 typedef struct lms_st_file {
-    uint8_t *buf;                  /* the whole file (owned) */
+    uint8_t *buf;                  /* the whole file (owned: malloc'd or mapped) */
     size_t size;
+    int is_mapped;                 /* buf is a read-only mapping (lms_st_map) */
     int32_t n_tensors;
     lms_st_tensor *tensors;        /* [n_tensors], in header order */
 } lms_st_file;
@@ -44,10 +46,21 @@ typedef struct lms_st_file {
 /* Reads and checks the file at path; on failure returns < 0 with a message
  * naming the tensor or field. */
 int lms_st_open(const char *path, lms_st_file **out, char *err, size_t errsz);
+/* Same, with the file mapped read-only instead of read (tensor data stays
+ * in the page cache; for checkpoints). */
+int lms_st_map(const char *path, lms_st_file **out, char *err, size_t errsz);
 /* Same from a caller's buffer (copied). */
 int lms_st_open_mem(const void *buf, size_t n, lms_st_file **out, char *err, size_t errsz);
 void lms_st_close(lms_st_file *f);
 /* The tensor named name, or NULL. */
 const lms_st_tensor *lms_st_find(const lms_st_file *f, const char *name);
+
+/* A new malloc'd copy of the 2-D tensor t's data (rows = shape[0], F32,
+ * F16 or BF16), transposed (transpose), or with llama's RoPE row order
+ * within each of n_h heads: the order llama.cpp's converter gives
+ * attn_q/attn_k of models whose RoPE rotates adjacent pairs (new row
+ * h*hd + 2i + j = HF row h*hd + j*hd/2 + i, hd = rows / n_h; rows must be
+ * a multiple of 2 n_h). NULL when out of memory. */
+void *lms_st_reorder(const lms_st_tensor *t, bool transpose, int32_t n_h);
 
 #endif

@@ -109,6 +109,13 @@ const char *lms_token_text(const lms_tokenizer *t, int32_t id);
 int32_t lms_token_find(const lms_tokenizer *t, const char *text);
 int32_t lms_token_find_n(const lms_tokenizer *t, const char *text, size_t len);
 
+/* The tokenizer.ggml.pre name of the byte-level BPE pre-tokenizer that
+ * splits with exactly the n regexes given (Hugging Face Split patterns, in
+ * order), preferring one with the same ignore_merges; LMS_ERR_NOTFOUND
+ * when no supported one does. For reading tokenizer.json (model/hf.c). */
+int lms_tokenizer_bpe_pre_find(const char *const *regex, int n, bool ignore_merges, char *name,
+                               size_t namesz);
+
 /* ---- tokens -> text ----------------------------------------------------- */
 
 /* Writes the bytes token id stands for: SPM U+2581 -> space, <0xNN> -> that

@@ -316,6 +316,31 @@ static int bpe_load_merges(lms_tokenizer *t, const gguf_file *f, char *err, size
     return rc;
 }
 
+/* ==== lookup by regexes ==================================================== */
+
+int lms_tokenizer_bpe_pre_find(const char *const *regex, int n, bool ignore_merges, char *name,
+                               size_t namesz)
+{
+    const bpe_pre *found = NULL;
+    /* two passes: regexes and ignore_merges both equal, then regexes alone
+     * (ignore_merges only matters for a word that is a token its merges
+     * would not build) */
+    for (int pass = 0; pass < 2 && !found; pass++)
+        for (size_t i = 0; i < sizeof bpe_pres / sizeof bpe_pres[0] && !found; i++) {
+            const bpe_pre *p = &bpe_pres[i];
+            int k = 0;
+            while (k < n && k < TOK_MAX_REGEX && p->regex[k] && !strcmp(p->regex[k], regex[k]))
+                k++;
+            if (k == n && (k == TOK_MAX_REGEX || !p->regex[k]) &&
+                (pass == 1 || p->ignore_merges == ignore_merges))
+                found = p;
+        }
+    if (!found)
+        return LMS_ERR_NOTFOUND;
+    snprintf(name, namesz, "%.*s", (int)strcspn(found->names, " "), found->names);
+    return 0;
+}
+
 /* ==== setup ================================================================ */
 
 int bpe_setup(lms_tokenizer *t, const gguf_file *f, char *err, size_t errsz)

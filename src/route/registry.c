@@ -18,6 +18,7 @@
 #include "base/timeutil.h"
 #include "kernels/kernels.h"
 #include "model/gguf.h"
+#include "model/hf.h"
 #include "ops/log.h"
 #include "route/registry.h"
 
@@ -94,7 +95,7 @@ static uint64_t estimate_kv(const lms_sched_params *sp, const char *path)
     char err[256], key[160];
     const char *arch = NULL;
     uint32_t n_layer = 0, n_embd = 0, n_head = 0, n_head_kv = 0, head_dim = 0, ctx = 0;
-    if (gguf_open(path, &f, err, sizeof err) < 0)
+    if (hf_open_any(path, HF_OPEN_NO_TENSORS | HF_OPEN_NO_TOKENIZER, &f, err, sizeof err) < 0)
         return 0;
     if (gguf_get_str(f, "general.architecture", &arch) < 0 || strlen(arch) > 64) {
         gguf_close(f);
