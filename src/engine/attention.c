@@ -263,6 +263,22 @@ static att_mask att_mask_of(const lms_ctx *c, int il)
     return am;
 }
 
+/* The first position the query at n - 1 sees (0 without a window). The
+ * per-row schedules start its scores there and its value sums at that
+ * position's chunk: the chunks before it would sum weights that are all
+ * exactly 0, and adding such a zero chunk sum changes nothing, so leaving
+ * them out gives the same bits while a local layer's cost stops growing
+ * with the context (gemma's local layers keep 512 to 4096 positions). */
+static inline int32_t att_first(const att_mask *am, int32_t n)
+{
+    return am->n_swa > 0 && n > am->n_swa ? n - am->n_swa : 0;
+}
+
+static inline int32_t att_first_chunk(const att_mask *am, int32_t n)
+{
+    return att_first(am, n) / ATT_CHUNK;
+}
+
 static void att_softmax(const lms_ctx *c, float *wq, int32_t n, const att_mask *am);
 
 /* The reference: gemm scores over the tile, V rows converted to f32 once
@@ -1449,17 +1465,19 @@ static void attend_tile_rows(lms_ctx *c, int il, const att_tile *a, int kvh, int
                        qf + (size_t)(t * group + g) * qrow);
     const att_heads one = {1, 0, 0, 0};
     const att_mask am = att_mask_of(c, il);
-    scores_rows(&k, &ks, hd, n_q, qf, qrow, 0, n_max, n_max, w, (size_t)stride, &one);
+    /* the tile's first token has the earliest window */
+    scores_rows(&k, &ks, hd, n_q, qf, qrow, att_first(&am, a->pos0 + 1), n_max, n_max, w,
+                (size_t)stride, &one);
     for (int qi = 0; qi < n_q; qi++)
         att_softmax(c, w + (size_t)qi * stride, a->pos0 + qi / group + 1, &am);
     /* a pass takes rows of one token (they see the same positions) */
     for (int32_t t = 0; t < a->n_tok; t++) {
         float *out = c->att + (a->t0 + t) * q_stride + (int64_t)kvh * group * hd;
-        const int32_t n = a->pos0 + t + 1;
-        for (int32_t j0 = 0; j0 < n; j0 += ATT_CHUNK)
+        const int32_t n = a->pos0 + t + 1, first = att_first_chunk(&am, n) * ATT_CHUNK;
+        for (int32_t j0 = first; j0 < n; j0 += ATT_CHUNK)
             values_rows(&k, &vs, hd, group, w + (size_t)t * group * stride, (size_t)stride, j0,
                         j0 + ATT_CHUNK < n ? j0 + ATT_CHUNK : n, n, out,
-                        j0 ? ATT_V_ADD : ATT_V_SET, &one);
+                        j0 > first ? ATT_V_ADD : ATT_V_SET, &one);
     }
 }
 
@@ -1539,15 +1557,16 @@ static void att_prefetch_rows(const att_src *s, int32_t j0, int32_t j1, size_t b
  * rows), and an even split whatever the chunk count (a last chunk shorter
  * than the others, or fewer chunks than threads). Sets the share's KV heads
  * [*h0, *h1) of chunk ci; false when it has none there. */
-static bool att_share_heads(const lms_ctx *c, const att_tile *a, int32_t ci, int t, int nt,
-                            int *h0, int *h1)
+static bool att_share_heads(const lms_ctx *c, const att_tile *a, int32_t c0, int32_t ci, int t,
+                            int nt, int *h0, int *h1)
 {
     const int nkv = c->m->hp.n_head_kv;
     const int32_t n = a->pos0 + 1;
-    const int64_t total = (int64_t)n * nkv, w0 = total * t / nt, w1 = total * (t + 1) / nt;
-    /* head h of chunk ci starts at weight base + h * len (the chunks before
-     * it are whole); it is this thread's if that is in [w0, w1) */
-    const int64_t base = (int64_t)ci * ATT_CHUNK * nkv;
+    const int64_t total = (int64_t)(n - c0 * ATT_CHUNK) * nkv, w0 = total * t / nt,
+                  w1 = total * (t + 1) / nt;
+    /* head h of chunk ci starts at weight base + h * len (the chunks from c0
+     * before it are whole); it is this thread's if that is in [w0, w1) */
+    const int64_t base = (int64_t)(ci - c0) * ATT_CHUNK * nkv;
     const int64_t len = n - ci * ATT_CHUNK < ATT_CHUNK ? n - ci * ATT_CHUNK : ATT_CHUNK;
     const int64_t lo = w0 <= base ? 0 : (w0 - base + len - 1) / len;
     const int64_t hi = w1 <= base ? 0 : (w1 - base + len - 1) / len;
@@ -1558,22 +1577,23 @@ static bool att_share_heads(const lms_ctx *c, const att_tile *a, int32_t ci, int
     return true;
 }
 
-/* Thread t's share of tile ti's chunk sums (att_share_heads). */
+/* Thread t's share of tile ti's chunk sums from chunk c0 (att_share_heads). */
 static void att_chunk_share(lms_ctx *c, int il, const att_kernels *k, const att_tile *a,
-                            const att_step_layout *l, int32_t ti, int t, int nt)
+                            const att_step_layout *l, int32_t ti, int32_t c0, int t, int nt)
 {
     int h0, h1;
-    for (int32_t ci = 0; (int64_t)ci * ATT_CHUNK <= a->pos0; ci++)
-        if (att_share_heads(c, a, ci, t, nt, &h0, &h1))
+    for (int32_t ci = c0; (int64_t)ci * ATT_CHUNK <= a->pos0; ci++)
+        if (att_share_heads(c, a, c0, ci, t, nt, &h0, &h1))
             att_chunk_sums(c, il, k, a, l, ti, ci, h0, h1);
 }
 
 /* Prefetches the first V rows (its heads of them) of thread t's share. */
-static void att_chunk_share_prefetch(lms_ctx *c, int il, const att_tile *a, int t, int nt)
+static void att_chunk_share_prefetch(lms_ctx *c, int il, const att_tile *a, int32_t c0, int t,
+                                     int nt)
 {
     int h0, h1;
-    for (int32_t ci = 0; (int64_t)ci * ATT_CHUNK <= a->pos0; ci++)
-        if (att_share_heads(c, a, ci, t, nt, &h0, &h1)) {
+    for (int32_t ci = c0; (int64_t)ci * ATT_CHUNK <= a->pos0; ci++)
+        if (att_share_heads(c, a, c0, ci, t, nt, &h0, &h1)) {
             att_src ks, vs;
             att_srcs(c, il, a->seq, h0, &ks, &vs);
             att_prefetch_rows(&vs, ci * ATT_CHUNK, a->pos0 + 1,
@@ -1582,14 +1602,15 @@ static void att_chunk_share_prefetch(lms_ctx *c, int il, const att_tile *a, int 
         }
 }
 
-/* out = chunk 0 + chunk 1 + ..., left to right, for row r of tile ti */
-static void att_merge(lms_ctx *c, const att_tile *a, const att_step_layout *l, int32_t ti, int r)
+/* out = chunk c0 + chunk c0 + 1 + ..., left to right, for row r of tile ti */
+static void att_merge(lms_ctx *c, const att_tile *a, const att_step_layout *l, int32_t ti,
+                      int32_t c0, int r)
 {
     const int hd = c->m->hp.head_dim, nh = c->m->hp.n_head;
     const float *sum = c->dec + (size_t)ti * l->per_tile + (size_t)nh * l->ws + (size_t)r * hd;
     float *out = c->att + a->t0 * (int64_t)nh * hd + (int64_t)r * hd;
-    memcpy(out, sum, (size_t)hd * sizeof(float));
-    for (int32_t ci = 1; ci <= a->pos0 / ATT_CHUNK; ci++)
+    memcpy(out, sum + (size_t)c0 * nh * hd, (size_t)hd * sizeof(float));
+    for (int32_t ci = c0 + 1; ci <= a->pos0 / ATT_CHUNK; ci++)
         for (int d = 0; d < hd; d++)
             out[d] += sum[(size_t)ci * nh * hd + d];
 }
@@ -1625,17 +1646,21 @@ static bool attention_by_chunk(lms_ctx *c, int il, const att_tile *tiles, int32_
 #endif
         for (int32_t ti = 0; ti < n_tiles; ti++) {
             const int32_t n = tiles[ti].pos0 + 1, nb = (n + LMS_KV_BLOCK - 1) / LMS_KV_BLOCK;
+            const int32_t b0 = att_first(&am, n) / LMS_KV_BLOCK;
             att_src ks, vs;
             att_srcs(c, il, tiles[ti].seq, 0, &ks, &vs);
-            att_prefetch_rows(&ks, nb * t / nt * LMS_KV_BLOCK, n, c->kv.row_bytes);
+            att_prefetch_rows(&ks, (b0 + (nb - b0) * t / nt) * LMS_KV_BLOCK, n, c->kv.row_bytes);
         }
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < (int64_t)n_tiles * nh; r++)
             load_query(c->kv.type, hd, c->qb + tiles[r / nh].t0 * (int64_t)nh * hd + (r % nh) * hd,
                        c->qf + (size_t)r * qrow);
         for (int32_t ti = 0; ti < n_tiles; ti++) {
+            /* the thread's blocks of those holding the window */
             const int32_t n = tiles[ti].pos0 + 1, nb = (n + LMS_KV_BLOCK - 1) / LMS_KV_BLOCK;
-            const int32_t j0 = nb * t / nt * LMS_KV_BLOCK, j1 = nb * (t + 1) / nt * LMS_KV_BLOCK;
+            const int32_t b0 = att_first(&am, n) / LMS_KV_BLOCK;
+            const int32_t j0 = (b0 + (nb - b0) * t / nt) * LMS_KV_BLOCK,
+                          j1 = (b0 + (nb - b0) * (t + 1) / nt) * LMS_KV_BLOCK;
             att_src ks, vs;
             att_srcs(c, il, tiles[ti].seq, 0, &ks, &vs);
             if (j0 < j1)
@@ -1643,18 +1668,21 @@ static bool attention_by_chunk(lms_ctx *c, int il, const att_tile *tiles, int32_
                             j1 < n ? j1 : n, n, c->dec + (size_t)ti * l.per_tile, l.ws, &heads);
         }
         for (int32_t ti = 0; ti < n_tiles; ti++)
-            att_chunk_share_prefetch(c, il, &tiles[ti], t, nt);
+            att_chunk_share_prefetch(c, il, &tiles[ti], att_first_chunk(&am, tiles[ti].pos0 + 1),
+                                     t, nt);
 #pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < (int64_t)n_tiles * nh; r++)
             att_softmax(c, c->dec + (size_t)(r / nh) * l.per_tile + (size_t)(r % nh) * l.ws,
                         tiles[r / nh].pos0 + 1, &am);
         for (int32_t ti = 0; ti < n_tiles; ti++)
-            att_chunk_share(c, il, &k, &tiles[ti], &l, ti, t, nt);
+            att_chunk_share(c, il, &k, &tiles[ti], &l, ti,
+                            att_first_chunk(&am, tiles[ti].pos0 + 1), t, nt);
 #pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < (int64_t)n_tiles * nh; r++)
-            att_merge(c, &tiles[r / nh], &l, (int32_t)(r / nh), (int)(r % nh));
+            att_merge(c, &tiles[r / nh], &l, (int32_t)(r / nh),
+                      att_first_chunk(&am, tiles[r / nh].pos0 + 1), (int)(r % nh));
     }
     return true;
 }
@@ -1685,15 +1713,16 @@ static bool attention_by_group(lms_ctx *c, int il, const att_tile *tiles, int32_
         for (int r = 0; r < nh; r++)
             load_query(c->kv.type, hd, c->qb + a->t0 * (int64_t)nh * hd + (int64_t)r * hd,
                        qf + (size_t)r * qrow);
+        const int32_t c0 = att_first_chunk(&am, n);
         att_src ks, vs;
         att_srcs(c, il, a->seq, 0, &ks, &vs);
-        scores_rows(&k, &ks, hd, group, qf, qrow, 0, n, n, w, l.ws, &heads);
+        scores_rows(&k, &ks, hd, group, qf, qrow, att_first(&am, n), n, n, w, l.ws, &heads);
         for (int r = 0; r < nh; r++)
             att_softmax(c, w + (size_t)r * l.ws, n, &am);
-        for (int32_t ci = 0; ci <= a->pos0 / ATT_CHUNK; ci++)
+        for (int32_t ci = c0; ci <= a->pos0 / ATT_CHUNK; ci++)
             att_chunk_sums(c, il, &k, a, &l, ti, ci, 0, nkv);
         for (int r = 0; r < nh; r++)
-            att_merge(c, a, &l, ti, r);
+            att_merge(c, a, &l, ti, c0, r);
     }
     return true;
 }
@@ -1721,23 +1750,23 @@ static void att_heads_share(lms_ctx *c, int il, const att_kernels *k, const att_
     const att_mask am = att_mask_of(c, il);
     for (int32_t ti = 0; ti < n_tiles; ti++) {
         const att_tile *a = &tiles[ti];
-        const int32_t n = a->pos0 + 1;
+        const int32_t n = a->pos0 + 1, first = att_first(&am, n), c0 = first / ATT_CHUNK;
         float *w = c->dec + (size_t)ti * l->per_tile, *qf = c->qf + (size_t)ti * nh * qrow;
         att_src ks, vs;
         att_srcs(c, il, a->seq, h0, &ks, &vs);
-        att_prefetch_rows(&ks, 0, n, bytes);
-        att_prefetch_rows(&vs, 0, n, bytes);
+        att_prefetch_rows(&ks, first, n, bytes);
+        att_prefetch_rows(&vs, c0 * ATT_CHUNK, n, bytes);
         for (int r = h0 * group; r < h1 * group; r++)
             load_query(c->kv.type, hd, c->qb + a->t0 * (int64_t)nh * hd + (int64_t)r * hd,
                        qf + (size_t)r * qrow);
-        scores_rows(k, &ks, hd, group, qf + (size_t)h0 * group * qrow, qrow, 0, n, n,
+        scores_rows(k, &ks, hd, group, qf + (size_t)h0 * group * qrow, qrow, first, n, n,
                     w + (size_t)h0 * group * l->ws, l->ws, &heads);
         for (int r = h0 * group; r < h1 * group; r++)
             att_softmax(c, w + (size_t)r * l->ws, n, &am);
-        for (int32_t ci = 0; ci <= a->pos0 / ATT_CHUNK; ci++)
+        for (int32_t ci = c0; ci <= a->pos0 / ATT_CHUNK; ci++)
             att_chunk_sums(c, il, k, a, l, ti, ci, h0, h1);
         for (int r = h0 * group; r < h1 * group; r++)
-            att_merge(c, a, l, ti, r);
+            att_merge(c, a, l, ti, c0, r);
     }
 }
 
@@ -1766,9 +1795,10 @@ static int64_t att_heads_max = -1; /* -1: by the cache type, as above */
 static bool attention_by_heads(lms_ctx *c, int il, const att_tile *tiles, int32_t n_tiles)
 {
     att_step_layout l;
-    int64_t n_pos = 0;
+    const att_mask am = att_mask_of(c, il);
+    int64_t n_pos = 0; /* the positions read */
     for (int32_t ti = 0; ti < n_tiles; ti++)
-        n_pos += tiles[ti].pos0 + 1;
+        n_pos += tiles[ti].pos0 + 1 - att_first(&am, tiles[ti].pos0 + 1);
     const int64_t max = att_heads_max >= 0                 ? att_heads_max
                         : c->kv.type == LMS_TYPE_Q4_0 ? ATT_HEADS_MAX_BYTES_Q4
                                                       : ATT_HEADS_MAX_BYTES;

@@ -70,10 +70,12 @@ static void fill_tokens(int32_t *toks, int32_t n, int32_t n_vocab, uint64_t seed
 /* ---- runs ---------------------------------------------------------------------- */
 
 static int g_kv_type; /* the cache type of the contexts made (0: f16) */
+static int32_t g_n_ctx = N_CTX; /* their context size */
+static int32_t g_decode_from;   /* run_decode: positions before it in one batch */
 
 static lms_ctx *make_ctx(const lms_model *m, int impl, int n_threads)
 {
-    lms_ctx_params p = {.n_ctx = N_CTX, .n_batch = N_CTX, .n_seq = 3, .n_threads = n_threads,
+    lms_ctx_params p = {.n_ctx = g_n_ctx, .n_batch = 3 * g_n_ctx, .n_seq = 3, .n_threads = n_threads,
                         .kv_type = g_kv_type};
     char err[256];
     lms_ctx *c = NULL;
@@ -92,13 +94,16 @@ static void run_prefill(const lms_model *m, const int32_t *toks, int32_t n, int 
     assert_non_null(c);
     lms_kv_seq s = {0};
     assert_int_equal(lms_kv_seq_reserve(lms_ctx_kv(c), &s, n), 0);
-    int32_t pos[N_CTX];
-    lms_kv_seq *seqs[N_CTX];
-    bool want[N_CTX];
+    int32_t *pos = malloc((size_t)n * sizeof *pos);
+    lms_kv_seq **seqs = malloc((size_t)n * sizeof *seqs);
+    bool *want = malloc((size_t)n * sizeof *want);
     for (int32_t i = 0; i < n; i++)
         pos[i] = i, seqs[i] = &s, want[i] = true;
     lms_batch b = {.n_tokens = n, .tokens = toks, .pos = pos, .seq = seqs, .logits = want};
     assert_int_equal(lms_forward(c, &b, out), 0);
+    free(pos);
+    free(seqs);
+    free(want);
     lms_kv_seq_release(lms_ctx_kv(c), &s);
     lms_ctx_destroy(c);
 }
@@ -122,7 +127,25 @@ static bool run_decode(const lms_model *m, const int32_t *toks, int32_t n, int i
     }
     float *lg = malloc((size_t)n_par * nv * sizeof *lg);
     bool want[3] = {true, true, true};
-    for (int32_t p = 0; p < n; p++) {
+    const int32_t p0 = g_decode_from < n ? g_decode_from : 0;
+    if (p0 > 0) { /* every sequence's first p0 tokens in one batch */
+        const int32_t nb = n_par * p0;
+        int32_t *pos = malloc((size_t)nb * sizeof *pos), *tk = malloc((size_t)nb * sizeof *tk);
+        lms_kv_seq **sq = malloc((size_t)nb * sizeof *sq);
+        bool *wb = malloc((size_t)nb * sizeof *wb);
+        float *all = malloc((size_t)nb * nv * sizeof *all);
+        for (int32_t i = 0; i < nb; i++)
+            pos[i] = i % p0, tk[i] = toks[i % p0], sq[i] = seqs[i / p0], wb[i] = true;
+        lms_batch b = {.n_tokens = nb, .tokens = tk, .pos = pos, .seq = sq, .logits = wb};
+        assert_int_equal(lms_forward(c, &b, all), 0);
+        memcpy(out, all, (size_t)p0 * nv * sizeof *out);
+        free(pos);
+        free(tk);
+        free(sq);
+        free(wb);
+        free(all);
+    }
+    for (int32_t p = p0; p < n; p++) {
         int32_t pos[3] = {p, p, p}, tk[3] = {toks[p], toks[p], toks[p]};
         lms_batch b = {.n_tokens = n_par, .tokens = tk, .pos = pos, .seq = seqs, .logits = want,
                        .lora = sets};
@@ -283,6 +306,79 @@ static void test_window_one_layer(void **state)
     (void)state;
     check_window_one_layer("gemma2-tiny");
     check_window_one_layer("gemma3-tiny");
+}
+
+/* Contexts past the window by several attention chunks (ATT_CHUNK): the
+ * per-row paths leave out the chunks before a local layer's window, the
+ * reference path still scores every position. Every path and decode
+ * schedule, one batch and a token per step, on each cache type, against
+ * the reference's logits; and token 0 changed leaves every position past
+ * the window as it was. */
+static void test_window_long(void **state)
+{
+    (void)state;
+    const int32_t n = ATT_CHUNK + 56; /* positions from 144 leave chunk 0 out */
+    lms_synth_shape s = *lms_synth_find("gemma3-tiny");
+    lms_synth_extra x = {16, 0.0f, 0.0f, 0.08f};
+    lms_model *m = make_model(&s, &x, "F32");
+    const int32_t nv = m->hp.n_vocab;
+    g_n_ctx = n;
+    g_decode_from = n - 48; /* the batch path is checked on its own below */
+    int32_t *toks = malloc((size_t)n * sizeof *toks), *other = malloc((size_t)n * sizeof *other);
+    fill_tokens(toks, n, nv, 23);
+    memcpy(other, toks, (size_t)n * sizeof *toks);
+    other[0] = (toks[0] + 1) % nv;
+    float *ref = malloc((size_t)n * nv * sizeof *ref), *got = malloc((size_t)n * nv * sizeof *got);
+    float *moved = malloc((size_t)n * nv * sizeof *moved);
+    const int impls[] = {FWD_ATT_C, FWD_ATT_AVX512};
+    const int kv_types[] = {0, LMS_TYPE_Q8_0, LMS_TYPE_Q4_0};
+    const char *heads[] = {"0", NULL}; /* by chunk; by heads */
+    for (size_t k = 0; k < 3; k++) {
+        g_kv_type = kv_types[k];
+        const float tol = g_kv_type ? 0.1f : 5e-3f;
+        run_prefill(m, toks, n, FWD_ATT_REF, ref);
+        for (size_t i = g_kv_type ? 1 : 0; i < 2; i++) { /* portable C: f16 only */
+            run_prefill(m, toks, n, impls[i], got);
+            float d = tu_max_diff(ref, got, (size_t)n * nv);
+            if (d > tol)
+                fail_msg("cache %d path %d: the prompt in one batch differs from the reference "
+                         "by %g", g_kv_type, impls[i], d);
+            for (size_t h = 0; h < 2; h++) {
+                if (heads[h])
+                    setenv("LMS_ATT_HEADS_MAX", heads[h], 1);
+                else
+                    unsetenv("LMS_ATT_HEADS_MAX");
+                /* 3 sequences on 1 thread: by group (once a cache type) */
+                for (int n_par = 1; n_par <= (i == 1 && h == 1 ? 3 : 1); n_par += 2) {
+                    if (!run_decode(m, toks, n, impls[i], n_par == 3 ? 1 : 2, n_par, NULL, got))
+                        continue;
+                    d = tu_max_diff(ref, got, (size_t)n * nv);
+                    if (d > tol)
+                        fail_msg("cache %d path %d heads max %s, %d sequences: decode differs "
+                                 "from the reference by %g", g_kv_type, impls[i],
+                                 heads[h] ? heads[h] : "default", n_par, d);
+                    if (n_par == 3 || i != 1 || h != 1)
+                        continue;
+                    assert_true(run_decode(m, other, n, impls[i], 2, 1, NULL, moved));
+                    /* gemma3-tiny's last layer is global: token 0 still
+                     * reaches positions far past the local window */
+                    for (int32_t p = n - 48; p < n; p += 7)
+                        assert_true(tu_max_diff(got + (size_t)p * nv, moved + (size_t)p * nv,
+                                                (size_t)nv) > 0.0f);
+                }
+            }
+        }
+    }
+    unsetenv("LMS_ATT_HEADS_MAX");
+    g_kv_type = 0;
+    g_n_ctx = N_CTX;
+    g_decode_from = 0;
+    free(toks);
+    free(other);
+    free(ref);
+    free(got);
+    free(moved);
+    lms_model_free(m);
 }
 
 /* gemma2-tiny (one RoPE base for all layers) with window 16, N_TOK and
@@ -477,7 +573,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hparams),       cmocka_unit_test(test_decode_gemma3),
         cmocka_unit_test(test_decode_gemma2), cmocka_unit_test(test_window_one_layer),
-        cmocka_unit_test(test_window_full),   cmocka_unit_test(test_softcap),
+        cmocka_unit_test(test_window_full),   cmocka_unit_test(test_window_long),
+        cmocka_unit_test(test_softcap),
         cmocka_unit_test(test_isas),          cmocka_unit_test(test_lora),
         cmocka_unit_test(test_no_gpu),
     };
