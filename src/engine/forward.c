@@ -71,22 +71,27 @@ static size_t max_scratch(const lms_model *m, int64_t n)
 
 /* GPU placement when asked for; a CPU-only build refuses GPU layers. The
  * CUDA layers know only the llama / qwen layer (no post-norms, GELU,
- * windows or soft-capping): a gemma model stays on the CPU whole, and an
- * explicit --gpu-layers for one is refused. */
+ * windows, soft-capping, or LongRoPE's factor choice and attention
+ * factor): a gemma model or a phi3 128k one stays on the CPU whole, and
+ * an explicit --gpu-layers for one is refused. */
 static int gpu_setup(lms_ctx *c, int32_t blocks, char *err, size_t errsz)
 {
     if (c->p.gpu_layers == 0)
         return 0;
     const lms_hparams *hp = &c->m->hp;
+    const bool longrope =
+        c->m->rope_long.data || (hp->rope_attn_factor != 0.0f && hp->rope_attn_factor != 1.0f);
     if (hp->ffn_act != LMS_FFN_SILU || hp->embd_scale != 0.0f || hp->q_scale != 0.0f ||
-        hp->attn_softcap != 0.0f || hp->final_softcap != 0.0f) {
+        hp->attn_softcap != 0.0f || hp->final_softcap != 0.0f || longrope) {
+        const char *why = longrope ? " with LongRoPE (rope_factors_long/short, attn_factor)" : "";
         if (c->p.gpu_layers == LMS_GPU_LAYERS_AUTO) {
-            fprintf(stderr, "gpu: architecture '%s' runs on the CPU only\n", hp->arch);
+            fprintf(stderr, "gpu: architecture '%s'%s runs on the CPU only\n", hp->arch, why);
             return 0;
         }
         return lms_errf(err, errsz, LMS_ERR_UNSUPPORTED,
-                        "--gpu-layers: architecture '%s' runs on the CPU only (use --gpu-layers 0)",
-                        hp->arch);
+                        "--gpu-layers: architecture '%s'%s runs on the CPU only (use "
+                        "--gpu-layers 0)",
+                        hp->arch, why);
     }
 #ifdef LMS_HAVE_CUDA
     return fwd_gpu_create(c, blocks, err, errsz);
@@ -270,18 +275,19 @@ static void add_bias(float *y, const lms_weight *b, int64_t n_tok, int64_t n)
 #define ROPE_MAX_PAIRS 512
 
 /* cos and sin of the n_rot / 2 angles of position pos (shared by the
- * query and key heads of one token). */
+ * query and key heads of one token), times LongRoPE's attention factor. */
 static void rope_angles(const lms_hparams *hp, const lms_layer *l, const float *freq_factors,
                         int32_t pos, float *cosv, float *sinv)
 {
     const int n_pairs = hp->n_rot / 2 < ROPE_MAX_PAIRS ? hp->n_rot / 2 : ROPE_MAX_PAIRS;
     const float theta_scale = powf(l->rope_base, -2.0f / (float)hp->n_rot);
+    const float mscale = hp->rope_attn_factor != 0.0f ? hp->rope_attn_factor : 1.0f;
     float theta = (float)pos;
     for (int i = 0; i < n_pairs; i++) {
         float ff = freq_factors ? freq_factors[i] : 1.0f;
         float t = l->rope_freq_scale * (theta / ff);
-        cosv[i] = cosf(t);
-        sinv[i] = sinf(t);
+        cosv[i] = cosf(t) * mscale;
+        sinv[i] = sinf(t) * mscale;
         theta *= theta_scale;
     }
 }
@@ -742,7 +748,7 @@ static void qkv_post_token(lms_ctx *c, const lms_layer *l, int il, const lms_bat
     if (l->k_norm.data)
         for (int h = 0; h < hp->n_head_kv; h++)
             rms_norm(kt + h * hd, l->k_norm.data, kt + h * hd, hd, hp->rms_eps);
-    rope_angles(hp, l, c->m->rope_freqs.data, b->pos[t], cosv, sinv);
+    rope_angles(hp, l, lms_model_rope_factors(c->m, c->p.n_ctx), b->pos[t], cosv, sinv);
     rope(hp, cosv, sinv, qt, hp->n_head);
     rope(hp, cosv, sinv, kt, hp->n_head_kv);
     if (hp->q_scale != 0.0f) /* gemma: the scores' scale goes into the queries */

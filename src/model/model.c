@@ -9,7 +9,10 @@
  * after the FFN, a GELU-gated FFN, queries scaled before the scores,
  * sliding-window (local) layers with their own RoPE base, and (gemma2)
  * soft-capped attention scores and logits (read_gemma below; the facts
- * are llama.cpp's, whose GGUF files these are).
+ * are llama.cpp's, whose GGUF files these are). Phi-3 stores q, k, v as one
+ * attn_qkv matrix and gate, up as one ffn_up matrix: they are bound as row
+ * ranges of the fused tensors (bind_fused), so the rest of the engine sees
+ * a llama layer; its 128k variants add LongRoPE factors (read_longrope).
  */
 #include "model/model.h"
 
@@ -30,6 +33,7 @@ enum {
     ARCH_QK_NORM = 1 << 1,  /* attn_{q,k}_norm.weight expected */
     ARCH_GEMMA2 = 1 << 2,   /* the gemma2 extras (read_gemma) */
     ARCH_GEMMA3 = 1 << 3,   /* the gemma3 extras (read_gemma) */
+    ARCH_PHI3 = 1 << 4,     /* fused attn_qkv and gate+up ffn_up, LongRoPE factors */
 };
 
 typedef struct arch_desc {
@@ -48,11 +52,15 @@ static const arch_desc arch_table[] = {
     /* text decoders only (a gemma3 file's vision tower is not read) */
     {"gemma2", LMS_ROPE_NEOX, ARCH_GEMMA2, 10000.0f},
     {"gemma3", LMS_ROPE_NEOX, ARCH_GEMMA3 | ARCH_QK_NORM, 10000.0f},
+    /* Phi-3 / Phi-3.5 mini and medium. Their attention.sliding_window is
+     * not applied: llama.cpp disables it for phi3 (its converter does not
+     * record which layers use it), and these are its files */
+    {"phi3", LMS_ROPE_NEOX, ARCH_PHI3, 10000.0f},
 };
 
 const char *lms_model_supported_archs(void)
 {
-    return "llama, mistral, qwen2, qwen3, gemma2, gemma3";
+    return "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3";
 }
 
 static const arch_desc *arch_find(const char *name)
@@ -265,6 +273,72 @@ static int bind(loader *L, lms_weight *w, const char *name, int64_t ne0, int64_t
     return 0;
 }
 
+/* Binds the fused tensor `name`, [ne0, rows[0] + ... + rows[n-1]] (ne0 = 0:
+ * a vector of that length), and splits it into n consecutive row ranges
+ * out[0..n) (`parts` names them for messages). Absent and not required:
+ * the outputs stay unbound. */
+static int bind_fused(loader *L, const char *name, int64_t ne0, const int64_t *rows,
+                      lms_weight *const *out, int n, const char *parts, bool required)
+{
+    int64_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += rows[i];
+    const gguf_tensor *t = gguf_find_tensor(L->m->gguf, name);
+    const int64_t want0 = ne0 ? ne0 : total, want1 = ne0 ? total : 1;
+    if (t && (t->ne[0] != want0 || t->ne[1] != want1 || t->ne[2] != 1 || t->ne[3] != 1))
+        return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT,
+                        "model: tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, "
+                        "%lld] (%s fused)",
+                        name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                        (long long)t->ne[3], (long long)want0, (long long)want1, parts);
+    lms_weight whole = {0};
+    int rc = bind(L, &whole, name, want0, ne0 ? total : 0, required);
+    if (rc < 0 || !whole.data)
+        return rc;
+    const uint8_t *p = whole.data;
+    for (int i = 0; i < n; i++) {
+        /* a matrix's rows are whole quantization blocks, so a range of them
+         * is a matrix of the same type; a vector is f32 */
+        *out[i] = whole;
+        out[i]->data = p;
+        if (ne0) {
+            out[i]->ne[1] = rows[i];
+        } else {
+            out[i]->ne[0] = rows[i];
+            out[i]->row_bytes = lms_row_size(whole.type, rows[i]);
+        }
+        p += ne0 ? (size_t)rows[i] * whole.row_bytes : out[i]->row_bytes;
+    }
+    return 0;
+}
+
+/* Phi-3's fused matrices: attn_qkv = [q rows; k rows; v rows] (with an
+ * optional bias of the same layout; without attn_qkv, llama.cpp takes
+ * separate attn_q/k/v, which bind_layer then binds), ffn_up = [gate rows;
+ * up rows] (act(first half) * second half). */
+static int bind_phi3(loader *L, lms_layer *l, int il, bool fused_qkv)
+{
+    const lms_hparams *hp = &L->m->hp;
+    const int64_t q = (int64_t)hp->n_head * hp->head_dim;
+    const int64_t kv = (int64_t)hp->n_head_kv * hp->head_dim;
+    const int64_t qkv_rows[3] = {q, kv, kv}, ff_rows[2] = {hp->n_ff, hp->n_ff};
+    lms_weight *const qkv_w[3] = {&l->wq, &l->wk, &l->wv};
+    lms_weight *const qkv_b[3] = {&l->bq, &l->bk, &l->bv};
+    lms_weight *const ff_w[2] = {&l->w_gate, &l->w_up};
+    char name[96];
+    int rc;
+    if (fused_qkv) {
+        snprintf(name, sizeof name, "blk.%d.attn_qkv.weight", il);
+        if ((rc = bind_fused(L, name, hp->n_embd, qkv_rows, qkv_w, 3, "q, k, v", true)) < 0)
+            return rc;
+        snprintf(name, sizeof name, "blk.%d.attn_qkv.bias", il);
+        if ((rc = bind_fused(L, name, 0, qkv_rows, qkv_b, 3, "q, k, v", false)) < 0)
+            return rc;
+    }
+    snprintf(name, sizeof name, "blk.%d.ffn_up.weight", il);
+    return bind_fused(L, name, hp->n_embd, ff_rows, ff_w, 2, "gate, up", true);
+}
+
 static int bind_layer(loader *L, int il)
 {
     const lms_hparams *hp = &L->m->hp;
@@ -273,39 +347,102 @@ static int bind_layer(loader *L, int il)
     int64_t kv = (int64_t)hp->n_head_kv * hp->head_dim, f = hp->n_ff;
     bool bias = L->arch->flags & ARCH_QKV_BIAS, qkn = L->arch->flags & ARCH_QK_NORM;
     bool gemma = L->arch->flags & (ARCH_GEMMA2 | ARCH_GEMMA3);
+    char name[96];
+    /* phi3: q, k, v and gate, up are views of fused tensors (bind_phi3) */
+    const bool phi3 = L->arch->flags & ARCH_PHI3;
+    snprintf(name, sizeof name, "blk.%d.attn_qkv.weight", il);
+    const bool split_qkv = !phi3 || !gguf_find_tensor(L->m->gguf, name);
+    char q_name[96];
+    snprintf(q_name, sizeof q_name, "blk.%d.attn_q.weight", il);
+    if (phi3 && split_qkv && !gguf_find_tensor(L->m->gguf, q_name))
+        return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT,
+                        "model: tensor '%s' is missing (nor are there separate attn_q/k/v)", name);
     struct {
         lms_weight *w;
         const char *suffix;
         int64_t ne0, ne1;
         bool required;
+        bool on; /* false: bound by bind_phi3 instead */
     } spec[] = {
-        {&l->attn_norm, "attn_norm.weight", e, 0, true},
-        {&l->wq, "attn_q.weight", e, q, true},
-        {&l->wk, "attn_k.weight", e, kv, true},
-        {&l->wv, "attn_v.weight", e, kv, true},
-        {&l->wo, "attn_output.weight", q, e, true},
-        {&l->bq, "attn_q.bias", q, 0, bias},
-        {&l->bk, "attn_k.bias", kv, 0, bias},
-        {&l->bv, "attn_v.bias", kv, 0, bias},
-        {&l->q_norm, "attn_q_norm.weight", hp->head_dim, 0, qkn},
-        {&l->k_norm, "attn_k_norm.weight", hp->head_dim, 0, qkn},
-        {&l->attn_post_norm, "post_attention_norm.weight", e, 0, gemma},
-        {&l->ffn_norm, "ffn_norm.weight", e, 0, true},
-        {&l->w_gate, "ffn_gate.weight", e, f, true},
-        {&l->w_up, "ffn_up.weight", e, f, true},
-        {&l->w_down, "ffn_down.weight", f, e, true},
-        {&l->ffn_post_norm, "post_ffw_norm.weight", e, 0, gemma},
+        {&l->attn_norm, "attn_norm.weight", e, 0, true, true},
+        {&l->wq, "attn_q.weight", e, q, true, split_qkv},
+        {&l->wk, "attn_k.weight", e, kv, true, split_qkv},
+        {&l->wv, "attn_v.weight", e, kv, true, split_qkv},
+        {&l->wo, "attn_output.weight", q, e, true, true},
+        {&l->bq, "attn_q.bias", q, 0, bias, split_qkv},
+        {&l->bk, "attn_k.bias", kv, 0, bias, split_qkv},
+        {&l->bv, "attn_v.bias", kv, 0, bias, split_qkv},
+        {&l->q_norm, "attn_q_norm.weight", hp->head_dim, 0, qkn, true},
+        {&l->k_norm, "attn_k_norm.weight", hp->head_dim, 0, qkn, true},
+        {&l->attn_post_norm, "post_attention_norm.weight", e, 0, gemma, true},
+        {&l->ffn_norm, "ffn_norm.weight", e, 0, true, true},
+        {&l->w_gate, "ffn_gate.weight", e, f, true, !phi3},
+        {&l->w_up, "ffn_up.weight", e, f, true, !phi3},
+        {&l->w_down, "ffn_down.weight", f, e, true, true},
+        {&l->ffn_post_norm, "post_ffw_norm.weight", e, 0, gemma, true},
     };
     l->rope_base = hp->rope_base;
     l->rope_freq_scale = hp->rope_freq_scale;
     for (size_t i = 0; i < sizeof spec / sizeof spec[0]; i++) {
-        char name[96];
+        if (!spec[i].on)
+            continue;
         snprintf(name, sizeof name, "blk.%d.%s", il, spec[i].suffix);
         int rc = bind(L, spec[i].w, name, spec[i].ne0, spec[i].ne1, spec[i].required);
         if (rc < 0)
             return rc;
     }
+    return phi3 ? bind_phi3(L, l, il, !split_qkv) : 0;
+}
+
+/*
+ * LongRoPE (Phi-3 128k, Phi-3.5), as llama.cpp reads it: rope_factors_long
+ * and rope_factors_short [n_rot/2] f32 divide the angles of the rotated
+ * pairs, the long ones for contexts longer than
+ * rope.scaling.original_context_length (default: context_length) positions
+ * per sequence; every rotated pair's cos and sin are multiplied by
+ * rope.scaling.attn_factor (default 1).
+ */
+static int read_longrope(loader *L)
+{
+    lms_model *m = L->m;
+    lms_hparams *hp = &m->hp;
+    int rc;
+    if ((rc = bind(L, &m->rope_long, "rope_factors_long.weight", hp->n_rot / 2, 0, false)) < 0 ||
+        (rc = bind(L, &m->rope_short, "rope_factors_short.weight", hp->n_rot / 2, 0, false)) < 0 ||
+        (rc = hp_int(L, "rope.scaling.original_context_length", hp->n_ctx_train,
+                     &hp->n_ctx_orig)) < 0)
+        return rc;
+    if (!m->rope_long.data != !m->rope_short.data)
+        return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT,
+                        "model: tensor '%s' is missing (LongRoPE needs both long and short "
+                        "factors)",
+                        m->rope_long.data ? "rope_factors_short.weight"
+                                          : "rope_factors_long.weight");
+    const lms_weight *fs[2] = {&m->rope_long, &m->rope_short};
+    for (int k = 0; k < 2 && fs[k]->data; k++)
+        for (int64_t i = 0; i < fs[k]->ne[0]; i++) {
+            const float v = ((const float *)fs[k]->data)[i];
+            if (!(v > 0.0f) || !isfinite(v))
+                return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT,
+                                "model: tensor '%s' value %lld is %g; factors must be positive",
+                                k ? "rope_factors_short.weight" : "rope_factors_long.weight",
+                                (long long)i, v);
+        }
+    hp->rope_attn_factor = hp_float(L, "rope.scaling.attn_factor", 1.0f);
+    if (!(hp->rope_attn_factor > 0.0f) || !isfinite(hp->rope_attn_factor))
+        return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT,
+                        "model: '%s.rope.scaling.attn_factor' is %g; it must be positive",
+                        L->arch->name, hp->rope_attn_factor);
     return 0;
+}
+
+const float *lms_model_rope_factors(const lms_model *m, int32_t n_ctx)
+{
+    if (m->rope_freqs.data)
+        return m->rope_freqs.data;
+    if (!m->rope_long.data)
+        return NULL;
+    return n_ctx > m->hp.n_ctx_orig ? m->rope_long.data : m->rope_short.data;
 }
 
 static int bind_weights(loader *L)
@@ -336,6 +473,8 @@ static int bind_weights(loader *L)
             return rc;
     if (L->arch->flags & (ARCH_GEMMA2 | ARCH_GEMMA3))
         return read_gemma(L);
+    if (L->arch->flags & ARCH_PHI3)
+        return read_longrope(L);
     return 0;
 }
 

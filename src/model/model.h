@@ -20,7 +20,7 @@ typedef struct lms_tokenizer lms_tokenizer; /* model/tokenizer.h */
 
 enum lms_rope_type {
     LMS_ROPE_NORM = 0, /* rotate adjacent pairs (x[2i], x[2i+1]): llama */
-    LMS_ROPE_NEOX = 2, /* rotate halves (x[i], x[i+d/2]): qwen2, qwen3, gemma2, gemma3 */
+    LMS_ROPE_NEOX = 2, /* rotate halves (x[i], x[i+d/2]): qwen2, qwen3, gemma2, gemma3, phi3 */
 };
 
 /* The gated FFN's activation: act(gate) * up. */
@@ -30,7 +30,9 @@ enum lms_ffn_act {
 };
 
 /* A weight matrix or vector, used in place from the mapping.
- * ne[0] = input (fastest) dimension, ne[1] = output rows. */
+ * ne[0] = input (fastest) dimension, ne[1] = output rows. It may be a range
+ * of rows of a larger tensor (phi3's fused attn_qkv and gate+up): rows are
+ * whole quantization blocks, so a row range is itself a matrix. */
 typedef struct lms_weight {
     const void *data; /* NULL when the tensor is absent (optional parts) */
     int type;         /* enum lms_type */
@@ -77,6 +79,10 @@ typedef struct lms_hparams {
                             * multiplied by this after RoPE and scores are not scaled */
     float attn_softcap;    /* 0 = none; else scores = cap * tanh(scores / cap) */
     float final_softcap;   /* 0 = none; else logits = cap * tanh(logits / cap) */
+    /* LongRoPE (phi3 128k): lms_model_rope_factors picks the frequency
+     * factors by context length; cos and sin are multiplied by this (0 = 1) */
+    float rope_attn_factor;
+    int32_t n_ctx_orig;    /* contexts longer than this take the long factors */
 } lms_hparams;
 
 typedef struct lms_model {
@@ -87,6 +93,8 @@ typedef struct lms_model {
     lms_weight output_norm; /* [n_embd] */
     lms_weight output;      /* [n_embd, n_vocab]; = tok_embd when tied */
     lms_weight rope_freqs;  /* optional [n_rot/2] f32 (Llama 3 frequency factors) */
+    lms_weight rope_long;   /* optional [n_rot/2] f32 LongRoPE factors (phi3), both */
+    lms_weight rope_short;  /* or neither */
     lms_layer *layers;      /* [n_layer] */
     lms_tokenizer *tok;
     size_t weight_bytes;    /* bytes of every tensor the forward pass reads */
@@ -96,6 +104,12 @@ typedef struct lms_model {
  * message naming the problem. */
 int lms_model_load(const char *path, lms_model **out, char *err, size_t errsz);
 void lms_model_free(lms_model *m);
+
+/* The RoPE frequency factors (angles divided by them) for contexts of
+ * n_ctx positions per sequence: rope_freqs if the file has it, else the
+ * LongRoPE long factors when n_ctx > hp.n_ctx_orig and the short ones
+ * otherwise, NULL when the model has none. */
+const float *lms_model_rope_factors(const lms_model *m, int32_t n_ctx);
 
 /* Bytes of the K/V cache for n_ctx tokens (f16 cells). */
 size_t lms_model_kv_bytes(const lms_hparams *hp, int64_t n_ctx);

@@ -5,7 +5,8 @@
  * (shapes with w_sd: N(0, w_sd^2) and 1 + N(0, 0.1^2)). gemma2 / gemma3
  * shapes get their post-attention and post-FFN norms (and gemma3 its q/k
  * norms), sliding-window and soft-capping keys, as llama.cpp's converter
- * writes them.
+ * writes them; phi3 shapes their fused attn_qkv and gate+up ffn_up, the
+ * (unused) sliding-window key and, for 128k shapes, LongRoPE factors.
  * Vocabulary: a byte-level BPE (tokenizer.ggml.model "gpt2", pre "default")
  * with the 256 byte tokens, merges for lower-case letter pairs and
  * space+letter, the family's special tokens, then unused filler tokens up
@@ -55,8 +56,35 @@ static const shape_row shapes[] = {
      {16, 4.0f, 2.0f, 0.08f}},
     {{"gemma3-tiny", "gemma3", 192, 6, 4, 1, 64, 512, 1024, 1024, 1000000.0f, 1e-6f, 1, 0},
      {16, 0.0f, 0.0f, 0.08f}},
+    /* phi3: Phi-3-mini-4k and Phi-3.5-mini (128k, LongRoPE from 4096), with the
+     * sliding_window values their converted files carry (llama.cpp ignores them) */
+    {{"phi3-mini", "phi3", 3072, 32, 32, 32, 96, 8192, 32064, 4096, 10000.0f, 1e-5f, 0, 0},
+     {2047, 0.0f, 0.0f, 0.0f}},
+    {{"phi3.5-mini", "phi3", 3072, 32, 32, 32, 96, 8192, 32064, 131072, 10000.0f, 1e-5f, 0, 0},
+     {262144, 0.0f, 0.0f, 0.0f}},
+    /* tiny test models: GQA (unlike the real ones), a window of 16 that must not
+     * apply; the 128k one switches to its long factors above 512 positions */
+    {{"phi3-tiny", "phi3", 192, 4, 4, 2, 48, 512, 1024, 1024, 10000.0f, 1e-5f, 0, 0},
+     {16, 0.0f, 0.0f, 0.08f}},
+    {{"phi3-tiny-128k", "phi3", 192, 4, 4, 2, 48, 512, 1024, 4096, 10000.0f, 1e-5f, 0, 0},
+     {16, 0.0f, 0.0f, 0.08f}},
 };
 #undef NO_EXTRA
+
+/* The phi3 128k shapes (by name, so copies of them count): LongRoPE factors
+ * for contexts beyond n_ctx_orig positions (rope_factors_long / _short,
+ * rope.scaling.attn_factor and rope.scaling.original_context_length). */
+static int32_t longrope_orig(const lms_synth_shape *s)
+{
+    static const struct {
+        const char *name;
+        int32_t n_ctx_orig;
+    } rows[] = {{"phi3.5-mini", 4096}, {"phi3-tiny-128k", 512}};
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+        if (!strcmp(s->arch, "phi3") && !strcmp(s->name, rows[i].name))
+            return rows[i].n_ctx_orig;
+    return 0;
+}
 
 const lms_synth_shape *lms_synth_find(const char *name)
 {
@@ -78,7 +106,7 @@ static const lms_synth_extra *extra_of(const lms_synth_shape *s)
 const char *lms_synth_names(void)
 {
     return "tiny llama-3.2-1b llama-3.2-3b llama-3-8b qwen3-0.6b qwen2.5-0.5b gemma2-2b gemma3-1b "
-           "gemma2-tiny gemma3-tiny";
+           "gemma2-tiny gemma3-tiny phi3-mini phi3.5-mini phi3-tiny phi3-tiny-128k";
 }
 
 /* ---- random numbers ------------------------------------------------------ */
@@ -146,9 +174,13 @@ static int build_vocab(const lms_synth_shape *s, vocab *v)
                                      "<|start_header_id|>", "<|end_header_id|>"};
     static const char *qwen_sp[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
     static const char *gemma_sp[] = {"<bos>", "<eos>", "<end_of_turn>", "<start_of_turn>"};
+    /* (llama.cpp looks "</s>" and "<unk>" up by name in a model named phi3) */
+    static const char *phi3_sp[] = {"<s>",           "<|endoftext|>", "<|end|>", "<|user|>",
+                                    "<|assistant|>", "</s>",          "<unk>"};
     bool qwen = strncmp(s->arch, "qwen", 4) == 0, gemma = strncmp(s->arch, "gemma", 5) == 0;
-    const char **sp = qwen ? qwen_sp : gemma ? gemma_sp : llama_sp;
-    int n_sp = qwen ? 3 : gemma ? 4 : 5;
+    bool phi3 = strcmp(s->arch, "phi3") == 0;
+    const char **sp = qwen ? qwen_sp : gemma ? gemma_sp : phi3 ? phi3_sp : llama_sp;
+    int n_sp = qwen ? 3 : gemma ? 4 : phi3 ? 7 : 5;
     memset(v, 0, sizeof *v);
     v->tok = calloc((size_t)s->n_vocab, sizeof *v->tok);
     v->type = calloc((size_t)s->n_vocab, sizeof *v->type);
@@ -219,6 +251,13 @@ static int write_meta(gguf_writer *w, const lms_synth_shape *s, const lms_synth_
         rc |= SET_F32("attn_logit_softcapping", x->attn_softcap);
     if (x->final_softcap != 0.0f)
         rc |= SET_F32("final_logit_softcapping", x->final_softcap);
+    const int32_t orig = longrope_orig(s);
+    if (orig > 0) { /* the converter's LongRoPE attention factor */
+        const double scale = (double)s->n_ctx / orig;
+        rc |= SET_U32("rope.scaling.original_context_length", orig);
+        rc |= SET_F32("rope.scaling.attn_factor",
+                      scale > 1.0 ? (float)sqrt(1.0 + log(scale) / log((double)orig)) : 1.0f);
+    }
 #undef SET_U32
 #undef SET_F32
     rc |= gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
@@ -232,9 +271,10 @@ static int write_meta(gguf_writer *w, const lms_synth_shape *s, const lms_synth_
     rc |= gguf_writer_set_u32(w, "tokenizer.ggml.eot_token_id", (uint32_t)v->eot);
     const bool gemma = strncmp(a, "gemma", 5) == 0;
     rc |= gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", strcmp(a, "llama") == 0 || gemma);
-    const char *tpl = lms_template_builtin(strcmp(a, "llama") == 0 ? "llama3"
-                                           : gemma                 ? "gemma"
-                                                                   : "chatml");
+    const char *tpl = lms_template_builtin(strcmp(a, "llama") == 0  ? "llama3"
+                                           : gemma                  ? "gemma"
+                                           : strcmp(a, "phi3") == 0 ? "phi3"
+                                                                    : "chatml");
     if (tpl)
         rc |= gguf_writer_set_str(w, "tokenizer.chat_template", tpl);
     return rc ? LMS_ERR_NOMEM : 0;
@@ -300,6 +340,27 @@ static int add_rope_freqs(synth_ctx *c)
     return rc;
 }
 
+/* LongRoPE factors [head_dim/2] f32, made up but of the real ones' form:
+ * short near 1, long growing to tens over the low frequencies. */
+static int add_longrope(synth_ctx *c)
+{
+    const int n = c->s->head_dim / 2;
+    float *f = malloc((size_t)n * 2 * sizeof *f);
+    if (!f)
+        return LMS_ERR_NOMEM;
+    for (int i = 0; i < n; i++) {
+        f[i] = 1.0f + 40.0f * (float)i / (float)n;    /* long */
+        f[n + i] = 1.0f + 0.5f * (float)i / (float)n; /* short */
+    }
+    int64_t ne[1] = {n};
+    const size_t nb = (size_t)n * 4;
+    int rc = gguf_writer_add_tensor(c->w, "rope_factors_long.weight", 0, 1, ne, f, nb, false);
+    if (rc == 0)
+        rc = gguf_writer_add_tensor(c->w, "rope_factors_short.weight", 0, 1, ne, f + n, nb, false);
+    free(f);
+    return rc;
+}
+
 static int add_layer(synth_ctx *c, int il)
 {
     const lms_synth_shape *s = c->s;
@@ -308,10 +369,15 @@ static int add_layer(synth_ctx *c, int il)
     int rc = 0;
 #define T(suffix, ne0, ne1, fill) \
     (snprintf(name, sizeof name, "blk.%d." suffix, il), rc = rc ? rc : add(c, name, ne0, ne1, fill))
+    const bool phi3 = !strcmp(s->arch, "phi3");
     T("attn_norm.weight", e, 0, 1.0f);
-    T("attn_q.weight", e, q, 0.0f);
-    T("attn_k.weight", e, kv, 0.0f);
-    T("attn_v.weight", e, kv, 0.0f);
+    if (phi3) { /* q, k, v rows in one matrix */
+        T("attn_qkv.weight", e, q + 2 * kv, 0.0f);
+    } else {
+        T("attn_q.weight", e, q, 0.0f);
+        T("attn_k.weight", e, kv, 0.0f);
+        T("attn_v.weight", e, kv, 0.0f);
+    }
     T("attn_output.weight", q, e, 0.0f);
     if (!strcmp(s->arch, "qwen2")) {
         T("attn_q.bias", q, 0, 0.0f);
@@ -326,8 +392,12 @@ static int add_layer(synth_ctx *c, int il)
     if (gemma)
         T("post_attention_norm.weight", e, 0, 1.0f);
     T("ffn_norm.weight", e, 0, 1.0f);
-    T("ffn_gate.weight", e, s->n_ff, 0.0f);
-    T("ffn_up.weight", e, s->n_ff, 0.0f);
+    if (phi3) { /* gate rows, then up rows */
+        T("ffn_up.weight", e, 2 * (int64_t)s->n_ff, 0.0f);
+    } else {
+        T("ffn_gate.weight", e, s->n_ff, 0.0f);
+        T("ffn_up.weight", e, s->n_ff, 0.0f);
+    }
     T("ffn_down.weight", s->n_ff, e, 0.0f);
     if (gemma)
         T("post_ffw_norm.weight", e, 0, 1.0f);
@@ -366,6 +436,8 @@ int lms_synth_write_ex(const lms_synth_shape *s, const lms_synth_extra *x, const
         rc = add(&c, "output.weight", s->n_embd, s->n_vocab, 0.0f);
     if (rc == 0 && s->llama3_rope)
         rc = add_rope_freqs(&c);
+    if (rc == 0 && longrope_orig(s) > 0)
+        rc = add_longrope(&c);
     if (rc == 0)
         rc = gguf_writer_write(w, path, err, errsz);
     else

@@ -11,14 +11,14 @@
 
 typedef struct lms_synth_shape {
     const char *name;     /* "llama-3.2-1b", ... */
-    const char *arch;     /* "llama", "qwen3" */
+    const char *arch;     /* "llama", "qwen3", ... (phi3: fused attn_qkv and gate+up ffn_up) */
     int32_t n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx;
     float rope_base, rms_eps;
     int tied;             /* output head tied to token_embd */
     int llama3_rope;      /* write Llama 3 rope frequency factors */
 } lms_synth_shape;
 
-/* A shape's family extras (gemma2 / gemma3; zeros for the others). */
+/* A shape's family extras (gemma2 / gemma3 / phi3; zeros for the others). */
 typedef struct lms_synth_extra {
     int32_t n_swa;        /* attention.sliding_window; 0: key not written */
     float attn_softcap;   /* attn_logit_softcapping (gemma2); 0: not written */
