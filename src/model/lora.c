@@ -184,6 +184,7 @@ typedef struct lora_loader {
     char *err;
     size_t errsz;
     int32_t *a_of, *b_of;    /* [n_slots] tensor index of each slot's A / B, -1 */
+    int32_t *fa_of, *fb_of;  /* [n_layer * 2] the same for fused matrices (fused_of) */
 } lora_loader;
 
 static int check_meta(lora_loader *L, lms_lora *l)
@@ -230,6 +231,57 @@ static bool ends_with(const char *s, size_t n, const char *suffix)
     return n >= k && memcmp(s + n - k, suffix, k) == 0;
 }
 
+/*
+ * phi3's fused matrices: blk.N.attn_qkv.weight holds the q, k and v rows,
+ * a fused blk.N.ffn_up.weight the gate rows then the up rows (model.c
+ * binds the parts as row ranges). An adapter of a fused matrix (A
+ * [n_embd, r], B [r, all its rows], as llama.cpp's converter writes for
+ * phi3) is split into one pair per part, sharing A and each taking its
+ * rows of B: y_part += s B_part (A x) is the fused product's part. An
+ * ffn_up pair whose B has only the up rows is the up part's own (an
+ * adapter written per part: ffn_gate + ffn_up, attn_q/k/v).
+ */
+enum { FUSED_QKV, FUSED_GATE_UP, FUSED_KINDS };
+
+/* The fused kind of base tensor name (and its layer), or -1. */
+static int fused_of(const lms_model *m, const char *name, int32_t *il_out)
+{
+    int il = -1, len = 0;
+    char stem[32], canon[96];
+    if (sscanf(name, "blk.%d.%31[a-z_].weight%n", &il, stem, &len) != 2 || name[len] != 0 ||
+        il < 0 || il >= m->hp.n_layer)
+        return -1;
+    snprintf(canon, sizeof canon, "blk.%d.%s.weight", il, stem);
+    if (strcmp(canon, name) != 0)
+        return -1;
+    const lms_layer *l = &m->layers[il];
+    *il_out = il;
+    if (!strcmp(stem, "attn_qkv") && gguf_find_tensor(m->gguf, name))
+        return FUSED_QKV;
+    snprintf(canon, sizeof canon, "blk.%d.ffn_gate.weight", il);
+    const uint8_t *gate_end = l->w_gate.data ? (const uint8_t *)l->w_gate.data +
+                                                   lms_row_size(l->w_gate.type, l->w_gate.ne[0]) *
+                                                       (size_t)l->w_gate.ne[1]
+                                             : NULL;
+    if (!strcmp(stem, "ffn_up") && gate_end && (const void *)gate_end == l->w_up.data &&
+        !gguf_find_tensor(m->gguf, canon))
+        return FUSED_GATE_UP;
+    return -1;
+}
+
+/* The parts of fused kind k of layer l: their targets and base weights. */
+static int fused_parts(const lms_layer *l, int k, int *targets, const lms_weight **ws)
+{
+    if (k == FUSED_QKV) {
+        targets[0] = LMS_LORA_Q, targets[1] = LMS_LORA_K, targets[2] = LMS_LORA_V;
+        ws[0] = &l->wq, ws[1] = &l->wk, ws[2] = &l->wv;
+        return 3;
+    }
+    targets[0] = LMS_LORA_GATE, targets[1] = LMS_LORA_UP;
+    ws[0] = &l->w_gate, ws[1] = &l->w_up;
+    return 2;
+}
+
 /* Sorts every tensor into its slot's A or B. */
 static int map_tensors(lora_loader *L)
 {
@@ -252,6 +304,16 @@ static int map_tensors(lora_loader *L)
                             "is too long", L->file, name);
         memcpy(base, name, n - 7);
         base[n - 7] = 0;
+        int32_t il;
+        const int fk = fused_of(L->m, base, &il);
+        if (fk >= 0) {
+            int32_t *at = is_a ? &L->fa_of[il * FUSED_KINDS + fk] : &L->fb_of[il * FUSED_KINDS + fk];
+            if (*at >= 0)
+                return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT,
+                                "lora '%s': duplicate tensor '%s'", L->file, name);
+            *at = (int32_t)i;
+            continue;
+        }
         int32_t slot = slot_of(base, nl);
         if (slot >= 0 && !base_weight(L->m, slot))
             slot = -1;
@@ -403,24 +465,128 @@ static uint64_t content_id(const lms_lora *l)
     return h ? h : 1;
 }
 
+/* The pairs of fused matrix k of layer il (see fused_of): A and B
+ * checked against the fused weight, then one pair per part. */
+static int load_fused(lora_loader *L, lms_lora *l, int32_t il, int k)
+{
+    const lms_layer *ly = &L->m->layers[il];
+    const int32_t ia = L->fa_of[il * FUSED_KINDS + k], ib = L->fb_of[il * FUSED_KINDS + k];
+    char wname[96];
+    snprintf(wname, sizeof wname, "blk.%d.%s.weight", (int)il, k == FUSED_QKV ? "attn_qkv" : "ffn_up");
+    if (ia < 0 || ib < 0)
+        return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT,
+                        "lora '%s': tensor '%s.%s' is missing (its pair '%s.%s' is present)",
+                        L->file, wname, ia < 0 ? "lora_a" : "lora_b", wname,
+                        ia < 0 ? "lora_b" : "lora_a");
+    int targets[3];
+    const lms_weight *ws[3];
+    const int np = fused_parts(ly, k, targets, ws);
+    int64_t rows = 0;
+    for (int i = 0; i < np; i++)
+        rows += ws[i]->ne[1];
+    const gguf_tensor *ta = &L->ts[ia], *tb = &L->ts[ib];
+    const int64_t r = tb->ne[0], n_in = ws[0]->ne[0];
+    const gguf_tensor *ts[2] = {ta, tb};
+    const int64_t want[2][2] = {{n_in, r}, {r, rows}};
+    for (int i = 0; i < 2; i++) {
+        const gguf_tensor *t = ts[i];
+        if (t->n_dims != 2 || t->ne[0] != want[i][0] || t->ne[1] != want[i][1])
+            return lms_errf(L->err, L->errsz, LMS_ERR_INVAL,
+                            "lora '%s': tensor '%s' has shape [%lld, %lld, %lld, %lld]; fused base "
+                            "weight '%s' [%lld, %lld] needs %s [%lld, %lld] at the rank %lld of its "
+                            "lora_b", L->file, t->name.p, (long long)t->ne[0], (long long)t->ne[1],
+                            (long long)t->ne[2], (long long)t->ne[3], wname, (long long)n_in,
+                            (long long)rows, i ? "lora_b" : "lora_a", (long long)want[i][0],
+                            (long long)want[i][1], (long long)r);
+        const lms_type_traits *tt = lms_type_get(t->type);
+        if (!tt || !lms_kernels_get()->to_float[t->type] || lms_row_size(t->type, t->ne[0]) == 0)
+            return lms_errf(L->err, L->errsz, LMS_ERR_UNSUPPORTED,
+                            "lora '%s': tensor '%s' has type %s, which cannot be read", L->file,
+                            t->name.p, tt ? tt->name : "?");
+    }
+    if (r < 1 || r > LORA_MAX_RANK)
+        return lms_errf(L->err, L->errsz, LMS_ERR_LIMIT,
+                        "lora '%s': tensor '%s' has rank %lld, not in [1, %d]", L->file,
+                        tb->name.p, (long long)r, LORA_MAX_RANK);
+    const size_t na = (size_t)n_in * (size_t)r;
+    float *a = malloc(na * sizeof *a), *b = malloc((size_t)rows * (size_t)r * sizeof *b);
+    int rc = a && b ? 0 : lms_errf(L->err, L->errsz, LMS_ERR_NOMEM, "lora '%s': out of memory",
+                                   L->file);
+    if (rc == 0)
+        rc = to_f32(L, ta, a);
+    if (rc == 0)
+        rc = to_f32(L, tb, b);
+    int64_t row0 = 0;
+    for (int i = 0; i < np && rc == 0; row0 += ws[i]->ne[1], i++) {
+        const int32_t slot = il * LMS_LORA_N_TARGETS + targets[i];
+        if (l->slot[slot] >= 0) {
+            rc = lms_errf(L->err, L->errsz, LMS_ERR_FORMAT,
+                          "lora '%s': '%s' is adapted both fused ('%s') and on its own", L->file,
+                          target_names[targets[i]], wname);
+            break;
+        }
+        lms_lora_pair *p = &l->pairs[l->n_pairs];
+        p->rank = (int32_t)r;
+        p->n_in = n_in;
+        p->n_out = ws[i]->ne[1];
+        p->factor = l->alpha != 0.0f ? l->alpha / (float)r : 1.0f;
+        p->a_vt = lms_type_get(ta->type)->vec_dot_type;
+        p->b_vt = lms_type_get(tb->type)->vec_dot_type;
+        p->a = malloc(na * sizeof *p->a);
+        p->bt = malloc((size_t)r * (size_t)p->n_out * sizeof *p->bt);
+        l->slot[slot] = l->n_pairs++; /* freed with the adapter even if incomplete */
+        if (!p->a || !p->bt) {
+            rc = lms_errf(L->err, L->errsz, LMS_ERR_NOMEM, "lora '%s': out of memory", L->file);
+            break;
+        }
+        memcpy(p->a, a, na * sizeof *a);
+        for (int64_t o = 0; o < p->n_out; o++)
+            for (int64_t j = 0; j < r; j++)
+                p->bt[(size_t)j * (size_t)p->n_out + (size_t)o] = b[(size_t)(row0 + o) * (size_t)r + (size_t)j];
+        l->bytes += (na + (size_t)r * (size_t)p->n_out) * sizeof(float);
+        l->max_rank = (int32_t)r > l->max_rank ? (int32_t)r : l->max_rank;
+    }
+    free(a);
+    free(b);
+    return rc;
+}
+
 static int load_all(lora_loader *L, lms_lora *l)
 {
     const int32_t nl = L->m->hp.n_layer, ns = n_slots(nl);
     int rc = L->f ? check_meta(L, l) : 0;
     if (rc < 0)
         return rc;
+    const int32_t nf = nl * FUSED_KINDS;
     l->slot = malloc((size_t)ns * sizeof *l->slot);
     L->a_of = malloc((size_t)ns * sizeof *L->a_of);
     L->b_of = malloc((size_t)ns * sizeof *L->b_of);
-    if (!l->slot || !L->a_of || !L->b_of)
+    L->fa_of = malloc((size_t)nf * sizeof *L->fa_of);
+    L->fb_of = malloc((size_t)nf * sizeof *L->fb_of);
+    if (!l->slot || !L->a_of || !L->b_of || !L->fa_of || !L->fb_of)
         return lms_errf(L->err, L->errsz, LMS_ERR_NOMEM, "lora '%s': out of memory", L->file);
     for (int32_t s = 0; s < ns; s++)
         l->slot[s] = L->a_of[s] = L->b_of[s] = -1;
+    for (int32_t f = 0; f < nf; f++)
+        L->fa_of[f] = L->fb_of[f] = -1;
     if ((rc = map_tensors(L)) < 0)
         return rc;
+    /* an ffn_up pair whose B has the up part's rows (not gate + up) is
+     * the up part's own pair, not the fused matrix's */
+    for (int32_t il = 0; il < nl; il++) {
+        int32_t *fa = &L->fa_of[il * FUSED_KINDS + FUSED_GATE_UP];
+        int32_t *fb = &L->fb_of[il * FUSED_KINDS + FUSED_GATE_UP];
+        const int32_t up = il * LMS_LORA_N_TARGETS + LMS_LORA_UP;
+        if (*fb >= 0 && L->ts[*fb].ne[1] == L->m->layers[il].w_up.ne[1]) {
+            L->a_of[up] = *fa, L->b_of[up] = *fb;
+            *fa = *fb = -1;
+        }
+    }
     int32_t n = 0;
     for (int32_t s = 0; s < ns; s++)
         n += L->a_of[s] >= 0 || L->b_of[s] >= 0;
+    for (int32_t f = 0; f < nf; f++)
+        n += L->fa_of[f] >= 0 || L->fb_of[f] >= 0 ? (f % FUSED_KINDS == FUSED_QKV ? 3 : 2) : 0;
     if (n == 0)
         return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT, "lora '%s': no lora_a/lora_b tensors",
                         L->file);
@@ -438,6 +604,10 @@ static int load_all(lora_loader *L, lms_lora *l)
             return rc;
         l->max_rank = rank > l->max_rank ? rank : l->max_rank;
     }
+    for (int32_t f = 0; f < nf; f++)
+        if ((L->fa_of[f] >= 0 || L->fb_of[f] >= 0) &&
+            (rc = load_fused(L, l, f / FUSED_KINDS, f % FUSED_KINDS)) < 0)
+            return rc;
     l->id = content_id(l);
     return 0;
 }
@@ -469,6 +639,8 @@ static int load_core(lora_loader *L, const char *path, float alpha, lms_lora **o
     int rc = load_all(L, l);
     free(L->a_of);
     free(L->b_of);
+    free(L->fa_of);
+    free(L->fb_of);
     if (rc < 0) {
         lora_free(l);
         return rc;

@@ -1,0 +1,292 @@
+/*
+ * test_lora_fused.c - LoRA adapters of phi3's fused matrices.
+ *
+ * llama.cpp's converter writes a phi3 adapter's q/k/v as one pair on
+ * blk.N.attn_qkv.weight and gate/up as one pair on the fused
+ * blk.N.ffn_up.weight. lora.c splits such a pair into one pair per part
+ * (A shared, B cut by rows). Checked here:
+ *   - an adapter written fused gives bit-identical logits to the same
+ *     adapter written as separate attn_q/k/v and ffn_gate/ffn_up pairs
+ *     (which phi3's row views take as they are), and differs from the
+ *     base model;
+ *   - the split pairs have the parts' shapes;
+ *   - a fused B with the wrong row count, a missing half, and a part
+ *     adapted both fused and on its own are refused by name.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/err.h"
+#include "engine/forward.h"
+#include "engine/kv_cache.h"
+#include "model/gguf.h"
+#include "model/lora.h"
+#include "model/model.h"
+#include "model/synth.h"
+#include "testutil.h"
+
+#define RANK 4
+#define N_TOK 12
+
+static lms_model *g_model;
+static char g_dir[64];
+
+static const char *tmp_path(const char *name)
+{
+    static char buf[4][128];
+    static int k;
+    char *p = buf[k++ % 4];
+    snprintf(p, 128, "%s/%s", g_dir, name);
+    return p;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(g_dir, sizeof g_dir, "/tmp/test_lora_fused_XXXXXX");
+    if (!mkdtemp(g_dir))
+        return -1;
+    char err[256];
+    const char *path = tmp_path("phi3.gguf");
+    assert_int_equal(lms_synth_write(lms_synth_find("phi3-tiny"), "F32", 3, path, err, sizeof err),
+                     0);
+    if (lms_model_load(path, &g_model, err, sizeof err) < 0)
+        fail_msg("%s", err);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    lms_model_free(g_model);
+    const char *files[] = {"phi3.gguf", "fused.gguf", "split.gguf", "rows.gguf", "nob.gguf",
+                           "both.gguf"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
+        unlink(tmp_path(files[i]));
+    return rmdir(g_dir) == 0 ? 0 : -1;
+}
+
+/* ---- adapters ---------------------------------------------------------------------- */
+
+/* The random A and B of one fused matrix of one layer. */
+typedef struct fused_ab {
+    int64_t n_in, rows;
+    float *a; /* [RANK][n_in] as stored (ne = [n_in, RANK]) */
+    float *b; /* [rows][RANK] (ne = [RANK, rows]) */
+} fused_ab;
+
+static fused_ab make_ab(int64_t n_in, int64_t rows, uint64_t *seed)
+{
+    fused_ab f = {n_in, rows, malloc((size_t)n_in * RANK * sizeof(float)),
+                  malloc((size_t)rows * RANK * sizeof(float))};
+    for (int64_t i = 0; i < n_in * RANK; i++)
+        f.a[i] = tu_rand_f32(seed, -0.2f, 0.2f);
+    for (int64_t i = 0; i < rows * RANK; i++)
+        f.b[i] = tu_rand_f32(seed, -0.2f, 0.2f);
+    return f;
+}
+
+static void add_pair(gguf_writer *w, const char *base, const fused_ab *f, int64_t row0,
+                     int64_t rows)
+{
+    char name[128];
+    const int64_t na[2] = {f->n_in, RANK}, nb[2] = {RANK, rows};
+    snprintf(name, sizeof name, "%s.lora_a", base);
+    assert_int_equal(gguf_writer_add_tensor(w, name, LMS_TYPE_F32, 2, na, f->a,
+                                            (size_t)f->n_in * RANK * sizeof(float), true), 0);
+    snprintf(name, sizeof name, "%s.lora_b", base);
+    assert_int_equal(gguf_writer_add_tensor(w, name, LMS_TYPE_F32, 2, nb, f->b + row0 * RANK,
+                                            (size_t)rows * RANK * sizeof(float), true), 0);
+}
+
+enum { WRITE_FUSED, WRITE_SPLIT, WRITE_BAD_ROWS, WRITE_NO_B, WRITE_BOTH };
+
+/* Writes the adapter (qkv and gate/up of every layer from abs) in form
+ * `how` and returns the loader's error ("" when it loaded; *out set). */
+static const char *write_load(const fused_ab *abs, int how, const char *file, lms_lora **out)
+{
+    const lms_hparams *hp = &g_model->hp;
+    const int64_t q = (int64_t)hp->n_head * hp->head_dim, kv = (int64_t)hp->n_head_kv * hp->head_dim;
+    gguf_writer *w = gguf_writer_create();
+    gguf_writer_set_str(w, "general.type", "adapter");
+    gguf_writer_set_str(w, "general.architecture", "phi3");
+    gguf_writer_set_str(w, "adapter.type", "lora");
+    gguf_writer_set_f32(w, "adapter.lora.alpha", 8.0f);
+    char base[96];
+    for (int il = 0; il < hp->n_layer; il++) {
+        const fused_ab *qkv = &abs[2 * il], *gu = &abs[2 * il + 1];
+        if (how == WRITE_SPLIT) {
+            const char *parts[3] = {"attn_q", "attn_k", "attn_v"};
+            const int64_t r0[3] = {0, q, q + kv}, n[3] = {q, kv, kv};
+            for (int k = 0; k < 3; k++) {
+                snprintf(base, sizeof base, "blk.%d.%s.weight", il, parts[k]);
+                add_pair(w, base, qkv, r0[k], n[k]);
+            }
+            snprintf(base, sizeof base, "blk.%d.ffn_gate.weight", il);
+            add_pair(w, base, gu, 0, hp->n_ff);
+            snprintf(base, sizeof base, "blk.%d.ffn_up.weight", il);
+            add_pair(w, base, gu, hp->n_ff, hp->n_ff);
+            continue;
+        }
+        snprintf(base, sizeof base, "blk.%d.attn_qkv.weight", il);
+        if (how == WRITE_NO_B && il == 1) {
+            char name[128];
+            const int64_t na[2] = {qkv->n_in, RANK};
+            snprintf(name, sizeof name, "%s.lora_a", base);
+            gguf_writer_add_tensor(w, name, LMS_TYPE_F32, 2, na, qkv->a,
+                                   (size_t)qkv->n_in * RANK * sizeof(float), true);
+        } else {
+            add_pair(w, base, qkv, 0, how == WRITE_BAD_ROWS && il == 2 ? qkv->rows - 1 : qkv->rows);
+        }
+        snprintf(base, sizeof base, "blk.%d.ffn_up.weight", il);
+        add_pair(w, base, gu, 0, gu->rows);
+        if (how == WRITE_BOTH && il == 3) {
+            snprintf(base, sizeof base, "blk.%d.attn_k.weight", il);
+            add_pair(w, base, qkv, q, kv);
+        }
+    }
+    static char err[512];
+    err[0] = 0;
+    const char *path = tmp_path(file);
+    assert_int_equal(gguf_writer_write(w, path, err, sizeof err), 0);
+    gguf_writer_destroy(w);
+    *out = NULL;
+    if (lms_lora_load(path, g_model, out, err, sizeof err) == 0)
+        err[0] = 0;
+    return err;
+}
+
+/* ---- runs --------------------------------------------------------------------------- */
+
+static float *run_logits(const lms_lora_set *set, const int32_t *toks)
+{
+    lms_ctx_params cp = {.n_ctx = 32, .n_batch = 32, .n_seq = 1, .n_threads = 2};
+    lms_ctx *c;
+    char err[256];
+    if (lms_ctx_create(g_model, &cp, &c, err, sizeof err) < 0)
+        fail_msg("%s", err);
+    lms_kv_seq seq = {0};
+    lms_kv_seq *seqs[N_TOK];
+    const lms_lora_set *sets[N_TOK];
+    int32_t pos[N_TOK];
+    bool want[N_TOK];
+    for (int i = 0; i < N_TOK; i++)
+        seqs[i] = &seq, sets[i] = set, pos[i] = i, want[i] = true;
+    float *lg = malloc((size_t)N_TOK * (size_t)g_model->hp.n_vocab * sizeof *lg);
+    assert_int_equal(lms_kv_seq_reserve(lms_ctx_kv(c), &seq, N_TOK), 0);
+    lms_batch b = {.n_tokens = N_TOK, .tokens = toks, .pos = pos, .seq = seqs, .logits = want,
+                   .lora = set ? sets : NULL};
+    assert_int_equal(lms_forward(c, &b, lg), 0);
+    lms_kv_seq_release(lms_ctx_kv(c), &seq);
+    lms_ctx_destroy(c);
+    return lg;
+}
+
+static fused_ab *make_all(void)
+{
+    const lms_hparams *hp = &g_model->hp;
+    const int64_t q = (int64_t)hp->n_head * hp->head_dim, kv = (int64_t)hp->n_head_kv * hp->head_dim;
+    fused_ab *abs = malloc((size_t)hp->n_layer * 2 * sizeof *abs);
+    uint64_t seed = 99;
+    for (int il = 0; il < hp->n_layer; il++) {
+        abs[2 * il] = make_ab(hp->n_embd, q + 2 * kv, &seed);
+        abs[2 * il + 1] = make_ab(hp->n_embd, 2 * (int64_t)hp->n_ff, &seed);
+    }
+    return abs;
+}
+
+static void free_all(fused_ab *abs)
+{
+    for (int i = 0; i < 2 * g_model->hp.n_layer; i++) {
+        free(abs[i].a);
+        free(abs[i].b);
+    }
+    free(abs);
+}
+
+static void test_fused_equals_split(void **state)
+{
+    (void)state;
+    fused_ab *abs = make_all();
+    lms_lora *fused, *split;
+    const char *e = write_load(abs, WRITE_FUSED, "fused.gguf", &fused);
+    if (*e)
+        fail_msg("fused: %s", e);
+    e = write_load(abs, WRITE_SPLIT, "split.gguf", &split);
+    if (*e)
+        fail_msg("split: %s", e);
+    const lms_hparams *hp = &g_model->hp;
+    assert_int_equal(lms_lora_n_tensors(fused), 5 * hp->n_layer);
+    assert_int_equal(lms_lora_n_tensors(split), 5 * hp->n_layer);
+    /* the parts' shapes */
+    const int targets[5] = {LMS_LORA_Q, LMS_LORA_K, LMS_LORA_V, LMS_LORA_GATE, LMS_LORA_UP};
+    const int64_t outs[5] = {(int64_t)hp->n_head * hp->head_dim, (int64_t)hp->n_head_kv * hp->head_dim,
+                             (int64_t)hp->n_head_kv * hp->head_dim, hp->n_ff, hp->n_ff};
+    for (int k = 0; k < 5; k++) {
+        const lms_lora_pair *p = lms_lora_layer_pair(fused, 2, targets[k]);
+        assert_non_null(p);
+        assert_int_equal(p->rank, RANK);
+        assert_int_equal(p->n_in, hp->n_embd);
+        assert_int_equal(p->n_out, outs[k]);
+    }
+    assert_null(lms_lora_layer_pair(fused, 2, LMS_LORA_O));
+    /* the same content: the prefix cache may share their blocks */
+    assert_true(lms_lora_id(fused) == lms_lora_id(split));
+
+    int32_t toks[N_TOK];
+    uint64_t seed = 5;
+    for (int i = 0; i < N_TOK; i++)
+        toks[i] = (int32_t)(tu_rand_u64(&seed) % (uint64_t)hp->n_vocab);
+    char err[256];
+    lms_lora_set sf, ss;
+    lms_lora_use uf = {fused, 0.7f}, us = {split, 0.7f};
+    assert_int_equal(lms_lora_set_make(&sf, &uf, 1, err, sizeof err), 0);
+    assert_int_equal(lms_lora_set_make(&ss, &us, 1, err, sizeof err), 0);
+    float *lf = run_logits(&sf, toks), *ls = run_logits(&ss, toks), *lb = run_logits(NULL, toks);
+    const size_t n = (size_t)N_TOK * (size_t)hp->n_vocab;
+    assert_true(memcmp(lf, ls, n * sizeof *lf) == 0);
+    assert_true(tu_max_diff(lf, lb, n) > 1e-2f);
+    free(lf);
+    free(ls);
+    free(lb);
+    lms_lora_release(fused);
+    lms_lora_release(split);
+    free_all(abs);
+}
+
+static void test_fused_errors(void **state)
+{
+    (void)state;
+    fused_ab *abs = make_all();
+    lms_lora *l;
+    const char *e = write_load(abs, WRITE_BAD_ROWS, "rows.gguf", &l);
+    assert_null(l);
+    if (!strstr(e, "blk.2.attn_qkv.weight.lora_b") || !strstr(e, "fused base weight"))
+        fail_msg("bad rows: %s", e);
+    e = write_load(abs, WRITE_NO_B, "nob.gguf", &l);
+    assert_null(l);
+    if (!strstr(e, "'blk.1.attn_qkv.weight.lora_b' is missing"))
+        fail_msg("missing half: %s", e);
+    e = write_load(abs, WRITE_BOTH, "both.gguf", &l);
+    assert_null(l);
+    if (!strstr(e, "attn_k' is adapted both fused ('blk.3.attn_qkv.weight')"))
+        fail_msg("both: %s", e);
+    free_all(abs);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fused_equals_split),
+        cmocka_unit_test(test_fused_errors),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
