@@ -662,11 +662,13 @@ static int load_from(gguf_file *f, const char *file, const char *path, const lms
 
 /* ---- PEFT adapters (adapter_model.safetensors + adapter_config.json) ------------ */
 
-/* PEFT module names, the first LMS_LORA_N_TARGETS in target order. */
-enum { PM_LM_HEAD = LMS_LORA_N_TARGETS, PM_EMBED, PM_N };
+/* PEFT module names, the first LMS_LORA_N_TARGETS in target order; then
+ * Phi-3's fused qkv_proj and gate_up_proj (the GGUF attn_qkv and ffn_up
+ * that fused_of splits). */
+enum { PM_LM_HEAD = LMS_LORA_N_TARGETS, PM_EMBED, PM_QKV, PM_GATE_UP, PM_N };
 static const char *const peft_modules[PM_N] = {
     "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
-    "lm_head", "embed_tokens",
+    "lm_head", "embed_tokens", "qkv_proj", "gate_up_proj",
 };
 
 typedef struct peft_config {
@@ -685,7 +687,7 @@ static int cfg_err(lora_loader *L, int code, const char *what, const char *detai
 static unsigned module_bits(const char *s)
 {
     if (!strcmp(s, "all-linear")) /* PEFT: every linear layer but the output head */
-        return (1u << LMS_LORA_N_TARGETS) - 1;
+        return ((1u << LMS_LORA_N_TARGETS) - 1) | 1u << PM_QKV | 1u << PM_GATE_UP;
     for (int k = 0; k < PM_N; k++)
         if (!strcmp(s, peft_modules[k]))
             return 1u << k;
@@ -762,7 +764,8 @@ static int read_config(lora_loader *L, const char *path, peft_config *c)
             unsigned bits = json_is_string(e) ? module_bits(json_string_value(e)) : 0;
             if (!bits) {
                 snprintf(d, sizeof d, "\"%.64s\" is not supported (q_proj, k_proj, v_proj, o_proj, "
-                         "gate_proj, up_proj, down_proj, lm_head, embed_tokens)",
+                         "gate_proj, up_proj, down_proj, lm_head, embed_tokens, qkv_proj, "
+                         "gate_up_proj)",
                          json_is_string(e) ? json_string_value(e) : "?");
                 rc = cfg_err(L, LMS_ERR_UNSUPPORTED, "target_modules entry ", d);
                 goto out;
@@ -823,12 +826,17 @@ static int peft_name(const char *name, bool *is_a, char *gname, size_t n)
         mod = PM_LM_HEAD;
         snprintf(gname, n, "output.weight");
     } else if (eat(&s, "model.layers.") && eat_index(&s, &il)) {
-        for (int k = 0; k < LMS_LORA_N_TARGETS && mod < 0; k++) {
+        static const int mods[] = {LMS_LORA_Q,    LMS_LORA_K,  LMS_LORA_V,    LMS_LORA_O,
+                                   LMS_LORA_GATE, LMS_LORA_UP, LMS_LORA_DOWN, PM_QKV,
+                                   PM_GATE_UP};
+        for (size_t i = 0; i < sizeof mods / sizeof mods[0] && mod < 0; i++) {
+            const int k = mods[i];
+            const bool attn = k < LMS_LORA_GATE || k == PM_QKV;
             const char *t = s;
-            if (eat(&t, k < LMS_LORA_GATE ? "self_attn." : "mlp.") && eat(&t, peft_modules[k]) &&
-                *t == '.') {
+            if (eat(&t, attn ? "self_attn." : "mlp.") && eat(&t, peft_modules[k]) && *t == '.') {
                 mod = k, s = t + 1;
-                snprintf(gname, n, "blk.%d.%s.weight", il, target_names[k]);
+                snprintf(gname, n, "blk.%d.%s.weight", il,
+                         k == PM_QKV ? "attn_qkv" : k == PM_GATE_UP ? "ffn_up" : target_names[k]);
             }
         }
     }

@@ -11,7 +11,9 @@
  *     base model;
  *   - the split pairs have the parts' shapes;
  *   - a fused B with the wrong row count, a missing half, and a part
- *     adapted both fused and on its own are refused by name.
+ *     adapted both fused and on its own are refused by name;
+ *   - the PEFT form (Phi-3's qkv_proj / gate_up_proj modules) loads to the
+ *     same adapter.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -22,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/err.h"
@@ -282,11 +285,91 @@ static void test_fused_errors(void **state)
     free_all(abs);
 }
 
+/* The same adapter as a PEFT folder: lora_A [r, n_in] and lora_B
+ * [n_out, r] hold the same bytes as the GGUF lora_a / lora_b. */
+static const char *write_peft(const fused_ab *abs)
+{
+    const char *dir = tmp_path("peft");
+    mkdir(dir, 0700);
+    const int nl = g_model->hp.n_layer;
+    char path[256], name[128];
+    /* header: every tensor's dtype, shape and byte range, then the data */
+    size_t cap = 64 * 1024, len = 0, off = 0;
+    char *hdr = malloc(cap);
+    len += (size_t)snprintf(hdr + len, cap - len, "{");
+    for (int il = 0; il < nl; il++)
+        for (int k = 0; k < 2; k++) {
+            const fused_ab *f = &abs[2 * il + k];
+            const char *mod = k ? "mlp.gate_up_proj" : "self_attn.qkv_proj";
+            for (int ab = 0; ab < 2; ab++) {
+                const size_t n = (size_t)(ab ? f->rows : f->n_in) * RANK * sizeof(float);
+                snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.lora_%c.weight",
+                         il, mod, ab ? 'B' : 'A');
+                len += (size_t)snprintf(hdr + len, cap - len,
+                                        "%s\"%s\":{\"dtype\":\"F32\",\"shape\":[%lld,%lld],"
+                                        "\"data_offsets\":[%zu,%zu]}",
+                                        len > 1 ? "," : "", name,
+                                        (long long)(ab ? f->rows : RANK),
+                                        (long long)(ab ? RANK : f->n_in), off, off + n);
+                off += n;
+            }
+        }
+    len += (size_t)snprintf(hdr + len, cap - len, "}");
+    assert_true(len < cap);
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    FILE *fp = fopen(path, "wb");
+    assert_non_null(fp);
+    const uint64_t hl = len;
+    fwrite(&hl, sizeof hl, 1, fp);
+    fwrite(hdr, 1, len, fp);
+    for (int il = 0; il < nl; il++)
+        for (int k = 0; k < 2; k++) {
+            const fused_ab *f = &abs[2 * il + k];
+            fwrite(f->a, sizeof(float), (size_t)f->n_in * RANK, fp);
+            fwrite(f->b, sizeof(float), (size_t)f->rows * RANK, fp);
+        }
+    assert_int_equal(fclose(fp), 0);
+    free(hdr);
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    fp = fopen(path, "w");
+    assert_non_null(fp);
+    fprintf(fp, "{\"peft_type\": \"LORA\", \"r\": %d, \"lora_alpha\": 8, "
+                "\"target_modules\": [\"qkv_proj\", \"gate_up_proj\"]}", RANK);
+    assert_int_equal(fclose(fp), 0);
+    return dir;
+}
+
+static void test_peft(void **state)
+{
+    (void)state;
+    fused_ab *abs = make_all();
+    lms_lora *fused, *peft = NULL;
+    const char *e = write_load(abs, WRITE_FUSED, "fused.gguf", &fused);
+    if (*e)
+        fail_msg("fused: %s", e);
+    char err[512];
+    const char *dir = write_peft(abs);
+    if (lms_lora_load(dir, g_model, &peft, err, sizeof err) < 0)
+        fail_msg("peft: %s", err);
+    assert_int_equal(lms_lora_n_tensors(peft), 5 * g_model->hp.n_layer);
+    assert_true(lms_lora_id(peft) == lms_lora_id(fused));
+    lms_lora_release(peft);
+    lms_lora_release(fused);
+    char path[256];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    unlink(path);
+    rmdir(dir);
+    free_all(abs);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fused_equals_split),
         cmocka_unit_test(test_fused_errors),
+        cmocka_unit_test(test_peft),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

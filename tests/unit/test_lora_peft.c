@@ -503,8 +503,8 @@ static void test_peft_errors(void **state)
     expect(load_err(write_peft("type", a, "{\"peft_type\": \"IA3\", \"r\": 4, \"lora_alpha\": 8}")),
            "peft_type is not \"LORA\"");
     expect(load_err(write_peft("tm", a, "{\"r\": 4, \"lora_alpha\": 8, \"target_modules\": "
-                                        "[\"q_proj\", \"qkv_proj\"]}")),
-           "target_modules entry \"qkv_proj\" is not supported");
+                                        "[\"q_proj\", \"query_key_value\"]}")),
+           "target_modules entry \"query_key_value\" is not supported");
     expect(load_err(write_peft("notin", a, "{\"r\": 4, \"lora_alpha\": 8, \"target_modules\": "
                                            "[\"q_proj\", \"v_proj\"]}")),
            "tensor 'base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight': module "
