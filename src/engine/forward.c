@@ -70,10 +70,10 @@ static size_t max_scratch(const lms_model *m, int64_t n)
 }
 
 /* GPU placement when asked for; a CPU-only build refuses GPU layers. The
- * CUDA layers know only the llama / qwen layer (no post-norms, GELU,
- * windows, soft-capping, or LongRoPE's factor choice and attention
- * factor): a gemma model or a phi3 128k one stays on the CPU whole, and
- * an explicit --gpu-layers for one is refused. */
+ * CUDA layers know no LongRoPE (its factor choice and attention factor):
+ * a phi3 128k model stays on the CPU whole, and an explicit --gpu-layers
+ * for one is refused. (gemma's layers have their own GPU path in
+ * forward_cuda.c; their embeddings are scaled here before they go up.) */
 static int gpu_setup(lms_ctx *c, int32_t blocks, char *err, size_t errsz)
 {
     if (c->p.gpu_layers == 0)
@@ -81,9 +81,8 @@ static int gpu_setup(lms_ctx *c, int32_t blocks, char *err, size_t errsz)
     const lms_hparams *hp = &c->m->hp;
     const bool longrope =
         c->m->rope_long.data || (hp->rope_attn_factor != 0.0f && hp->rope_attn_factor != 1.0f);
-    if (hp->ffn_act != LMS_FFN_SILU || hp->embd_scale != 0.0f || hp->q_scale != 0.0f ||
-        hp->attn_softcap != 0.0f || hp->final_softcap != 0.0f || longrope) {
-        const char *why = longrope ? " with LongRoPE (rope_factors_long/short, attn_factor)" : "";
+    if (longrope) {
+        const char *why = " with LongRoPE (rope_factors_long/short, attn_factor)";
         if (c->p.gpu_layers == LMS_GPU_LAYERS_AUTO) {
             fprintf(stderr, "gpu: architecture '%s'%s runs on the CPU only\n", hp->arch, why);
             return 0;

@@ -37,6 +37,14 @@
  * it faster than the CPU multiplies a big batch by it. The staging and
  * the CPU layers' norm/bias vectors are part of the plan (offload_bytes).
  *
+ * Gemma 2 / 3 layers (gemma_layers) run gpu_layer_run_gemma, chosen once
+ * at load so that a captured decode graph holds one kind of layer: each
+ * layer's shape carries its RoPE base, window and score cap (cu_attn.cu's
+ * kernels built for them), the attention and FFN outputs are normed before
+ * their residual adds, the FFN is GELU-gated, and gemma2's logits are
+ * capped after the head. The embeddings arrive scaled (forward.c). A
+ * gemma model's CPU layers take no prompt offload (that path is llama's).
+ *
  * Owner: the thread that owns the lms_ctx.
  */
 #include <stdio.h>
@@ -57,9 +65,11 @@
 typedef struct gpu_layer {
     lcu_mat wq, wk, wv, wo, w_gate, w_up, w_down;
     const float *attn_norm, *ffn_norm, *bq, *bk, *bv, *q_norm, *k_norm; /* device, or NULL */
+    const float *attn_post_norm, *ffn_post_norm;                        /* gemma, or NULL */
     void *mem;                                                          /* one block per layer */
     size_t mem_bytes;
     uint16_t *k, *v; /* this layer's K/V pool: [n_blocks][16][n_kv_dim] f16 */
+    lcu_attn_shape shape; /* gemma: the model's shape with this layer's RoPE, window, caps */
 } gpu_layer;
 
 /* Device copies of a CPU layer's vectors, for the prompt offload. */
@@ -70,6 +80,7 @@ typedef struct gpu_vecs {
 struct fwd_gpu {
     lcu *g;
     gpu_layer *layers; /* [n_gpu] */
+    bool gemma;        /* the layers run gpu_layer_run_gemma (gemma_layers) */
     lcu_mat output;
     const float *out_norm; /* device copy of output_norm (fused head), or NULL */
     bool fuse_head;        /* decode steps end with final norm + head on the GPU */
@@ -129,21 +140,24 @@ static size_t weight_bytes(const lms_weight *w)
     return w->data ? align_up(w->row_bytes * (size_t)(w->ne[1] > 0 ? w->ne[1] : 1)) : 0;
 }
 
-/* The weights of layer il, in the order they are uploaded. */
-static void layer_weights(const lms_layer *l, const lms_weight *ws[14])
+/* The weights of layer il, in the order they are uploaded: the 7
+ * matrices, then the vectors. */
+#define N_WEIGHTS 16
+static void layer_weights(const lms_layer *l, const lms_weight *ws[N_WEIGHTS])
 {
-    const lms_weight *list[14] = {&l->wq,     &l->wk,        &l->wv,     &l->wo,    &l->w_gate,
-                                  &l->w_up,   &l->w_down,    &l->attn_norm, &l->ffn_norm, &l->bq,
-                                  &l->bk,     &l->bv,        &l->q_norm, &l->k_norm};
+    const lms_weight *list[N_WEIGHTS] = {
+        &l->wq,     &l->wk,       &l->wv,        &l->wo,        &l->w_gate, &l->w_up,
+        &l->w_down, &l->attn_norm, &l->ffn_norm, &l->bq,        &l->bk,     &l->bv,
+        &l->q_norm, &l->k_norm,   &l->attn_post_norm, &l->ffn_post_norm};
     memcpy(ws, list, sizeof list);
 }
 
 static size_t layer_bytes(const lms_layer *l)
 {
-    const lms_weight *ws[14];
+    const lms_weight *ws[N_WEIGHTS];
     layer_weights(l, ws);
     size_t b = 0;
-    for (int i = 0; i < 14; i++)
+    for (int i = 0; i < N_WEIGHTS; i++)
         b += weight_bytes(ws[i]);
     return b;
 }
@@ -152,15 +166,31 @@ static size_t layer_bytes(const lms_layer *l)
  * supported type, vectors in f32). */
 static bool layer_supported(const lms_layer *l)
 {
-    const lms_weight *ws[14];
+    const lms_weight *ws[N_WEIGHTS];
     layer_weights(l, ws);
-    for (int i = 0; i < 14; i++) {
+    for (int i = 0; i < N_WEIGHTS; i++) {
         if (!ws[i]->data)
             continue;
         if (i < 7 ? !lcu_type_supported(ws[i]->type) : ws[i]->type != LMS_TYPE_F32)
             return false;
     }
     return l->attn_norm.data && l->ffn_norm.data;
+}
+
+/* Whether the model's layers are gemma's (GeGLU, post-norms, query scale,
+ * soft-capped scores, windows): they run gpu_layer_run_gemma; the llama /
+ * qwen layers keep their own, unchanged, function and kernels. */
+static bool gemma_layers(const lms_model *m)
+{
+    const lms_hparams *hp = &m->hp;
+    if (hp->ffn_act != LMS_FFN_SILU || hp->q_scale != 0.0f || hp->attn_softcap != 0.0f)
+        return true;
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        const lms_layer *l = &m->layers[il];
+        if (l->attn_post_norm.data || l->ffn_post_norm.data || l->n_swa > 0)
+            return true;
+    }
+    return false;
 }
 
 /* The vectors a CPU layer's offloaded step needs on the device. */
@@ -176,7 +206,7 @@ static size_t largest_matrix(const lms_model *m)
 {
     size_t mx = 0;
     for (int32_t il = 0; il < m->hp.n_layer; il++) {
-        const lms_weight *ws[14];
+        const lms_weight *ws[N_WEIGHTS];
         layer_weights(&m->layers[il], ws);
         for (int i = 0; i < 7; i++)
             mx = weight_bytes(ws[i]) > mx ? weight_bytes(ws[i]) : mx;
@@ -210,7 +240,8 @@ static size_t offload_bytes(const lms_ctx *c, int32_t k, int32_t n_blocks)
 {
     const lms_model *m = c->m;
     const char *env = getenv("LMS_CUDA_OFFLOAD");
-    if (k >= m->hp.n_layer || (env && atoi(env) == 0))
+    /* the offloaded layer is llama's: gemma's CPU layers stay on the CPU */
+    if (k >= m->hp.n_layer || (env && atoi(env) == 0) || gemma_layers(m))
         return 0;
     size_t b = OFFLOAD_SLOTS * largest_matrix(m) + offload_kv_bytes(c, n_blocks);
     for (int32_t il = k; il < m->hp.n_layer; il++) {
@@ -368,6 +399,8 @@ static int upload_layer(fwd_gpu *gp, const lms_layer *l, gpu_layer *dl, char *er
     dl->bv = put(gp, &l->bv, &cur);
     dl->q_norm = put(gp, &l->q_norm, &cur);
     dl->k_norm = put(gp, &l->k_norm, &cur);
+    dl->attn_post_norm = put(gp, &l->attn_post_norm, &cur);
+    dl->ffn_post_norm = put(gp, &l->ffn_post_norm, &cur);
     /* the mapped file is pageable: wait, so a later failure is reported here */
     return lcu_sync(gp->g, err, errsz);
 }
@@ -507,7 +540,7 @@ static int setup_offload(lms_ctx *c, fwd_gpu *gp, int32_t n_blocks, char *err, s
         v->bv = put(gp, &l->bv, &cur);
         v->q_norm = put(gp, &l->q_norm, &cur);
         v->k_norm = put(gp, &l->k_norm, &cur);
-        const lms_weight *ws[14];
+        const lms_weight *ws[N_WEIGHTS];
         layer_weights(l, ws);
         for (int i = 0; i < 7; i++) {
             const uint8_t *d = ws[i]->data;
@@ -609,7 +642,21 @@ static int create(lms_ctx *c, fwd_gpu *gp, int32_t n_blocks, char *err, size_t e
                                  hp->rope_base,
                                  hp->rope_freq_scale,
                                  hp->rms_eps,
-                                 gp->freq_factors};
+                                 gp->freq_factors,
+                                 0.0f,
+                                 0.0f,
+                                 0};
+    gp->gemma = gemma_layers(m);
+    for (int32_t il = 0; gp->gemma && il < c->n_gpu; il++) {
+        const lms_layer *l = &m->layers[il];
+        lcu_attn_shape *sh = &gp->layers[il].shape;
+        *sh = gp->shape;
+        sh->rope_base = l->rope_base;
+        sh->rope_freq_scale = l->rope_freq_scale;
+        sh->q_scale = hp->q_scale;
+        sh->softcap = hp->attn_softcap;
+        sh->n_swa = l->n_swa;
+    }
     if (c->plan.offload_bytes && (rc = setup_offload(c, gp, n_blocks, err, errsz)) < 0)
         return rc;
     c->plan.allocated_bytes = lcu_allocated(gp->g);
@@ -717,26 +764,90 @@ static int upload_batch(lms_ctx *c, const lms_batch *b, lcu_batch *db, int32_t *
     return 0;
 }
 
-static int gpu_layer_run(lms_ctx *c, int il, const lcu_batch *db, int n_split)
+/* x += post_norm(y) where the layer has that norm (gemma), else x += y. */
+static void add_out(lcu *g, float *x, const float *y, const float *post_norm, int64_t n, int64_t e,
+                    float eps)
+{
+    if (post_norm)
+        lcu_norm_add(g, x, y, post_norm, n, e, eps);
+    else
+        lcu_add(g, x, y, n * e);
+}
+
+/* A layer's attention half up to its output att: the normed residual
+ * (and its q8 into eq), the Q/K/V products and biases, the epilogue into
+ * the cache and the attention (and its q8 into aq). */
+static int attn_half(lms_ctx *c, int il, const lcu_batch *db, int n_split,
+                     const lcu_attn_shape *sh, void *eq, void *aq)
+{
+    fwd_gpu *gp = c->gpu;
+    lcu *g = gp->g;
+    const lms_hparams *hp = &c->m->hp;
+    const gpu_layer *l = &gp->layers[il];
+    const int64_t n = db->n_tok, e = hp->n_embd;
+    const int64_t q = (int64_t)hp->n_head * hp->head_dim, kv = (int64_t)hp->n_head_kv * hp->head_dim;
+    lcu_rms_norm_q8(g, gp->x, l->attn_norm, gp->xn, eq, n, e, hp->rms_eps);
+    const lcu_mat *qkv[3] = {&l->wq, &l->wk, &l->wv};
+    float *qkv_out[3] = {gp->qb, gp->kb, gp->vb};
+    int rc = lcu_matmul_q8(g, 3, qkv, gp->xn, eq, n, qkv_out, false);
+    lcu_add_bias(g, gp->qb, l->bq, n, q);
+    lcu_add_bias(g, gp->kb, l->bk, n, kv);
+    lcu_add_bias(g, gp->vb, l->bv, n, kv);
+    lcu_qkv_post(g, db, sh, gp->qb, gp->kb, gp->vb, l->q_norm, l->k_norm, l->k, l->v);
+    lcu_attention(g, db, sh, gp->qb, l->k, l->v, gp->att, n_split, aq);
+    return rc;
+}
+
+/* A gemma layer (forward.c's layer() with its gemma parts): the layer's
+ * own RoPE base, window and score cap in its shape (the query scale is
+ * applied in the attention kernels), the attention and FFN outputs
+ * normed before their residual adds, and the GeGLU FFN. The products'
+ * outputs go to xn first, so they cannot accumulate into x. */
+static int gpu_layer_run_gemma(lms_ctx *c, int il, const lcu_batch *db, int n_split)
 {
     fwd_gpu *gp = c->gpu;
     lcu *g = gp->g;
     const lms_hparams *hp = &c->m->hp;
     const gpu_layer *l = &gp->layers[il];
     const int64_t n = db->n_tok, e = hp->n_embd, f = hp->n_ff;
-    const int64_t q = (int64_t)hp->n_head * hp->head_dim, kv = (int64_t)hp->n_head_kv * hp->head_dim;
+    const int64_t q = (int64_t)hp->n_head * hp->head_dim;
+    /* decode: q8 copies of the products' inputs, each only where its width
+     * has whole q8 blocks (else the product reads the f32 input) */
+    void *xq = n <= LCU_MATVEC_MAX ? gp->xq : NULL;
+    void *eq = e % 32 == 0 ? xq : NULL, *aq = q % 32 == 0 ? xq : NULL, *fq = f % 32 == 0 ? xq : NULL;
+    int rc = attn_half(c, il, db, n_split, &l->shape, eq, aq);
+    const lcu_mat *wo[1] = {&l->wo};
+    float *yo[1] = {gp->xn};
+    rc |= lcu_matmul_q8(g, 1, wo, gp->att, aq, n, yo, false); /* xn = Wo·att */
+    add_out(g, gp->x, gp->xn, l->attn_post_norm, n, e, hp->rms_eps);
+    lcu_rms_norm_q8(g, gp->x, l->ffn_norm, gp->xn, eq, n, e, hp->rms_eps);
+    const lcu_mat *gu[2] = {&l->w_gate, &l->w_up};
+    float *gu_out[2] = {gp->ga, gp->up};
+    rc |= lcu_matmul_q8(g, 2, gu, gp->xn, eq, n, gu_out, false);
+    if (hp->ffn_act == LMS_FFN_GELU_TANH)
+        lcu_geglu(g, gp->ga, gp->up, n * f);
+    else
+        lcu_swiglu(g, gp->ga, gp->up, n * f);
+    if (fq)
+        lcu_quantize_q8(g, gp->ga, fq, n, f);
+    const lcu_mat *wd[1] = {&l->w_down};
+    rc |= lcu_matmul_q8(g, 1, wd, gp->ga, fq, n, yo, false); /* xn = Wdown·h */
+    add_out(g, gp->x, gp->xn, l->ffn_post_norm, n, e, hp->rms_eps);
+    return rc ? LMS_ERR_DEVICE : 0;
+}
+
+static int gpu_layer_run(lms_ctx *c, int il, const lcu_batch *db, int n_split)
+{
+    fwd_gpu *gp = c->gpu;
+    if (gp->gemma) /* decided at load: a captured graph holds one or the other */
+        return gpu_layer_run_gemma(c, il, db, n_split);
+    lcu *g = gp->g;
+    const lms_hparams *hp = &c->m->hp;
+    const gpu_layer *l = &gp->layers[il];
+    const int64_t n = db->n_tok, e = hp->n_embd, f = hp->n_ff;
     /* decode: inputs also as int8 (q8) for the int8 mat-vec kernels */
     void *xq = n <= LCU_MATVEC_MAX ? gp->xq : NULL;
-    int rc = 0;
-    lcu_rms_norm_q8(g, gp->x, l->attn_norm, gp->xn, xq, n, e, hp->rms_eps);
-    const lcu_mat *qkv[3] = {&l->wq, &l->wk, &l->wv};
-    float *qkv_out[3] = {gp->qb, gp->kb, gp->vb};
-    rc |= lcu_matmul_q8(g, 3, qkv, gp->xn, xq, n, qkv_out, false);
-    lcu_add_bias(g, gp->qb, l->bq, n, q);
-    lcu_add_bias(g, gp->kb, l->bk, n, kv);
-    lcu_add_bias(g, gp->vb, l->bv, n, kv);
-    lcu_qkv_post(g, db, &gp->shape, gp->qb, gp->kb, gp->vb, l->q_norm, l->k_norm, l->k, l->v);
-    lcu_attention(g, db, &gp->shape, gp->qb, l->k, l->v, gp->att, n_split, xq);
+    int rc = attn_half(c, il, db, n_split, &gp->shape, xq, xq);
     const lcu_mat *wo[1] = {&l->wo};
     float *xo[1] = {gp->x};
     rc |= lcu_matmul_q8(g, 1, wo, gp->att, xq, n, xo, true); /* x += Wo·att */
@@ -797,7 +908,10 @@ static int run_head(lms_ctx *c, int32_t n)
     lcu_rms_norm_q8(gp->g, gp->x, gp->out_norm, gp->xn, gp->xq, n, hp->n_embd, hp->rms_eps);
     const lcu_mat *wo[1] = {&gp->output};
     float *lo[1] = {gp->logits};
-    return lcu_matmul_q8(gp->g, 1, wo, gp->xn, gp->xq, n, lo, false) ? LMS_ERR_DEVICE : 0;
+    int rc = lcu_matmul_q8(gp->g, 1, wo, gp->xn, gp->xq, n, lo, false) ? LMS_ERR_DEVICE : 0;
+    if (hp->final_softcap != 0.0f) /* gemma2 (forward.c leaves GPU logits to us) */
+        lcu_softcap(gp->g, gp->logits, (int64_t)n * hp->n_vocab, hp->final_softcap);
+    return rc;
 }
 
 static int run_layers(lms_ctx *c, const lcu_batch *db, int n_split, bool head)
@@ -898,8 +1012,11 @@ int fwd_gpu_output(lms_ctx *c, const float *xn, int32_t n, float *logits)
         int32_t k = n - r0 < HEAD_CHUNK ? n - r0 : HEAD_CHUNK;
         memcpy(gp->x_h, xn + (size_t)r0 * e, (size_t)k * e * sizeof(float));
         if (lcu_upload(gp->g, gp->xn, gp->x_h, (size_t)k * e * sizeof(float)) < 0 ||
-            lcu_matmul(gp->g, &gp->output, gp->xn, k, gp->logits, false) < 0 ||
-            lcu_download(gp->g, gp->logits_h, gp->logits, (size_t)k * nv * sizeof(float)) < 0)
+            lcu_matmul(gp->g, &gp->output, gp->xn, k, gp->logits, false) < 0)
+            return LMS_ERR_DEVICE;
+        if (c->m->hp.final_softcap != 0.0f) /* gemma2: forward.c returns our logits as they are */
+            lcu_softcap(gp->g, gp->logits, (int64_t)k * (int64_t)nv, c->m->hp.final_softcap);
+        if (lcu_download(gp->g, gp->logits_h, gp->logits, (size_t)k * nv * sizeof(float)) < 0)
             return LMS_ERR_DEVICE;
         char err[256];
         if (lcu_sync(gp->g, err, sizeof err) < 0) {

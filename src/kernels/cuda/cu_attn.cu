@@ -13,7 +13,9 @@
  *   out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s,   M = max m_s
  *
  * Token t sees positions [0, pos[t]] of its own sequence, found through the
- * block table: position j is cell (tbl[off + j/16] * 16 + j % 16).
+ * block table: position j is cell (tbl[off + j/16] * 16 + j % 16); in a
+ * gemma local layer only (pos[t] - n_swa, pos[t]], and gemma2's scores are
+ * soft-capped (the kernels' GEM builds).
  */
 #include <limits.h>
 #include <math.h>
@@ -58,7 +60,9 @@ template <> struct kv_vec<8> {
     }
 };
 
-template <int DPL>
+/* GEM: gemma's layers (shape's q_scale, softcap, n_swa); the llama build
+ * (GEM false) is the kernel as it was before they existed. */
+template <int DPL, bool GEM>
 __global__ void __launch_bounds__(32 * ATT_WARPS)
     attn_k(lcu_batch b, lcu_attn_shape s, const float *__restrict__ q,
            const uint16_t *__restrict__ kc, const uint16_t *__restrict__ vc,
@@ -79,11 +83,16 @@ __global__ void __launch_bounds__(32 * ATT_WARPS)
     const int kvd = s.n_head_kv * hd;
     const int d0 = lane * DPL;
     const bool active = d0 < hd;
-    const float scale = 1.0f / sqrtf((float)hd);
+    float scale = 1.0f / sqrtf((float)hd);
+    if (GEM && s.q_scale != 0.0f)
+        scale = s.q_scale;
+    const float cap_inv = GEM && s.softcap != 0.0f ? 1.0f / s.softcap : 0.0f;
 
     const int32_t n_pos = b.pos[t] + 1;
-    const int32_t per = (n_pos + n_split - 1) / n_split;
-    const int32_t j0 = split * per, j1 = min(n_pos, j0 + per);
+    /* a local layer's window: the splits share positions [lo, n_pos) */
+    const int32_t lo = GEM && s.n_swa > 0 ? max(0, n_pos - s.n_swa) : 0;
+    const int32_t per = (n_pos - lo + n_split - 1) / n_split;
+    const int32_t j0 = lo + split * per, j1 = min(n_pos, j0 + per);
     const int32_t *tbl = b.tbl + b.tbl_off[t];
 
     float qv[ATT_G][DPL], acc[ATT_G][DPL], m[ATT_G], l[ATT_G];
@@ -119,6 +128,8 @@ __global__ void __launch_bounds__(32 * ATT_WARPS)
             for (int i = 0; i < DPL; i++)
                 sc = fmaf(qv[h][i], kv[i], sc);
             sc = warp_sum(sc);
+            if (GEM && s.softcap != 0.0f) /* forward.c's order: tanh(s * (1 / cap)) * cap */
+                sc = tanhf(sc * cap_inv) * s.softcap;
             const float mn = fmaxf(m[h], sc);
             const float corr = __expf(m[h] - mn), p = __expf(sc - mn);
             l[h] = l[h] * corr + p;
@@ -299,7 +310,11 @@ __device__ __forceinline__ void fa_split(float lo, float hi, uint32_t &h, uint32
     l = fa_h2(lo - r.x, hi - r.y);
 }
 
-template <int HD>
+/* GEM as attn_k's: gemma's scale, soft-capped scores (Q then carries only
+ * the scale; the cap's tanh works on natural-log scores, which are turned
+ * to base 2 after it) and windows (tiles wholly before every row's window
+ * are not loaded; the rest are masked). */
+template <int HD, bool GEM>
 __global__ void __launch_bounds__(32 * FA_WARPS)
     fa_prompt_k(lcu_batch b, lcu_attn_shape s, const float *__restrict__ q,
                 const uint16_t *__restrict__ kc, const uint16_t *__restrict__ vc,
@@ -322,7 +337,14 @@ __global__ void __launch_bounds__(32 * FA_WARPS)
     const int pa = va ? b.pos[ta] : -1, pb = vb ? b.pos[tb] : -1;
     const int oa = va ? b.tbl_off[ta] : INT_MAX, ob = vb ? b.tbl_off[tb] : INT_MAX;
 
-    const float qs = rsqrtf((float)HD) * 1.4426950408889634f;
+    const bool capped = GEM && s.softcap != 0.0f;
+    float qs = rsqrtf((float)HD) * 1.4426950408889634f;
+    if (GEM)
+        qs = (s.q_scale != 0.0f ? s.q_scale : rsqrtf((float)HD)) *
+             (capped ? 1.0f : 1.4426950408889634f);
+    const float cap_inv = capped ? 1.0f / s.softcap : 0.0f;
+    const float cap_l2 = capped ? s.softcap * 1.4426950408889634f : 0.0f;
+    const int swa = GEM ? s.n_swa : 0;
     const float *qa = q + ((size_t)(va ? ta : r0) * s.n_head + h) * HD;
     const float *qb = q + ((size_t)(vb ? tb : r0) * s.n_head + h) * HD;
     /* Q as f16 pairs hi + lo (lo = the rounding error of hi), so that the
@@ -351,7 +373,13 @@ __global__ void __launch_bounds__(32 * FA_WARPS)
         const bool ia = pend_a && oa == tab, ib = pend_b && ob == tab;
         const int end = __reduce_max_sync(0xffffffffu, max(ia ? pa + 1 : 0, ib ? pb + 1 : 0));
         const int32_t *tbl = b.tbl + tab;
-        for (int j0 = 0; j0 < end; j0 += FA_KT) {
+        int start = 0;
+        if (GEM && swa > 0) { /* the lowest first position of these rows' windows */
+            const int wa = ia ? max(0, pa + 1 - swa) : INT_MAX;
+            const int wb = ib ? max(0, pb + 1 - swa) : INT_MAX;
+            start = __reduce_min_sync(0xffffffffu, min(wa, wb)) / FA_KT * FA_KT;
+        }
+        for (int j0 = start; j0 < end; j0 += FA_KT) {
             __syncwarp(); /* the previous tile's fragments are read */
             for (int c = lane; c < FA_KT * (HD / 8); c += 32) {
                 const int r = c / (HD / 8), part = c % (HD / 8), j = j0 + r;
@@ -389,7 +417,13 @@ __global__ void __launch_bounds__(32 * FA_WARPS)
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const int j = j0 + n * 8 + 2 * tq + (i & 1);
-                    const bool ok = i < 2 ? (ia && j <= pa) : (ib && j <= pb);
+                    bool ok = i < 2 ? (ia && j <= pa) : (ib && j <= pb);
+                    if (GEM) {
+                        if (swa > 0)
+                            ok = ok && j > (i < 2 ? pa : pb) - swa;
+                        if (capped) /* forward.c's tanh(s * (1 / cap)) * cap, then base 2 */
+                            sc[n][i] = tanhf(sc[n][i] * cap_inv) * cap_l2;
+                    }
                     sc[n][i] = ok ? sc[n][i] : -INFINITY;
                     if (i < 2)
                         xa = fmaxf(xa, sc[n][i]);
@@ -455,19 +489,31 @@ __global__ void __launch_bounds__(32 * FA_WARPS)
 #endif
 }
 
-template <int HD>
+template <int HD, bool GEM>
 static void fa_launch(lcu *g, const lcu_batch *b, const lcu_attn_shape *s, const float *q,
                       const uint16_t *kc, const uint16_t *vc, float *out)
 {
     const size_t smem = (size_t)FA_WARPS * 2 * FA_KT * (HD + 8) * sizeof(uint16_t);
     static bool attr;
     if (!attr) {
-        cudaFuncSetAttribute(fa_prompt_k<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaFuncSetAttribute(fa_prompt_k<HD, GEM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)smem);
         attr = true;
     }
     dim3 grid((unsigned)lcu_cdiv(b->n_tok, 16 * FA_WARPS), (unsigned)s->n_head);
-    lcu_go_smem(g, fa_prompt_k<HD>, grid, dim3(32 * FA_WARPS), smem, *b, *s, q, kc, vc, out);
+    lcu_go_smem(g, fa_prompt_k<HD, GEM>, grid, dim3(32 * FA_WARPS), smem, *b, *s, q, kc, vc, out);
+}
+
+template <int DPL>
+static void attn_launch(lcu *g, bool gem, dim3 grid, const lcu_batch *b, const lcu_attn_shape *s,
+                        const float *q, const uint16_t *kc, const uint16_t *vc, int n_split)
+{
+    if (gem)
+        lcu_go(g, attn_k<DPL, true>, grid, dim3(32 * ATT_WARPS), *b, *s, q, kc, vc, g->attn_part,
+               n_split);
+    else
+        lcu_go(g, attn_k<DPL, false>, grid, dim3(32 * ATT_WARPS), *b, *s, q, kc, vc, g->attn_part,
+               n_split);
 }
 
 extern "C" int lcu_attn_max_split(int64_t n_tok)
@@ -482,11 +528,17 @@ extern "C" void lcu_attention(lcu *g, const lcu_batch *b, const lcu_attn_shape *
     if (b->n_tok <= 0)
         return;
     const int64_t n_q = (int64_t)s->n_head * s->head_dim;
+    /* gemma's extras: chosen here, per launch, never tested by the llama kernels */
+    const bool gem = s->q_scale != 0.0f || s->softcap != 0.0f || s->n_swa > 0;
     if (g->fa && b->n_tok > LCU_MATVEC_MAX && (s->head_dim == 64 || s->head_dim == 128)) {
-        if (s->head_dim == 64)
-            fa_launch<64>(g, b, s, q, kc, vc, out);
+        if (s->head_dim == 64 && gem)
+            fa_launch<64, true>(g, b, s, q, kc, vc, out);
+        else if (s->head_dim == 64)
+            fa_launch<64, false>(g, b, s, q, kc, vc, out);
+        else if (gem)
+            fa_launch<128, true>(g, b, s, q, kc, vc, out);
         else
-            fa_launch<128>(g, b, s, q, kc, vc, out);
+            fa_launch<128, false>(g, b, s, q, kc, vc, out);
         if (outq && n_q % 32 == 0)
             lcu_quantize_q8(g, out, outq, b->n_tok, n_q);
         return;
@@ -496,22 +548,10 @@ extern "C" void lcu_attention(lcu *g, const lcu_batch *b, const lcu_attn_shape *
     dim3 grid((unsigned)b->n_tok, (unsigned)(s->n_head_kv * chunks), (unsigned)n_split);
     const int dpl = s->head_dim <= 32 ? 1 : s->head_dim <= 64 ? 2 : s->head_dim <= 128 ? 4 : 8;
     switch (dpl) {
-    case 1:
-        lcu_go(g, attn_k<1>, dim3(grid), dim3(32 * ATT_WARPS), *b, *s, q, kc, vc, g->attn_part,
-               n_split);
-        break;
-    case 2:
-        lcu_go(g, attn_k<2>, dim3(grid), dim3(32 * ATT_WARPS), *b, *s, q, kc, vc, g->attn_part,
-               n_split);
-        break;
-    case 4:
-        lcu_go(g, attn_k<4>, dim3(grid), dim3(32 * ATT_WARPS), *b, *s, q, kc, vc, g->attn_part,
-               n_split);
-        break;
-    default:
-        lcu_go(g, attn_k<8>, dim3(grid), dim3(32 * ATT_WARPS), *b, *s, q, kc, vc, g->attn_part,
-               n_split);
-        break;
+    case 1: attn_launch<1>(g, gem, grid, b, s, q, kc, vc, n_split); break;
+    case 2: attn_launch<2>(g, gem, grid, b, s, q, kc, vc, n_split); break;
+    case 4: attn_launch<4>(g, gem, grid, b, s, q, kc, vc, n_split); break;
+    default: attn_launch<8>(g, gem, grid, b, s, q, kc, vc, n_split); break;
     }
     dim3 mg((unsigned)b->n_tok, (unsigned)s->n_head);
     const bool fuse_q = outq && s->head_dim % 32 == 0 && s->head_dim <= 256;

@@ -1,7 +1,8 @@
 /*
  * cu_ops.cu - the element-wise and per-row kernels of a layer: RMSNorm,
- * bias and residual adds, SwiGLU, and the Q/K/V epilogue (per-head norms,
- * RoPE, K/V written to the paged f16 cache).
+ * bias and residual adds, SwiGLU, gemma's GeGLU, post-norms and logit
+ * soft-capping, and the Q/K/V epilogue (per-head norms, RoPE, K/V written
+ * to the paged f16 cache).
  *
  * Formulas are forward.c's (llama.cpp's): RMSNorm x * 1/sqrt(mean(x^2) +
  * eps) * w; RoPE angle pos * base^(-2i/n_rot) * freq_scale / factor[i],
@@ -9,14 +10,11 @@
  */
 #include "kernels/cuda/cu_int.cuh"
 
-__global__ void rms_norm_k(const float *__restrict__ x, const float *__restrict__ w,
-                           float *__restrict__ out, int64_t n, float eps)
+/* 1 / rms(xr) over n values, summed by the whole block (every thread
+ * gets it). */
+__device__ __forceinline__ float row_inv_rms(const float *__restrict__ xr, int64_t n, float eps)
 {
-    pdl_trigger();
-    pdl_wait();
     __shared__ float part[32];
-    const float *xr = x + blockIdx.x * n;
-    float *yr = out + blockIdx.x * n;
     float s = 0.0f;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
         s = fmaf(xr[i], xr[i], s);
@@ -31,7 +29,17 @@ __global__ void rms_norm_k(const float *__restrict__ x, const float *__restrict_
             part[0] = v;
     }
     __syncthreads();
-    const float scale = 1.0f / sqrtf(part[0] / (float)n + eps);
+    return 1.0f / sqrtf(part[0] / (float)n + eps);
+}
+
+__global__ void rms_norm_k(const float *__restrict__ x, const float *__restrict__ w,
+                           float *__restrict__ out, int64_t n, float eps)
+{
+    pdl_trigger();
+    pdl_wait();
+    const float *xr = x + blockIdx.x * n;
+    float *yr = out + blockIdx.x * n;
+    const float scale = row_inv_rms(xr, n, eps);
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
         yr[i] = xr[i] * scale * (w ? w[i] : 1.0f);
 }
@@ -88,6 +96,74 @@ extern "C" void lcu_swiglu(lcu *g, float *ga, const float *up, int64_t n)
 {
     if (n > 0)
         lcu_go(g, swiglu_k, dim3((unsigned)lcu_cdiv(n, 256)), dim3(256), ga, up, n);
+}
+
+/* GELU (tanh form) as forward.c's gelu_tanh: the input rounded to f16,
+ * the formula in float, the result rounded to f16; -10 and below give 0,
+ * 10 and above the input. The products and sums are kept from fusing into
+ * FMAs so that they round as the CPU's do. */
+__device__ __forceinline__ float gelu_f16(float x)
+{
+    if (x <= -10.0f)
+        return 0.0f;
+    if (x >= 10.0f)
+        return x;
+    const float h = __half2float(__float2half_rn(x));
+    const float in = __fmul_rn(__fmul_rn(0.79788456080286535588f, h),
+                               __fadd_rn(1.0f, __fmul_rn(__fmul_rn(0.044715f, h), h)));
+    const float gl = __fmul_rn(__fmul_rn(0.5f, h), __fadd_rn(1.0f, tanhf(in)));
+    return __half2float(__float2half_rn(gl));
+}
+
+__global__ void geglu_k(float *ga, const float *up, int64_t n)
+{
+    pdl_trigger();
+    pdl_wait();
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        ga[i] = gelu_f16(ga[i]) * up[i];
+}
+
+extern "C" void lcu_geglu(lcu *g, float *ga, const float *up, int64_t n)
+{
+    if (n > 0)
+        lcu_go(g, geglu_k, dim3((unsigned)lcu_cdiv(n, 256)), dim3(256), ga, up, n);
+}
+
+/* One block per row: x += y / rms(y) * w. */
+__global__ void norm_add_k(float *__restrict__ x, const float *__restrict__ y,
+                           const float *__restrict__ w, int64_t n, float eps)
+{
+    pdl_trigger();
+    pdl_wait();
+    const float *yr = y + blockIdx.x * n;
+    float *xr = x + blockIdx.x * n;
+    const float scale = row_inv_rms(yr, n, eps);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+        xr[i] += yr[i] * scale * w[i];
+}
+
+extern "C" void lcu_norm_add(lcu *g, float *x, const float *y, const float *w, int64_t n_rows,
+                             int64_t n, float eps)
+{
+    if (n_rows > 0)
+        lcu_go(g, norm_add_k, dim3((unsigned)n_rows), dim3(lcu_rows_threads(n)), x, y, w, n, eps);
+}
+
+/* x = tanh(x * (1 / cap)) * cap, forward.c's softcap (inv = 1 / cap). */
+__global__ void softcap_k(float *x, int64_t n, float cap, float inv)
+{
+    pdl_trigger();
+    pdl_wait();
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        x[i] = tanhf(x[i] * inv) * cap;
+}
+
+extern "C" void lcu_softcap(lcu *g, float *x, int64_t n, float cap)
+{
+    if (n > 0)
+        lcu_go(g, softcap_k, dim3((unsigned)lcu_cdiv(n, 256)), dim3(256), x, n, cap, 1.0f / cap);
 }
 
 /* ---- Q/K/V epilogue -------------------------------------------------------------- */

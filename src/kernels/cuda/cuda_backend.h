@@ -154,6 +154,15 @@ void lcu_add_bias(lcu *g, float *y, const float *b, int64_t n_tok, int64_t n);
 void lcu_add(lcu *g, float *x, const float *y, int64_t n);
 /* ga[i] = silu(ga[i]) * up[i]. */
 void lcu_swiglu(lcu *g, float *ga, const float *up, int64_t n);
+/* ga[i] = gelu(ga[i]) * up[i], GELU's tanh form with forward.c's f16
+ * rounding of its input and result (gemma's GeGLU). */
+void lcu_geglu(lcu *g, float *ga, const float *up, int64_t n);
+/* x[r] += y[r] / rms(y[r]) * w for n_rows rows of n (gemma's post-attention
+ * and post-FFN norms before the residual add). */
+void lcu_norm_add(lcu *g, float *x, const float *y, const float *w, int64_t n_rows, int64_t n,
+                  float eps);
+/* x[i] = cap * tanh(x[i] / cap) (gemma2's final-logit soft-capping). */
+void lcu_softcap(lcu *g, float *x, int64_t n, float cap);
 
 /* Per-step batch description on the device: for token t its position and
  * the offset in `tbl` of its sequence's block table. */
@@ -169,6 +178,10 @@ typedef struct lcu_attn_shape {
     int n_rot, rope_neox;
     float rope_base, rope_freq_scale, rms_eps;
     const float *freq_factors; /* device [n_rot/2] or NULL */
+    /* gemma's layers (all 0 for the others, whose kernels never read them) */
+    float q_scale;   /* 0: scores scaled by 1/sqrt(head_dim); else by this */
+    float softcap;   /* 0: none; else scores = softcap * tanh(scores / softcap) */
+    int32_t n_swa;   /* 0: none; else a query at p sees positions (p - n_swa, p] */
 } lcu_attn_shape;
 
 /* Optional per-head RMSNorm of q and k (q_norm/k_norm device or NULL),
@@ -180,7 +193,10 @@ void lcu_qkv_post(lcu *g, const lcu_batch *b, const lcu_attn_shape *s, float *q,
 /* out[t][h] = softmax(q·K / sqrt(hd)) V over positions [0, pos[t]] of the
  * token's sequence; the positions are split over `n_split` blocks per
  * head (flash-decoding) and merged. n_split <= lcu_attn_max_split().
- * outq (may be NULL) also receives q8 of out. */
+ * outq (may be NULL) also receives q8 of out. A shape with q_scale,
+ * softcap or n_swa set runs kernels built with those (scale by q_scale,
+ * soft-capped scores, positions before the window skipped); one without
+ * runs the kernels built without them. */
 void lcu_attention(lcu *g, const lcu_batch *b, const lcu_attn_shape *s, const float *q,
                    const uint16_t *kc, const uint16_t *vc, float *out, int n_split, void *outq);
 int lcu_attn_max_split(int64_t n_tok);
