@@ -222,6 +222,73 @@ static bool file_exists(const hf_build *b, const char *name)
 }
 
 /* A JSON file of the folder; NULL with *rc = 0 when absent and optional. */
+/* A JSON file's text with every integer literal too large for 64 bits
+ * given a fraction (transformers writes model_max_length as
+ * 1000000000000000019884624838656, which jansson refuses as an integer;
+ * as a real it is read, and no field lmserv uses is such a number). NULL
+ * when the file cannot be read or is over HF_JSON_MAX bytes. */
+#define HF_JSON_MAX (256 << 20)
+static char *read_json_text(const char *path, size_t *n_out)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *in = NULL;
+    long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (size >= 0 && size <= HF_JSON_MAX && fseek(f, 0, SEEK_SET) == 0)
+        in = malloc((size_t)size + 1);
+    if (in && fread(in, 1, (size_t)size, f) != (size_t)size) {
+        free(in);
+        in = NULL;
+    }
+    fclose(f);
+    if (!in)
+        return NULL;
+    /* at most one ".0" per 19 input bytes */
+    char *out = malloc((size_t)size + (size_t)size / 19 * 2 + 1);
+    if (!out) {
+        free(in);
+        return NULL;
+    }
+    size_t o = 0;
+    bool in_str = false;
+    for (long i = 0; i < size;) {
+        const char c = in[i];
+        if (in_str) {
+            out[o++] = in[i++];
+            if (c == '\\' && i < size)
+                out[o++] = in[i++];
+            else if (c == '"')
+                in_str = false;
+            continue;
+        }
+        if (c == '"') {
+            in_str = true;
+            out[o++] = in[i++];
+            continue;
+        }
+        if (c < '0' || c > '9' || (i > 0 && (in[i - 1] == '.' || in[i - 1] == 'e' ||
+                                            in[i - 1] == 'E' || in[i - 1] == '+'))) {
+            out[o++] = in[i++];
+            continue;
+        }
+        long e = i;
+        while (e < size && in[e] >= '0' && in[e] <= '9')
+            e++;
+        memcpy(out + o, in + i, (size_t)(e - i));
+        o += (size_t)(e - i);
+        const bool frac = e < size && (in[e] == '.' || in[e] == 'e' || in[e] == 'E');
+        if (e - i > 18 && !frac) {
+            out[o++] = '.';
+            out[o++] = '0';
+        }
+        i = e;
+    }
+    free(in);
+    *n_out = o;
+    return out;
+}
+
 static json_t *load_json(hf_build *b, const char *name, bool required, int *rc)
 {
     char p[4200];
@@ -232,8 +299,15 @@ static json_t *load_json(hf_build *b, const char *name, bool required, int *rc)
             *rc = ferr(b, LMS_ERR_NOTFOUND, name, "missing (a Hugging Face model folder needs it)");
         return NULL;
     }
+    size_t n = 0;
+    char *text = read_json_text(p, &n);
+    if (!text) {
+        *rc = ferr(b, LMS_ERR_IO, name, "cannot be read (or is over %d MiB)", HF_JSON_MAX >> 20);
+        return NULL;
+    }
     json_error_t je;
-    json_t *j = json_load_file(p, JSON_REJECT_DUPLICATES, &je);
+    json_t *j = json_loadb(text, n, JSON_REJECT_DUPLICATES, &je);
+    free(text);
     if (!j) {
         *rc = ferr(b, LMS_ERR_FORMAT, name, "not valid JSON: %s (line %d, column %d)", je.text,
                    je.line, je.column);

@@ -641,8 +641,12 @@ static void test_metadata(void **state)
     assert_int_equal(raw, 1);
     gguf_close(f);
 
-    /* chat_template.jinja when tokenizer_config.json has none; eos from it */
-    dir = small_folder("meta2", "", "{\"eos_token\":\"<|eot_id|>\",\"add_bos_token\":false}");
+    /* chat_template.jinja when tokenizer_config.json has none; eos from it;
+     * transformers' model_max_length (an integer over 64 bits) read */
+    dir = small_folder("meta2", ",\"big\":-123456789012345678901234,\"small\":1.5e+300",
+                       "{\"eos_token\":\"<|eot_id|>\",\"add_bos_token\":false,"
+                       "\"model_max_length\":1000000000000000019884624838656,"
+                       "\"x\":\"12345678901234567890123\\\"45678901234567890123\"}");
     write_text(in(dir, "chat_template.jinja"), "{% for m in messages %}{{ m }}{% endfor %}");
     f = open_meta(dir);
     assert_string_equal(str_of(f, "tokenizer.chat_template"),
