@@ -506,6 +506,32 @@ static int refuse_unsupported(hf_build *b)
     return 0;
 }
 
+/* transformers 5 writes "rope_parameters": {"rope_type", "rope_theta",
+ * and the scaling's fields} in place of rope_theta and rope_scaling; the
+ * older keys win where both are present. */
+static int read_rope_parameters(hf_build *b)
+{
+    json_t *rp = json_object_get(b->cfg, "rope_parameters");
+    if (!rp || json_is_null(rp))
+        return 0;
+    if (!json_is_object(rp))
+        return ferr(b, LMS_ERR_FORMAT, "config.json", "\"rope_parameters\" is not an object");
+    const json_t *theta = json_object_get(rp, "rope_theta");
+    if (theta && !json_object_get(b->cfg, "rope_theta")) {
+        if (!json_is_number(theta) || !(json_number_value(theta) > 0))
+            return ferr(b, LMS_ERR_FORMAT, "config.json",
+                        "\"rope_parameters\" \"rope_theta\" must be a positive number");
+        b->rope_theta = json_number_value(theta);
+    }
+    const json_t *type = json_object_get(rp, "rope_type");
+    if (type && !json_is_string(type))
+        return ferr(b, LMS_ERR_FORMAT, "config.json",
+                    "\"rope_parameters\" \"rope_type\" is not a string");
+    if (!b->rope_scaling && type && strcmp(json_string_value(type), "default") != 0)
+        b->rope_scaling = rp;
+    return 0;
+}
+
 static int read_config(hf_build *b)
 {
     int rc;
@@ -538,7 +564,7 @@ static int read_config(hf_build *b)
         b->rope_scaling = NULL;
     if (b->rope_scaling && !json_is_object(b->rope_scaling))
         return ferr(b, LMS_ERR_FORMAT, "config.json", "\"rope_scaling\" is not an object");
-    return 0;
+    return read_rope_parameters(b);
 }
 
 /* rope_scaling's type ("rope_type" in newer configs, "type" in older). */

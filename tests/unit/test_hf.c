@@ -694,12 +694,34 @@ static void test_rope_scaling(void **state)
         assert_true(fabs(f[i] - want) < 1e-4 * want);
     }
     assert_true(f[0] == 1.0f && f[31] == 8.0f && f[5] > 1.0f && f[5] < 8.0f);
+    float f_llama3[32];
+    memcpy(f_llama3, f, sizeof f_llama3);
     lms_model_free(m);
     json_object_set_new(c, "rope_scaling", json_pack("{s:s,s:f}", "type", "linear", "factor", 4.0));
     json_dump_file(c, in(dir, "config.json"), 0);
     m = load_model(dir);
     assert_true(m->hp.rope_freq_scale == 0.25f);
     assert_null(m->rope_freqs.data);
+    lms_model_free(m);
+    /* transformers 5: rope_parameters holds the base and the scaling */
+    json_object_del(c, "rope_scaling");
+    json_object_del(c, "rope_theta");
+    json_object_set_new(c, "rope_parameters",
+                        json_pack("{s:s,s:f}", "rope_type", "default", "rope_theta", 1e6));
+    json_dump_file(c, in(dir, "config.json"), 0);
+    m = load_model(dir);
+    assert_true(m->hp.rope_base == 1e6f);
+    assert_true(m->hp.rope_freq_scale == 1.0f);
+    assert_null(m->rope_freqs.data);
+    lms_model_free(m);
+    json_object_set_new(c, "rope_parameters",
+                        json_pack("{s:s,s:f,s:f,s:f,s:f,s:i}", "rope_type", "llama3", "rope_theta",
+                                  10000.0, "factor", 8.0, "low_freq_factor", 1.0,
+                                  "high_freq_factor", 4.0, "original_max_position_embeddings", 64));
+    json_dump_file(c, in(dir, "config.json"), 0);
+    m = load_model(dir);
+    assert_non_null(m->rope_freqs.data);
+    assert_true(memcmp(m->rope_freqs.data, f_llama3, sizeof f_llama3) == 0);
     lms_model_free(m);
     json_decref(c);
 }
