@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "app/args.h"
 #include "app/common.h"
 #include "model/model.h"
 
@@ -19,6 +20,8 @@ typedef struct bench_opts {
     int64_t prefix;  /* --prefix N: TTFT with and without a cached N-token prefix */
     bool json;
     app_gpu_opts gpu;
+    args_spec_opts spec; /* speculative decoding for --parallel */
+    bool repeat_prompt;  /* --parallel prompts: a 16-token pattern repeated */
 } bench_opts;
 
 /* Read bandwidth of a 1 GiB buffer with the OpenMP team of the calling

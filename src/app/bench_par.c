@@ -3,7 +3,10 @@
  * once to the scheduler (distinct 128-token prompts, 64 generated tokens,
  * greedy, end-of-text ignored); reports aggregate decode tokens/s (tokens
  * generated after each request's first, over the time from the last first
- * token to the end) and TTFT percentiles.
+ * token to the end) and TTFT percentiles. With --draft / --spec ngram the
+ * scheduler speculates, and the proposed and accepted token counts are
+ * reported; --repeat-prompt makes each prompt one 16-token pattern
+ * repeated (text that prompt lookup finds).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -87,16 +90,22 @@ static int run_level(lms_sched *s, int n, const bench_opts *o, const char *model
     pthread_mutex_init(&st.mu, NULL);
     pthread_cond_init(&st.cv, NULL);
     int32_t nv = lms_sched_model(s)->hp.n_vocab;
+    lms_sched_stats s0, s1;
+    lms_sched_get_stats(s, &s0);
     double t0 = lms_now_ms();
     for (int i = 0; i < n; i++) {
         for (int j = 0; j < PAR_PROMPT; j++)
-            toks[i][j] = (int32_t)((uint32_t)(i * 7919 + j * 104729 + 17) % (uint32_t)nv);
+            toks[i][j] = (int32_t)((uint32_t)(i * 7919 + (o->repeat_prompt ? j % 16 : j) * 104729 + 17) %
+                                   (uint32_t)nv);
         reqs[i] = (par_req){&st, i, t0};
         if (submit_one(s, toks[i], PAR_PROMPT, PAR_GEN, &reqs[i]) < 0)
             return -1;
     }
     wait_done(&st, n);
     double t_end = lms_now_ms(), last_first = 0;
+    lms_sched_get_stats(s, &s1);
+    const uint64_t drafted = s1.spec_drafted - s0.spec_drafted;
+    const uint64_t accepted = s1.spec_accepted - s0.spec_accepted;
     int gen = 0;
     for (int i = 0; i < n; i++) {
         last_first = st.t_first[i] > last_first ? st.t_first[i] : last_first;
@@ -109,8 +118,9 @@ static int run_level(lms_sched *s, int n, const bench_opts *o, const char *model
     if (o->json)
         printf("{\"test\":\"parallel\",\"model\":\"%s\",\"sequences\":%d,\"prompt\":%d,\"gen\":%d,"
                "\"decode_tokens_per_s\":%.2f,\"total_tokens_per_s\":%.2f,\"ttft_ms\":{\"p50\":%.1f,"
-               "\"p99\":%.1f},\"peak_gb_per_s\":%.2f}\n",
-               model, n, PAR_PROMPT, PAR_GEN, dec, total, p50, p99, peak);
+               "\"p99\":%.1f},\"peak_gb_per_s\":%.2f,\"draft_tokens\":%llu,\"draft_accepted\":%llu}\n",
+               model, n, PAR_PROMPT, PAR_GEN, dec, total, p50, p99, peak,
+               (unsigned long long)drafted, (unsigned long long)accepted);
     else if (peak > 0)
         printf("parallel %3d: decode %8.2f t/s aggregate, %8.2f t/s incl. prompts, TTFT p50 %.1f ms "
                "p99 %.1f ms (peak %.2f GB/s just before)\n",
@@ -119,6 +129,9 @@ static int run_level(lms_sched *s, int n, const bench_opts *o, const char *model
         printf("parallel %3d: decode %8.2f t/s aggregate, %8.2f t/s incl. prompts, TTFT p50 %.1f ms "
                "p99 %.1f ms\n",
                n, dec, total, p50, p99);
+    if (!o->json && drafted > 0)
+        printf("parallel %3d: speculative: drafted %llu, accepted %llu (%.1f%%)\n", n,
+               (unsigned long long)drafted, (unsigned long long)accepted, 100.0 * accepted / drafted);
     pthread_mutex_destroy(&st.mu);
     pthread_cond_destroy(&st.cv);
     return 0;
@@ -140,9 +153,10 @@ int bench_parallel(lms_model *m, const bench_opts *o)
                           .n_batch = (int32_t)o->batch, .max_queue = 1024,
                           .n_threads = (int32_t)o->threads, .no_prefix_cache = true,
                           .gpu_layers = o->gpu.gpu_layers, .vram_margin_mb = o->gpu.vram_margin_mb,
-                          .vram_budget_mb = o->gpu.vram_budget_mb};
+                          .vram_budget_mb = o->gpu.vram_budget_mb, .spec = o->spec.spec,
+                          .draft_model = o->spec.draft};
     lms_sched *s;
-    char err[256];
+    char err[512];
     if (lms_sched_create(m, &p, &s, err, sizeof err) < 0) {
         fprintf(stderr, "lmserv bench: %s\n", err);
         return -1;

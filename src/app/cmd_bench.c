@@ -222,6 +222,8 @@ static int parse(int argc, char **argv, bench_opts *o)
         int g = app_gpu_arg(argc, argv, &i, &o->gpu);
         if (g < 0)
             return -1;
+        if (g == 0 && (g = args_spec(argc, argv, &i, &o->spec)) < 0)
+            return -1;
         if (g > 0)
             continue;
         if (!strcmp(a, "-m") && v)
@@ -244,6 +246,8 @@ static int parse(int argc, char **argv, bench_opts *o)
             parse_par(o, argv[++i]);
         else if (!strcmp(a, "--json"))
             o->json = true;
+        else if (!strcmp(a, "--repeat-prompt"))
+            o->repeat_prompt = true;
         else {
             fprintf(stderr, "lmserv bench: bad option '%s'\n", a);
             return -1;
@@ -254,7 +258,13 @@ static int parse(int argc, char **argv, bench_opts *o)
     if (!o->model) {
         fprintf(stderr, "usage: lmserv bench -m MODEL [-p 512] [-n 128] [-t N] [-r 3] [-b 512] "
                         "[--depth D] [--parallel 1,4,8,16] [--prefix N] [--json] " APP_GPU_USAGE
-                        "\n");
+                        " [--repeat-prompt] " ARGS_SPEC_USAGE "\n");
+        return -1;
+    }
+    if (args_spec_finish(&o->spec, "bench") < 0)
+        return -1;
+    if (o->spec.spec.mode != LMS_SPEC_NONE && o->n_par == 0) {
+        fprintf(stderr, "lmserv bench: speculative decoding is measured with --parallel N\n");
         return -1;
     }
     return 0;

@@ -27,6 +27,7 @@ typedef struct run_opts {
     lms_sampler_params sp;
     app_gpu_opts gpu;
     app_lora_opts lora;
+    args_spec_opts spec;
 } run_opts;
 
 static volatile sig_atomic_t interrupted;
@@ -86,6 +87,8 @@ static int parse(int argc, char **argv, run_opts *o)
         int g = app_gpu_arg(argc, argv, &i, &o->gpu);
         if (g == 0)
             g = app_lora_arg(argc, argv, &i, &o->lora);
+        if (g == 0)
+            g = args_spec(argc, argv, &i, &o->spec);
         if (g != 0) {
             if (g < 0)
                 return -1;
@@ -128,10 +131,10 @@ static int parse(int argc, char **argv, run_opts *o)
         fprintf(stderr, "usage: lmserv run -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] "
                         "[--top-p P] [--min-p P] [--typical P] [--mirostat 0|1|2] [--mirostat-ent TAU] "
                         "[--mirostat-lr ETA] [--seed S] [--repeat-penalty R] [--chat] "
-                        APP_GPU_USAGE " " APP_LORA_USAGE "\n");
+                        APP_GPU_USAGE " " APP_LORA_USAGE " " ARGS_SPEC_USAGE "\n");
         return -1;
     }
-    return 0;
+    return args_spec_finish(&o->spec, "run");
 }
 
 static bool print_piece(void *ud, const char *text, size_t n, int32_t token, float prob)
@@ -160,17 +163,28 @@ int cmd_run(int argc, char **argv)
         lms_model_free(m);
         return 1;
     }
-    rc = app_prompt_tokens(m, o.prompt, o.system, o.chat, !o.no_bos, &toks, &n, err, sizeof err);
+    lms_drafter *drafter = NULL;
+    lms_draft_seq ds = {0};
+    if (o.spec.spec.mode == LMS_SPEC_DRAFT) /* on the CPU, beside a target on the GPU or not */
+        rc = lms_drafter_create(m, o.spec.draft, lms_ctx_params_of(c)->n_ctx, 512, 1,
+                                (int32_t)o.threads, &drafter, err, sizeof err);
+    if (rc >= 0)
+        rc = app_prompt_tokens(m, o.prompt, o.system, o.chat, !o.no_bos, &toks, &n, err, sizeof err);
     if (rc >= 0) {
         lms_session s;
         lms_session_init(&s, c);
         lms_session_set_lora(&s, &lora);
         lms_gen_params gp = {.sp = o.sp, .n_predict = (int32_t)o.n_predict, .stop = o.stop,
-                             .n_stop = o.n_stop, .ignore_eos = o.ignore_eos, .cancel = &interrupted};
+                             .n_stop = o.n_stop, .ignore_eos = o.ignore_eos, .cancel = &interrupted,
+                             .spec = o.spec.spec, .drafter = drafter, .draft_seq = &ds};
         lms_gen_stats st;
         signal(SIGINT, on_sigint);
         rc = lms_session_generate(&s, toks, n, &gp, print_piece, NULL, &st, err, sizeof err);
         signal(SIGINT, SIG_DFL);
+        if (rc >= 0 && o.spec.spec.mode != LMS_SPEC_NONE)
+            fprintf(stderr, "\n[speculative %s: drafted %d, accepted %d (%.1f%%)]",
+                    o.spec.spec.mode == LMS_SPEC_DRAFT ? "draft" : "ngram", st.n_drafted,
+                    st.n_accepted, st.n_drafted ? 100.0 * st.n_accepted / st.n_drafted : 0.0);
         if (rc >= 0)
             fprintf(stderr,
                     "\n[prompt %d tokens, %.1f ms (%.1f t/s) | generated %d tokens | ttft %.1f ms | "
@@ -183,6 +197,8 @@ int cmd_run(int argc, char **argv)
     if (rc < 0)
         fprintf(stderr, "lmserv run: %s\n", err);
     free(toks);
+    lms_draft_seq_release(drafter, &ds);
+    lms_drafter_destroy(drafter);
     app_lora_release(&o.lora);
     lms_ctx_destroy(c);
     lms_model_free(m);

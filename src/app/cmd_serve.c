@@ -12,6 +12,8 @@
  *                [--kv-type f16|q8_0|q4_0] [--kv-budget MIB] [--batch-tokens N] [--timeout S]
  *                [--lora FILE] [--lora-scaled FILE SCALE] [--lora-init-without-apply]
  *                [--lora-dir DIR]
+ *                [--draft MODEL | --spec ngram [--spec-ngram N]] [--draft-max N]
+ *                [--draft-min N] [--draft-p-min P]
  *
  * Environment (flags win): INFERENCE_MODEL_NAME (model path),
  * INFERENCE_HOST, INFERENCE_PORT, LMSERV_API_KEY.
@@ -78,6 +80,7 @@ typedef struct serve_opts {
     double grace_s, thermal_limit, min_tps, timeout_s;
     bool log_prompts;
     char default_model[1024];
+    args_spec_opts spec;       /* speculative decoding */
 } serve_opts;
 
 /* ---- options ------------------------------------------------------------------------ */
@@ -168,6 +171,8 @@ static int parse(int argc, char **argv, serve_opts *o)
             ok = gpu > 0;
         else if ((gpu = app_gpu_arg(argc, argv, &i, &o->gpu)) != 0)
             ok = gpu > 0; /* errors are printed by app_gpu_arg */
+        else if ((gpu = args_spec(argc, argv, &i, &o->spec)) != 0)
+            ok = gpu > 0;
         else if (!int_flag(argc, argv, &i, o, &ok)) {
             fprintf(stderr, "lmserv serve: unknown option '%s'\n", a);
             return -1;
@@ -182,6 +187,12 @@ static int parse(int argc, char **argv, serve_opts *o)
     if (o->config && o->lora.n) {
         fprintf(stderr, "lmserv serve: --lora goes with -m; list a config's adapters in its "
                         "experts' \"lora\"\n");
+        return -1;
+    }
+    if (args_spec_finish(&o->spec, "serve") < 0)
+        return -1;
+    if (o->config && o->spec.draft) {
+        fprintf(stderr, "lmserv serve: --draft goes with -m (one target model)\n");
         return -1;
     }
     if (o->kv_type && app_kv_type(o->kv_type) < 0) {
@@ -275,7 +286,8 @@ static lms_sched_params sched_params(const serve_opts *o)
         .stall_ms = (int)o->stall_ms, .on_stall = on_stall, .stall_ud = &g_ops,
         .gpu_layers = o->gpu.gpu_layers, .kv_type = o->kv_type ? app_kv_type(o->kv_type) : 0,
         .kv_budget_bytes = o->kv_budget_mb << 20, .vram_margin_mb = o->gpu.vram_margin_mb,
-        .vram_budget_mb = o->gpu.vram_budget_mb};
+        .vram_budget_mb = o->gpu.vram_budget_mb, .spec = o->spec.spec,
+        .draft_model = o->spec.draft};
 }
 
 /* -m: one expert named by --alias, else the file's base name. */

@@ -145,24 +145,64 @@ static void finish_text(gen_state *g, lms_gen_piece_fn cb, void *ud)
     free(text);
 }
 
+/* Up to k proposals for the session's next tokens (its cached tokens then
+ * tok, which is not in the cache yet); returns how many went to out. */
+static int32_t propose(lms_session *s, const lms_gen_params *gp, int32_t tok, int32_t k,
+                       int32_t *out, int *rc)
+{
+    const lms_spec_params *sp = &gp->spec;
+    int32_t n = 0;
+    if (k <= 0 || (*rc = remember(s, tok)) < 0) /* tok joins the list for the lookup */
+        return 0;
+    if (sp->mode == LMS_SPEC_NGRAM) {
+        n = lms_spec_ngram(s->toks, s->n_toks, sp->ngram_max, sp->ngram_min, k, out);
+    } else if (sp->mode == LMS_SPEC_DRAFT && gp->drafter && gp->draft_seq &&
+               lms_draft_seq_reserve(gp->drafter, gp->draft_seq, s->n_toks + k) == 0) {
+        lms_draft_job j = {.ds = gp->draft_seq, .tokens = s->toks, .n_tokens = s->n_toks, .k = k,
+                           .p_min = sp->p_min, .out = out};
+        *rc = lms_drafter_propose(gp->drafter, &j, 1);
+        n = *rc < 0 ? 0 : j.n_out;
+    }
+    s->n_toks--;
+    return n < sp->n_min ? 0 : n;
+}
+
+/* The decode loop. With speculation, one forward pass runs the new token
+ * and the proposals after it (rows 0..k of `logits`); row i's draw is the
+ * next token, and while it equals proposal i the cache already holds that
+ * proposal's K/V, so row i + 1 is drawn without another pass. The first
+ * draw that differs (or the last row) starts the next pass, from the
+ * cache truncated to the tokens taken: one sampler draw per token, as
+ * without speculation. */
 static int decode_loop(lms_session *s, const lms_gen_params *gp, float *logits, int32_t n_total,
                        lms_gen_piece_fn cb, void *ud, lms_gen_stats *st, gen_state *g)
 {
     const lms_model *m = lms_ctx_model(s->ctx);
+    const int32_t nv = m->hp.n_vocab, nb = lms_ctx_params_of(s->ctx)->n_batch;
     lms_sampler *smp = lms_sampler_create(&gp->sp, m->hp.n_vocab);
     if (!smp)
         return LMS_ERR_NOMEM;
     for (int32_t i = 0; i < s->n_toks; i++)
         lms_sampler_accept(smp, s->toks[i]);
+    int32_t k_max = gp->spec.mode == LMS_SPEC_NONE ? 0 : gp->spec.n_max;
+    k_max = k_max < nb - 1 ? k_max : nb - 1;
+    k_max = k_max < LMS_SPEC_MAX ? k_max : LMS_SPEC_MAX;
+    int32_t prop[LMS_SPEC_MAX + 1], rtok[LMS_SPEC_MAX + 1], rpos[LMS_SPEC_MAX + 1];
+    lms_kv_seq *rseq[LMS_SPEC_MAX + 1];
+    const lms_lora_set *rset[LMS_SPEC_MAX + 1];
+    bool rlg[LMS_SPEC_MAX + 1];
+    int32_t n_rows = 1, cur = 0; /* rows of logits computed; the one to draw from */
     int rc = 0;
     double t_first = 0;
     st->finish = "length";
     while (s->n_toks < n_total) {
         float prob;
-        int32_t tok = lms_sampler_sample(smp, logits, &prob);
+        int32_t tok = lms_sampler_sample(smp, logits + (size_t)cur * nv, &prob);
         lms_sampler_accept(smp, tok);
         if (st->n_gen++ == 0)
             t_first = lms_now_ms();
+        if (cur > 0)
+            st->n_accepted++; /* the draw from row cur follows an accepted proposal */
         if (!gp->ignore_eos && lms_token_is_eog(m->tok, tok)) {
             st->finish = "stop";
             break;
@@ -175,14 +215,34 @@ static int decode_loop(lms_session *s, const lms_gen_params *gp, float *logits, 
         }
         if (s->n_toks + 1 >= n_total)
             break;
-        int32_t pos = s->n_toks;
-        lms_kv_seq *sp = &s->seq;
-        const lms_lora_set *set = &s->lora;
-        lms_batch b = {.n_tokens = 1, .tokens = &tok, .pos = &pos, .seq = &sp,
-                       .lora = s->lora.n > 0 ? &set : NULL};
+        if (cur + 1 < n_rows && tok == prop[cur]) { /* its K/V are in the cache */
+            if ((rc = remember(s, tok)) < 0)
+                break;
+            cur++;
+            continue;
+        }
+        s->seq.n_pos = s->n_toks; /* drop the rejected proposals' K/V */
+        int32_t room = n_total - 1 - (s->n_toks + 1), k = k_max < room ? k_max : room;
+        k = propose(s, gp, tok, k, prop, &rc);
+        if (rc < 0)
+            break;
+        st->n_drafted += k;
+        rtok[0] = tok;
+        memcpy(rtok + 1, prop, (size_t)k * sizeof *prop);
+        for (int32_t i = 0; i <= k; i++) {
+            rpos[i] = s->n_toks + i;
+            rseq[i] = &s->seq;
+            rset[i] = &s->lora;
+            rlg[i] = true;
+        }
+        lms_batch b = {.n_tokens = k + 1, .tokens = rtok, .pos = rpos, .seq = rseq, .logits = rlg,
+                       .lora = s->lora.n > 0 ? rset : NULL};
         if ((rc = lms_forward(s->ctx, &b, logits)) < 0 || (rc = remember(s, tok)) < 0)
             break;
+        n_rows = k + 1;
+        cur = 0;
     }
+    s->seq.n_pos = s->n_toks;
     double t1 = lms_now_ms();
     st->gen_tps = st->n_gen > 1 && t1 > t_first ? (st->n_gen - 1) * 1000.0 / (t1 - t_first) : 0;
     lms_sampler_destroy(smp);
@@ -202,7 +262,8 @@ int lms_session_generate(lms_session *s, const int32_t *prompt, int32_t n_prompt
     if (keep < 0)
         return keep;
     gen_state g = {.piece_cap = lms_detok_max_out(m->tok)};
-    float *logits = malloc((size_t)m->hp.n_vocab * sizeof *logits);
+    const int32_t rows = gp->spec.mode == LMS_SPEC_NONE ? 1 : LMS_SPEC_MAX + 1;
+    float *logits = malloc((size_t)rows * (size_t)m->hp.n_vocab * sizeof *logits);
     g.piece = malloc(g.piece_cap);
     int rc = logits && g.piece ? lms_stopstr_init(&g.stop, gp->stop, gp->n_stop) : LMS_ERR_NOMEM;
     if (rc < 0) {

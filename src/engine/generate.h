@@ -17,6 +17,7 @@
 
 #include "engine/forward.h"
 #include "engine/sampler.h"
+#include "engine/spec.h"
 #include "engine/stopstr.h"
 
 typedef struct lms_session {
@@ -34,6 +35,12 @@ typedef struct lms_gen_params {
     int n_stop;
     bool ignore_eos;                 /* keep going past end-of-generation tokens */
     volatile sig_atomic_t *cancel;   /* set non-zero to stop (may be NULL) */
+    /* Speculative decoding (spec.h): spec.mode LMS_SPEC_NGRAM, or
+     * LMS_SPEC_DRAFT with a drafter and a draft_seq of this session (both
+     * borrowed); spec.n_max proposals a step at most. */
+    lms_spec_params spec;
+    lms_drafter *drafter;
+    lms_draft_seq *draft_seq;
 } lms_gen_params;
 
 /* Called with each piece of text ready to show; return false to stop. */
@@ -48,6 +55,8 @@ typedef struct lms_gen_stats {
     double total_ms;
     double gen_tps;       /* generated tokens / second after the first */
     const char *finish;   /* "stop", "length", "canceled" */
+    int32_t n_drafted;    /* speculative decoding: tokens proposed */
+    int32_t n_accepted;   /* of which the target took */
 } lms_gen_stats;
 
 void lms_session_init(lms_session *s, lms_ctx *ctx);

@@ -8,14 +8,18 @@
  *      whole budget (prompt + max_tokens, capped by n_ctx) are free; the
  *      prompt's full blocks already in the prefix cache are mapped, not
  *      computed;
- *   3. batch one decode token of every decoding sequence, then prompt
- *      chunks of prefilling ones, within n_batch tokens;
+ *   3. batch one decode token of every decoding sequence (and, with
+ *      speculative decoding, the proposals after it: propose), then
+ *      prompt chunks of prefilling ones, within n_batch tokens;
  *   4. one forward pass; sample, stream, finish; newly full blocks are
  *      registered in the prefix cache (prompt and generated tokens alike,
  *      so the next turn of a chat reuses this one's answer).
  *
  * Reserving the whole budget at admission means a running sequence never
- * meets an exhausted pool; requests wait in the queue instead.
+ * meets an exhausted pool; requests wait in the queue instead. Speculative
+ * rows stay inside that reservation, and a rejected proposal's K/V are cut
+ * off (kv.n_pos = n_past) before sweep registers full blocks, so only
+ * blocks of taken tokens enter the prefix cache.
  */
 #include "engine/sched.h"
 
@@ -30,6 +34,7 @@
 
 #include "base/err.h"
 #include "base/timeutil.h"
+#include "engine/encoder.h"
 #include "engine/forward.h"
 #include "engine/jsonschema.h"
 #include "kernels/kernels.h"
@@ -72,6 +77,15 @@ typedef struct sreq {
     lms_jschk jc_key[4];
     int jc_n, jc_next;
     const char *done;        /* finish reason once decided this step */
+    /* speculative decoding (spec.h) */
+    int32_t spec_max, spec_min; /* this request's proposals a step (spec_max 0: none) */
+    float spec_pmin;
+    int32_t *prop;           /* [spec_max] this step's proposals */
+    int32_t n_prop;
+    bool spec_live;          /* this step: every draw so far took its proposal */
+    lms_draft_seq ds;        /* its state in the draft model's context */
+    bool ds_failed;          /* the draft pool had no room for it */
+    int32_t n_drafted, n_accepted;
     lms_event *final;        /* the terminal event, allocated at submit so
                               * that it can always be sent */
 } sreq;
@@ -87,6 +101,7 @@ struct lms_sched {
     bool stop;
     bool abandoned;          /* the owner gave up on this scheduler */
     lms_watchdog_comp *wdc;
+    lms_encoder *enc;        /* an embedding model's (bert): requests go to encode_next */
     /* protected by mu */
     sreq *q_head, *q_tail;
     int32_t n_queued;
@@ -106,8 +121,16 @@ struct lms_sched {
     int32_t *lg_tok;         /* [n_parallel] its sampled token */
     float *lg_prob;          /* [n_parallel] and that token's probability */
     bool *lg_plp;            /* [lg_cap] the row is a prompt log-probability, not a draw */
-    int32_t lg_cap;          /* logits rows: n_parallel, + PLP_ROWS once a request has
+    bool *lg_spec;           /* [lg_cap] the row is a proposal's, drawn in order after the
+                              * draws before it */
+    int32_t lg_base;         /* logits rows of the draws: n_parallel, times 1 + spec.n_max
+                              * with speculation */
+    int32_t lg_cap;          /* logits rows: lg_base, + PLP_ROWS once a request has
                               * prompt_logprobs */
+    int32_t *b_spec;         /* [n_batch] 0, or j for the row of proposal j - 1 */
+    lms_drafter *drafter;    /* the draft model (LMS_SPEC_DRAFT) */
+    lms_draft_job *jobs;     /* [n_parallel] a step's draft jobs */
+    sreq **job_owner;        /* [n_parallel] */
     /* JSON mode: every token's text (lms_token_to_piece), made at the first
      * JSON-mode request; scheduler thread */
     char *tt_bytes;          /* the pieces back to back */
@@ -149,6 +172,8 @@ static void stats_of(const sreq *q, const char *finish, lms_req_stats *st)
     st->total_ms = now - q->t_submit;
     st->tps = q->n_gen > 1 && now > q->t_first ? (q->n_gen - 1) * 1000.0 / (now - q->t_first) : 0;
     st->finish = finish;
+    st->n_drafted = q->n_drafted;
+    st->n_accepted = q->n_accepted;
 }
 
 /* ---- request memory ------------------------------------------------------ */
@@ -156,6 +181,8 @@ static void stats_of(const sreq *q, const char *finish, lms_req_stats *st)
 static void sreq_free(lms_sched *s, sreq *q)
 {
     lms_event_free(q->final);
+    lms_draft_seq_release(s->drafter, &q->ds);
+    free(q->prop);
     lms_kv_seq_release(lms_ctx_kv(s->ctx), &q->kv);
     for (int32_t i = 0; i < q->lora.n; i++)
         lms_lora_release(q->lora.use[i].lora);
@@ -211,6 +238,67 @@ static void finish(lms_sched *s, sreq *q, const char *reason, int err, const cha
  * engine never reuses the id of a request that is still being reported. */
 static uint64_t g_next_id;
 
+/* ---- embedding models (bert): one whole input per step, engine/encoder.c ---- */
+
+static int check_encoder_request(const lms_sched *s, const lms_request *r, char *err,
+                                 size_t errsz)
+{
+    const int32_t n_max = lms_encoder_max_tokens(s->enc);
+    if (!r->embedding)
+        return lms_errf(err, errsz, LMS_ERR_UNSUPPORTED,
+                        "model '%s' is an embedding model (%s): it computes embeddings only "
+                        "(/v1/embeddings, /api/embed), not text", s->m->name, s->m->hp.arch);
+    if (r->n_tokens > n_max)
+        return lms_errf(err, errsz, LMS_ERR_LIMIT,
+                        "the input has %d tokens; model '%s' takes at most %d (its context)",
+                        r->n_tokens, s->m->name, n_max);
+    return 0;
+}
+
+/* Takes the first queued request and encodes it: its embedding event, then
+ * its end. It is in run[] meanwhile, so that an abandon sees it. */
+static void encode_next(lms_sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    sreq *q = s->q_head;
+    if (q) {
+        s->q_head = q->next;
+        if (!s->q_head)
+            s->q_tail = NULL;
+        s->n_queued--;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (!q)
+        return;
+    q->next = NULL;
+    if (q->abort) {
+        finish(s, q, "abort", 0, NULL);
+        return;
+    }
+    q->t_sched = lms_now_ms();
+    s->run[s->n_run++] = q;
+    const int32_t e = s->m->hp.n_embd;
+    float *v = malloc((size_t)e * sizeof *v);
+    char msg[256] = "out of memory";
+    int rc = v ? lms_encode(s->enc, q->tokens, q->n_prompt, v, msg, sizeof msg) : LMS_ERR_NOMEM;
+    if (s->abandoned) {
+        free(v);
+        return;
+    }
+    s->n_run--; /* q is the last (and only) one */
+    lms_event *ev = rc < 0 ? NULL : new_event(q, LMS_EV_EMBD);
+    if (!ev) {
+        free(v);
+        finish(s, q, "error", rc < 0 ? rc : LMS_ERR_NOMEM, msg);
+        return;
+    }
+    q->t_first = lms_now_ms();
+    ev->embd = v;
+    ev->n_embd = e;
+    q->r.cb(q->r.user, ev);
+    finish(s, q, "stop", 0, NULL);
+}
+
 static int check_request(const lms_sched *s, const lms_request *r, char *err, size_t errsz)
 {
     const int32_t n_vocab = s->m->hp.n_vocab;
@@ -218,6 +306,8 @@ static int check_request(const lms_sched *s, const lms_request *r, char *err, si
         return lms_errf(err, errsz, LMS_ERR_INVAL, "request has no event callback");
     if (r->n_tokens <= 0)
         return lms_errf(err, errsz, LMS_ERR_INVAL, "the prompt is empty");
+    if (s->enc)
+        return check_encoder_request(s, r, err, errsz);
     if (r->n_tokens >= s->p.n_ctx)
         return lms_errf(err, errsz, LMS_ERR_LIMIT,
                         "the prompt has %d tokens; the context holds %d (prompt + output)",
@@ -247,6 +337,9 @@ static int check_request(const lms_sched *s, const lms_request *r, char *err, si
     }
     if (r->embedding)
         return 0;
+    if (!(r->spec_p_min <= 1))
+        return lms_errf(err, errsz, LMS_ERR_INVAL, "speculative p_min %g is more than 1",
+                        r->spec_p_min);
     if (r->max_tokens == 0 && !r->prompt_logprobs)
         return lms_errf(err, errsz, LMS_ERR_INVAL, "max_tokens must be at least 1");
     for (int32_t i = 0; i < r->sp.n_bias && i < LMS_MAX_LOGIT_BIAS; i++)
@@ -513,7 +606,7 @@ static bool is_plp_row(const sreq *q, int32_t pos)
 /* Room for PLP_ROWS more logits rows, made at the first request that asks. */
 static int grow_logits(lms_sched *s)
 {
-    const int32_t cap = s->p.n_parallel + PLP_ROWS;
+    const int32_t cap = s->lg_base + PLP_ROWS;
     if (s->lg_cap >= cap)
         return 0;
     const size_t nv = (size_t)s->m->hp.n_vocab;
@@ -532,7 +625,10 @@ static int grow_logits(lms_sched *s)
     bool *pl = realloc(s->lg_plp, (size_t)cap * sizeof *pl);
     if (pl)
         s->lg_plp = pl;
-    if (!lg || !ow || !tk || !pr || !pl)
+    bool *sp = realloc(s->lg_spec, (size_t)cap * sizeof *sp);
+    if (sp)
+        s->lg_spec = sp;
+    if (!lg || !ow || !tk || !pr || !pl || !sp)
         return LMS_ERR_NOMEM;
     s->lg_cap = cap;
     return 0;
@@ -589,6 +685,14 @@ static int start_request(lms_sched *s, sreq *q)
         lms_sampler_accept(q->smp, q->tokens[i]);
     if (q->r.prompt_logprobs && grow_logits(s) < 0)
         return LMS_ERR_NOMEM;
+    const lms_spec_params *sp = &s->p.spec;
+    if (sp->mode != LMS_SPEC_NONE && q->r.spec_n_max >= 0) {
+        q->spec_max = q->r.spec_n_max > 0 && q->r.spec_n_max < sp->n_max ? q->r.spec_n_max : sp->n_max;
+        q->spec_min = q->r.spec_n_min == 0 ? sp->n_min : q->r.spec_n_min < 0 ? 0 : q->r.spec_n_min;
+        q->spec_pmin = q->r.spec_p_min == 0 ? sp->p_min : q->r.spec_p_min < 0 ? 0 : q->r.spec_p_min;
+        if (!(q->prop = malloc((size_t)q->spec_max * sizeof *q->prop)))
+            return LMS_ERR_NOMEM;
+    }
     if (q->r.json) {
         lms_jschk_init(&q->jf, q->schema);
         q->masked = malloc((size_t)s->m->hp.n_vocab * sizeof *q->masked);
@@ -690,6 +794,60 @@ static void admit(lms_sched *s)
     }
 }
 
+/* ---- speculative decoding ----------------------------------------------------- */
+
+/* Proposals for the decoding sequences, within what the step's budget
+ * leaves after one row for each of them; a sequence gets none when the
+ * budget or its reserved positions (prompt + max_tokens) are short, or
+ * the draft pool has no room for it: speculation backs off, the request
+ * goes on. Rows past the sequence's reservation are never written. */
+static void propose(lms_sched *s, int32_t budget)
+{
+    if (s->p.spec.mode == LMS_SPEC_NONE)
+        return;
+    const lms_spec_params *sp = &s->p.spec;
+    int32_t slack = budget;
+    for (int32_t i = 0; i < s->n_run; i++)
+        slack -= s->run[i]->state == ST_DECODE;
+    int nj = 0;
+    for (int32_t i = 0; i < s->n_run; i++) {
+        sreq *q = s->run[i];
+        q->n_prop = 0;
+        if (q->state != ST_DECODE || q->spec_max == 0 || q->abort)
+            continue;
+        int32_t k = q->n_total - q->n_tokens - 1; /* rows up to position n_total - 1 */
+        k = k < q->spec_max ? k : q->spec_max;
+        k = k < slack ? k : slack;
+        if (k < 1 || k < q->spec_min)
+            continue;
+        if (sp->mode == LMS_SPEC_NGRAM) {
+            int32_t n = lms_spec_ngram(q->tokens, q->n_tokens, sp->ngram_max, sp->ngram_min, k,
+                                       q->prop);
+            q->n_prop = n < q->spec_min ? 0 : n;
+            slack -= q->n_prop;
+        } else if (!q->ds_failed) {
+            if (lms_draft_seq_reserve(s->drafter, &q->ds, q->n_total) < 0) {
+                q->ds_failed = true;
+                continue;
+            }
+            s->jobs[nj] = (lms_draft_job){.ds = &q->ds, .tokens = q->tokens, .n_tokens = q->n_tokens,
+                                          .k = k, .p_min = q->spec_pmin, .out = q->prop};
+            s->job_owner[nj++] = q;
+            slack -= k;
+        }
+    }
+    if (nj == 0)
+        return;
+    int rc = lms_drafter_propose(s->drafter, s->jobs, nj);
+    if (rc < 0)
+        lms_log(LMS_LOG_WARN, "draft_failed", "model", LMS_LOG_STR(s->m->name), "error",
+                LMS_LOG_STR(lms_strerror(rc)));
+    for (int j = 0; j < nj; j++) {
+        sreq *q = s->job_owner[j];
+        q->n_prop = rc < 0 || s->jobs[j].n_out < q->spec_min ? 0 : s->jobs[j].n_out;
+    }
+}
+
 /* Fills the batch with at most `budget` rows (decodes always fit);
  * returns the number of rows. */
 static int32_t build_batch(lms_sched *s, int32_t budget, bool *any_lora)
@@ -702,7 +860,7 @@ static int32_t build_batch(lms_sched *s, int32_t budget, bool *any_lora)
             sreq *q = s->run[i];
             if ((pass == 0) != (q->state == ST_DECODE))
                 continue;
-            int32_t want = q->state == ST_DECODE ? 1 : q->n_prompt - q->n_past;
+            int32_t want = q->state == ST_DECODE ? 1 + q->n_prop : q->n_prompt - q->n_past;
             int32_t take = want < cap - n ? want : cap - n;
             if (q->state != ST_DECODE && q->r.prompt_logprobs) {
                 int32_t rows = q->n_prompt - 1 - q->n_past; /* of them log-probability rows */
@@ -713,7 +871,9 @@ static int32_t build_batch(lms_sched *s, int32_t budget, bool *any_lora)
             }
             for (int32_t j = 0; j < take; j++, n++) {
                 int32_t pos = q->n_past + j;
-                s->b_tok[n] = q->tokens[pos];
+                const bool prop = q->state == ST_DECODE && j > 0;
+                s->b_tok[n] = prop ? q->prop[j - 1] : q->tokens[pos];
+                s->b_spec[n] = prop ? j : 0;
                 s->b_pos[n] = pos;
                 s->b_seq[n] = &q->kv;
                 s->b_lora[n] = q->lora.n > 0 ? &q->lora : NULL;
@@ -721,7 +881,8 @@ static int32_t build_batch(lms_sched *s, int32_t budget, bool *any_lora)
                 s->b_owner[n] = q;
                 s->b_embd[n] = q->r.embedding;
                 s->b_lg[n] = !q->r.embedding &&
-                             ((pos == q->n_tokens - 1 && q->r.max_tokens != 0) || is_plp_row(q, pos));
+                             ((pos == q->n_tokens - 1 && q->r.max_tokens != 0) || is_plp_row(q, pos) ||
+                              prop);
             }
         }
     }
@@ -831,15 +992,32 @@ static void after_forward(lms_sched *s, int32_t n_rows)
     for (int32_t r = 0; r < n_rows; r++)
         if (s->b_lg[r]) {
             s->lg_plp[n_lg] = is_plp_row(s->b_owner[r], s->b_pos[r]);
+            s->lg_spec[n_lg] = s->b_spec[r] > 0;
             s->lg_owner[n_lg++] = s->b_owner[r];
         }
 #pragma omp parallel for schedule(dynamic, 1) if (n_lg >= 2)
     for (int32_t i = 0; i < n_lg; i++)
-        if (!s->lg_plp[i])
+        if (!s->lg_plp[i] && !s->lg_spec[i])
             s->lg_tok[i] = sample_row(s, s->lg_owner[i], s->logits + (size_t)i * nv, &s->lg_prob[i]);
     int32_t lg_row = 0, out_row = 0;
     for (int32_t r = 0; r < n_rows; r++) {
         sreq *q = s->b_owner[r];
+        if (s->b_spec[r] > 0) {
+            /* proposal j - 1's row: drawn only while every draw before it
+             * took its proposal, whose K/V this row then wrote */
+            const int32_t j = s->b_spec[r];
+            if (q->spec_live) {
+                float prob;
+                q->n_past = s->b_pos[r] + 1;
+                q->n_accepted++;
+                const int32_t tok = sample_row(s, q, s->logits + (size_t)lg_row * nv, &prob);
+                q->done = tok < 0 ? "stop" : handle_token(s, q, tok, prob);
+                q->spec_live = !q->done && j < q->n_prop && tok == q->prop[j];
+            }
+            lg_row++;
+            out_row++;
+            continue;
+        }
         q->n_past = s->b_pos[r] + 1;
         if (q->r.prompt_logprobs && q->r.max_tokens == 0 && q->n_past >= q->n_prompt)
             q->done = "length"; /* the prompt's log-probabilities were all it asked */
@@ -858,9 +1036,33 @@ static void after_forward(lms_sched *s, int32_t n_rows)
             const int32_t tok = s->lg_tok[lg_row];
             /* -1: JSON mode, and no token continues the text */
             q->done = tok < 0 ? "stop" : handle_token(s, q, tok, s->lg_prob[lg_row]);
+            q->spec_live = !q->done && q->n_prop > 0 && tok == q->prop[0];
             lg_row++;
             q->state = ST_DECODE;
         }
+    }
+    /* the rejected proposals' K/V are dropped: the cache ends at the last
+     * token taken (n_past), so they are overwritten and a block they
+     * filled is registered only once real tokens fill it (register_blocks
+     * counts n_past) */
+    uint64_t drafted = 0, accepted = 0;
+    for (int32_t i = 0; i < s->n_run; i++) {
+        sreq *q = s->run[i];
+        if (q->n_prop == 0)
+            continue;
+        q->n_drafted += q->n_prop;
+        drafted += (uint64_t)q->n_prop;
+        q->kv.n_pos = q->n_past;
+        q->n_prop = 0;
+        q->spec_live = false;
+    }
+    for (int32_t r = 0; r < n_rows; r++)
+        accepted += s->b_spec[r] > 0 && s->b_owner[r]->n_past > s->b_pos[r];
+    if (drafted) {
+        pthread_mutex_lock(&s->mu);
+        s->st.spec_drafted += drafted;
+        s->st.spec_accepted += accepted;
+        pthread_mutex_unlock(&s->mu);
     }
 }
 
@@ -908,6 +1110,7 @@ static void publish_stats(lms_sched *s, bool stepped)
     s->st.n_steps += stepped;
     s->st.kv_blocks_used = lms_kv_used(kv);
     s->st.kv_blocks_cached = kv->n_cached;
+    s->st.draft_blocks_used = s->drafter ? lms_drafter_blocks_used(s->drafter) : 0;
     s->st.n_running = s->n_run;
     pthread_mutex_unlock(&s->mu);
 }
@@ -952,12 +1155,18 @@ static void maybe_hang(lms_sched *s)
 static void step(lms_sched *s)
 {
     apply_aborts(s);
+    if (s->enc) { /* an embedding model */
+        encode_next(s);
+        publish_stats(s, true);
+        return;
+    }
     int32_t budget = thermal_budget(s);
     if (budget == 0) { /* paused: only aborts are served */
         publish_stats(s, false);
         return;
     }
     admit(s);
+    propose(s, budget);
     bool any_lora;
     int32_t n = build_batch(s, budget, &any_lora);
     if (n > 0) {
@@ -1063,14 +1272,21 @@ static int alloc_buffers(lms_sched *s)
     s->b_lg = malloc(nb * sizeof *s->b_lg);
     s->b_embd = malloc(nb * sizeof *s->b_embd);
     s->b_owner = malloc(nb * sizeof *s->b_owner);
-    s->logits = malloc((size_t)s->p.n_parallel * (size_t)s->m->hp.n_vocab * sizeof *s->logits);
-    s->lg_owner = malloc((size_t)s->p.n_parallel * sizeof *s->lg_owner);
-    s->lg_tok = malloc((size_t)s->p.n_parallel * sizeof *s->lg_tok);
-    s->lg_prob = malloc((size_t)s->p.n_parallel * sizeof *s->lg_prob);
-    s->lg_plp = calloc((size_t)s->p.n_parallel, sizeof *s->lg_plp);
-    s->lg_cap = s->p.n_parallel;
+    s->lg_base = s->p.n_parallel * (1 + (s->p.spec.mode != LMS_SPEC_NONE ? s->p.spec.n_max : 0));
+    const size_t nl = (size_t)s->lg_base;
+    s->logits = malloc(nl * (size_t)s->m->hp.n_vocab * sizeof *s->logits);
+    s->lg_owner = malloc(nl * sizeof *s->lg_owner);
+    s->lg_tok = malloc(nl * sizeof *s->lg_tok);
+    s->lg_prob = malloc(nl * sizeof *s->lg_prob);
+    s->lg_plp = calloc(nl, sizeof *s->lg_plp);
+    s->lg_spec = calloc(nl, sizeof *s->lg_spec);
+    s->lg_cap = s->lg_base;
+    s->b_spec = calloc(nb, sizeof *s->b_spec);
+    s->jobs = calloc((size_t)s->p.n_parallel, sizeof *s->jobs);
+    s->job_owner = calloc((size_t)s->p.n_parallel, sizeof *s->job_owner);
     return s->run && s->b_tok && s->b_pos && s->b_seq && s->b_lora && s->b_lg && s->b_embd && s->b_owner &&
-                   s->logits && s->lg_owner && s->lg_tok && s->lg_prob && s->lg_plp
+                   s->logits && s->lg_owner && s->lg_tok && s->lg_prob && s->lg_plp && s->lg_spec &&
+                   s->b_spec && s->jobs && s->job_owner
                ? 0
                : LMS_ERR_NOMEM;
 }
@@ -1078,7 +1294,8 @@ static int alloc_buffers(lms_sched *s)
 static void free_buffers(lms_sched *s)
 {
     void *bufs[] = {s->run, s->b_tok, s->b_pos, s->b_seq, (void *)s->b_lora, s->b_lg, s->b_embd, s->b_owner,
-                    s->logits, s->lg_owner, s->lg_tok, s->lg_prob, s->lg_plp, s->aborts};
+                    s->logits, s->lg_owner, s->lg_tok, s->lg_prob, s->lg_plp, s->aborts,
+                    s->lg_spec, s->b_spec, s->jobs, s->job_owner};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
 }
@@ -1109,12 +1326,37 @@ int lms_sched_create(lms_model *m, const lms_sched_params *p, lms_sched **out, c
     s->p = *p;
     if (s->p.n_batch < s->p.n_parallel)
         s->p.n_batch = s->p.n_parallel; /* every decoding sequence fits a step */
+    s->p.draft_model = NULL; /* used here only */
+    if (p->draft_model && s->p.spec.mode == LMS_SPEC_NONE)
+        s->p.spec.mode = LMS_SPEC_DRAFT;
+    int rc = lms_spec_params_fix(&s->p.spec, err, errsz);
+    if (rc == 0 && s->p.spec.mode == LMS_SPEC_DRAFT && !p->draft_model)
+        rc = lms_errf(err, errsz, LMS_ERR_INVAL, "speculative decoding with a draft model needs "
+                                                 "the draft model (--draft)");
+    if (rc < 0) {
+        free(s);
+        return rc;
+    }
     lms_ctx_params cp = {.n_ctx = p->n_ctx, .n_batch = s->p.n_batch, .n_seq = p->n_parallel,
                          .n_threads = p->n_threads, .kv_blocks = pool_blocks(p, &m->hp),
                          .kv_type = p->kv_type,
                          .gpu_layers = p->gpu_layers, .vram_margin_mb = p->vram_margin_mb,
                          .vram_budget_mb = p->vram_budget_mb};
-    int rc = lms_ctx_create(m, &cp, &s->ctx, err, errsz);
+    if (m->hp.is_encoder && rc == 0) { /* encoders run on the CPU (engine/encoder.c) */
+        if (cp.gpu_layers != 0 && cp.gpu_layers != LMS_GPU_LAYERS_AUTO) {
+            free(s);
+            return lms_errf(err, errsz, LMS_ERR_UNSUPPORTED,
+                            "model '%s' is an embedding model (%s), which runs on the CPU "
+                            "only: --gpu-layers is not supported for it", m->name, m->hp.arch);
+        }
+        cp.gpu_layers = 0;
+    }
+    rc = lms_ctx_create(m, &cp, &s->ctx, err, errsz);
+    if (rc == 0 && m->hp.is_encoder)
+        rc = lms_encoder_create(m, p->n_threads, &s->enc, err, errsz);
+    if (rc == 0 && s->p.spec.mode == LMS_SPEC_DRAFT)
+        rc = lms_drafter_create(m, p->draft_model, p->n_ctx, s->p.n_batch, p->n_parallel,
+                                p->n_threads, &s->drafter, err, errsz);
     if (rc == 0 && (rc = alloc_buffers(s)) < 0)
         lms_errf(err, errsz, rc, "scheduler: out of memory");
     pthread_mutex_init(&s->mu, NULL);
@@ -1151,6 +1393,8 @@ static void free_all(lms_sched *s)
         lms_watchdog_unregister(s->wdc);
     free_buffers(s);
     free_token_texts(s);
+    lms_drafter_destroy(s->drafter);
+    lms_encoder_destroy(s->enc);
     lms_ctx_destroy(s->ctx);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);

@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "engine/sampler.h"
+#include "engine/spec.h"
 #include "engine/stopstr.h"
 #include "model/lora.h"
 #include "model/model.h"
@@ -57,6 +58,13 @@ typedef struct lms_sched_params {
      * restart: lms_sched_abandon then a new scheduler). */
     void (*on_stall)(void *ud, lms_sched *s);
     void *stall_ud;
+    /* Speculative decoding (spec.h): spec.mode LMS_SPEC_NGRAM, or
+     * LMS_SPEC_DRAFT with the draft model at draft_model (loaded at create,
+     * CPU only, vocabulary checked). Every decoding sequence's next token
+     * and its proposals are one step's rows, within the token budget; a
+     * request may lower n_max / change n_min, p_min (lms_request). */
+    lms_spec_params spec;
+    const char *draft_model;
 } lms_sched_params;
 
 enum lms_event_type {
@@ -81,6 +89,8 @@ typedef struct lms_req_stats {
     double total_ms;       /* submit to end */
     double tps;            /* generated tokens per second after the first */
     const char *finish;    /* "stop", "length", "abort", "deadline" (static) */
+    int32_t n_drafted;     /* speculative decoding: tokens proposed */
+    int32_t n_accepted;    /* of which the target took */
 } lms_req_stats;
 
 typedef struct lms_event {
@@ -144,6 +154,11 @@ typedef struct lms_request {
     int n_loras;
     bool embedding;            /* compute a pooled embedding instead */
     int pooling;               /* enum lms_pooling */
+    /* Speculative decoding for this request, over the scheduler's: n_max
+     * (at most the scheduler's; 0: the scheduler's, < 0: off), n_min (0:
+     * the scheduler's, < 0: none), p_min (0: the scheduler's, < 0: none). */
+    int32_t spec_n_max, spec_n_min;
+    float spec_p_min;
     lms_event_fn cb;
     void *user;
 } lms_request;
@@ -161,6 +176,9 @@ typedef struct lms_sched_stats {
     uint64_t n_requests;       /* finished requests by outcome */
     uint64_t n_aborted, n_failed;
     uint64_t n_steps;
+    uint64_t spec_drafted;     /* speculative decoding: tokens proposed */
+    uint64_t spec_accepted;    /* of which the target took */
+    int32_t draft_blocks_used; /* blocks of the draft model's pool held */
     double last_tps;           /* decode tokens/s of the last finished request */
     double last_ttft_ms;
     bool busy;                 /* a step is running */

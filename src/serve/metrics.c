@@ -111,6 +111,8 @@ int metrics_sched_sum(lms_server *s, lms_sched_stats *st)
         st->kv_blocks_cached += one.kv_blocks_cached;
         st->prefix_queries += one.prefix_queries;
         st->prefix_hits += one.prefix_hits;
+        st->spec_drafted += one.spec_drafted;
+        st->spec_accepted += one.spec_accepted;
         st->prompt_tokens += one.prompt_tokens;
         st->gen_tokens += one.gen_tokens;
         st->n_requests += one.n_requests;
@@ -341,6 +343,8 @@ static json_t *sched_json(const lms_sched_stats *st)
     json_object_set_new(o, "gen_tokens", json_integer((json_int_t)st->gen_tokens));
     json_object_set_new(o, "prefix_queries", json_integer((json_int_t)st->prefix_queries));
     json_object_set_new(o, "prefix_hits", json_integer((json_int_t)st->prefix_hits));
+    json_object_set_new(o, "draft_tokens", json_integer((json_int_t)st->spec_drafted));
+    json_object_set_new(o, "draft_accepted", json_integer((json_int_t)st->spec_accepted));
     json_object_set_new(o, "finished", json_integer((json_int_t)st->n_requests));
     json_object_set_new(o, "aborted", json_integer((json_int_t)st->n_aborted));
     json_object_set_new(o, "failed", json_integer((json_int_t)st->n_failed));

@@ -263,6 +263,7 @@ lms_request genparams_request(const genparams *gp, const int32_t *toks, int32_t 
         .stop = (const char *const *)gp->stop, .n_stop = gp->n_stop,
         .ignore_eos = gp->ignore_eos, .timeout_ms = gp->timeout_ms,
         .loras = gp->n_loras ? gp->loras : NULL, .n_loras = gp->n_loras,
+        .spec_n_max = gp->spec_n_max, .spec_n_min = gp->spec_n_min, .spec_p_min = gp->spec_p_min,
     };
     return r;
 }
@@ -411,6 +412,21 @@ int reqparse_gen(const json_t *o, genparams *gp, reqerr *e)
     }
     if (reqparse_bool(o, "ignore_eos", &gp->ignore_eos, e) < 0)
         return -1;
+    /* speculative decoding, llama-server's keys: 0 turns it off (n_max) or
+     * the limit off (n_min, p_min) for this request */
+    if ((rc = reqparse_int(o, "speculative.n_max", 0, LMS_SPEC_MAX, &x, e)) < 0)
+        return -1;
+    if (rc)
+        gp->spec_n_max = x ? (int32_t)x : -1;
+    if ((rc = reqparse_int(o, "speculative.n_min", 0, LMS_SPEC_MAX, &x, e)) < 0)
+        return -1;
+    if (rc)
+        gp->spec_n_min = x ? (int32_t)x : -1;
+    double pm = 0;
+    if ((rc = reqparse_num(o, "speculative.p_min", 0, 1, &pm, e)) < 0)
+        return -1;
+    if (rc)
+        gp->spec_p_min = pm > 0 ? (float)pm : -1.0f;
     double tmo = 0;
     if (reqparse_num(o, "timeout", 0.001, 86400, &tmo, e) < 0)
         return -1;

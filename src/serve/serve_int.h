@@ -116,6 +116,8 @@ typedef struct genparams {
     lms_lora_use loras[LMS_LORA_MAX]; /* adapters (api_lora_pick; borrowed from the expert's
                                   * table or the connection, retained by submit) */
     int n_loras;
+    int32_t spec_n_max, spec_n_min; /* "speculative.n_max" / "n_min" / "p_min", as lms_request */
+    float spec_p_min;
 } genparams;
 
 /* Reads temperature (or `temp`), top_k, top_p, min_p, typical_p, mirostat

@@ -68,6 +68,10 @@ static json_t *stats_json(const lms_req_stats *st)
     json_object_set_new(o, "tps", json_real_safe(round1(st->tps)));
     json_object_set_new(o, "prompt_tokens", json_integer(st->n_prompt));
     json_object_set_new(o, "cached_tokens", json_integer(st->n_cached));
+    if (st->n_drafted > 0) { /* speculative decoding */
+        json_object_set_new(o, "draft_tokens", json_integer(st->n_drafted));
+        json_object_set_new(o, "draft_accepted", json_integer(st->n_accepted));
+    }
     return o;
 }
 
