@@ -8,7 +8,8 @@
  * with the same q8 activations; a second run reads the activations from
  * their lane-ordered copy (q8_perm, mq::perm4_at/perm6_at/perme_at) and
  * must give identical sums. It also checks the one-token 64-element units
- * (mq::unit) against the same reference. A development tool, built by hand:
+ * (mq::unit) and the IQ4_NL / IQ4_XS chunk code (mq::ops, with its table
+ * lookup) against the same reference. A development tool, built by hand:
  *
  *   nvcc -O1 -std=c++17 -DLMS_HAVE_CUDA=1 -Isrc -Iinclude -diag-suppress 20011 \
  *     -Xcompiler -fopenmp tests/cuda/cu_mmq_host_check.cu build-cuda/liblms_kernels.a \
@@ -25,6 +26,7 @@
 
 #include "kernels/cuda/cu_mmvq.cuh"
 extern "C" {
+#include "kernels/cpu/quant_ref.h"
 #include "kernels/kernels.h"
 }
 
@@ -218,6 +220,27 @@ template <int T, int NM> static int run(const char *name, int misalign, int n_to
     return ok ? 0 : 1;
 }
 
+/* One q8 token of K random values, and the reference dot product with a
+ * dequantized row wf (ref; mag = sum |w x|, the scale of its rounding). */
+struct q8_token {
+    std::vector<int8_t> xs;
+    std::vector<float2> xd;
+    double ref = 0, mag = 0;
+    q8_token(const std::vector<float> &wf, int K) : xs(K), xd(K / 32)
+    {
+        std::vector<float> x(K);
+        for (int i = 0; i < K; i++)
+            x[i] = (rand() / (float)RAND_MAX - 0.5f) * (i % 5 == 0 ? 6.f : 1.f);
+        for (int b = 0; b < K / 32; b++)
+            mq::quant_block_host(x.data() + 32 * b, xs.data() + 32 * b, xd.data() + b);
+        for (int j = 0; j < K; j++) {
+            const double a = (double)xd[j / 32].x * xs[j];
+            ref += wf[j] * a;
+            mag += fabs(wf[j] * a);
+        }
+    }
+};
+
 /* The one-token 64-element units (mq::unit) against the reference: a row
  * of random blocks (2-byte misaligned for Q6_K where asked) dotted with one
  * q8 token, unit by unit in a scrambled order, as the mv1 kernels do. */
@@ -235,36 +258,80 @@ template <int T> static int run_units(const char *name, int misalign)
         if (T == LMS_TYPE_Q4_K)
             memcpy(row + (size_t)b * bb + 2, &m, 2);
     }
-    std::vector<float> wf(K), x(K);
+    std::vector<float> wf(K);
     lms_kernels_ref()->to_float[T](row, wf.data(), K);
-    std::vector<int8_t> xs(K);
-    std::vector<float2> xd(K / 32);
-    for (int i = 0; i < K; i++)
-        x[i] = (rand() / (float)RAND_MAX - 0.5f) * (i % 5 == 0 ? 6.f : 1.f);
-    for (int b = 0; b < K / 32; b++)
-        mq::quant_block_host(x.data() + 32 * b, xs.data() + 32 * b, xd.data() + b);
-    double ref = 0, mag = 0, got = 0;
-    for (int j = 0; j < K; j++) {
-        const double a = (double)xd[j / 32].x * xs[j];
-        ref += wf[j] * a;
-        mag += fabs(wf[j] * a);
-    }
+    const q8_token x(wf, K);
+    double got = 0;
     const int nu = K / 64;
     for (int i = 0; i < nu; i++) {
         const int u = (i * 7 + 3) % nu; /* 7 is prime to nu: every unit once */
         typename mq::unit<T>::raw r;
         mq::unit<T>::load(row, u, r);
-        got += mq::unit<T>::dot(r, u, xs.data(), xd.data());
+        got += mq::unit<T>::dot(r, u, x.xs.data(), x.xd.data());
     }
-    const double err = fabs(got - ref) / (mag + 1e-30);
+    const double err = fabs(got - x.ref) / (x.mag + 1e-30);
     const bool ok = err < 1e-5;
     printf("%-5s units misalign %d: rel.err %.2e %s\n", name, misalign, err, ok ? "ok" : "FAIL");
     return ok ? 0 : 1;
 }
 
+/* The 32-element chunk code (mq::ops, the mmvq kernels' path) of the IQ4
+ * types against the reference: random blocks (IQ4_NL rows 2-byte
+ * misaligned where asked; an odd number of IQ4_XS super-blocks), one q8
+ * token, chunks in a scrambled order. Random scale bytes cover every
+ * IQ4_XS sub-block scale, random quant bytes every table index. */
+template <int T> static int run_ops(const char *name, int misalign)
+{
+    const int K = T == LMS_TYPE_IQ4_XS ? 3 * 256 : 7 * 32;
+    const int bb = T == LMS_TYPE_IQ4_XS ? 136 : 18, nb = T == LMS_TYPE_IQ4_XS ? K / 256 : K / 32;
+    std::vector<uint8_t> buf((size_t)nb * bb + 16);
+    uint8_t *row = buf.data() + misalign;
+    for (size_t i = 0; i < (size_t)nb * bb; i++)
+        row[i] = (uint8_t)rand();
+    for (int b = 0; b < nb; b++) {
+        const uint16_t d = f2h((0.01f + 0.02f * (rand() / (float)RAND_MAX)) * (b % 2 ? -1 : 1));
+        memcpy(row + (size_t)b * bb, &d, 2);
+    }
+    std::vector<float> wf(K);
+    lms_kernels_ref()->to_float[T](row, wf.data(), K);
+    const q8_token x(wf, K);
+    double got = 0;
+    const int nc = K / 32;
+    for (int i = 0; i < nc; i++) {
+        const int c = (i * 5 + 2) % nc; /* 5 is prime to nc (7, 24): every chunk once */
+        typename mq::ops<T>::raw r;
+        typename mq::ops<T>::prep pp;
+        mq::ops<T>::load(row, c, r);
+        mq::ops<T>::unpack(r, c, pp);
+        got += mq::ops<T>::dot(pp, x.xs.data(), x.xd.data(), c);
+    }
+    const double err = fabs(got - x.ref) / (x.mag + 1e-30);
+    const bool ok = err < 1e-5;
+    printf("%-6s chunks misalign %d: rel.err %.2e %s\n", name, misalign, err, ok ? "ok" : "FAIL");
+    return ok ? 0 : 1;
+}
+
+/* mq::iq4_lookup: every index in every byte position against the table. */
+static int check_iq4_lookup(void)
+{
+    int bad = 0;
+    for (uint32_t v = 0; v < 65536; v++) {
+        const uint32_t q = (v & 15) | (v >> 4 & 15) << 8 | (v >> 8 & 15) << 16 | (v >> 12 & 15) << 24;
+        const int r = mq::iq4_lookup(q);
+        for (int k = 0; k < 4; k++)
+            bad += (int8_t)(r >> (8 * k)) != lms_iq4_values[(q >> (8 * k)) & 15];
+    }
+    printf("iq4 table lookup: %s\n", bad ? "FAIL" : "ok");
+    return bad ? 1 : 0;
+}
+
 int main(void)
 {
-    int f = 0;
+    int f = check_iq4_lookup();
+    for (int it = 0; it < 4; it++) {
+        f |= run_ops<LMS_TYPE_IQ4_NL>("iq4_nl", 2 * (it & 1));
+        f |= run_ops<LMS_TYPE_IQ4_XS>("iq4_xs", 8 * (it & 1));
+    }
     for (int it = 0; it < 3; it++) {
         f |= run_units<LMS_TYPE_Q4_K>("q4_K", 0);
         f |= run_units<LMS_TYPE_Q6_K>("q6_K", 0);

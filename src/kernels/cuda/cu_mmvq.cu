@@ -93,7 +93,8 @@ __device__ __forceinline__ void mv_accum(const uint8_t *const *rows, int n_chunk
     }
 }
 
-template <int NT, int RR>
+/* IQ: whether the IQ4 types' code is compiled in (see has_iq4). */
+template <int NT, int RR, bool IQ>
 __device__ __forceinline__ void mv_dispatch(int type, const uint8_t *const *rows, int n_chunks,
                                             const int8_t *__restrict__ xs,
                                             const float2 *__restrict__ xd, int64_t ldq,
@@ -105,7 +106,19 @@ __device__ __forceinline__ void mv_dispatch(int type, const uint8_t *const *rows
     case LMS_TYPE_Q5_K: mv_accum<LMS_TYPE_Q5_K, NT, RR>(rows, n_chunks, xs, xd, ldq, acc); break;
     case LMS_TYPE_Q8_0: mv_accum<LMS_TYPE_Q8_0, NT, RR>(rows, n_chunks, xs, xd, ldq, acc); break;
     case LMS_TYPE_Q4_0: mv_accum<LMS_TYPE_Q4_0, NT, RR>(rows, n_chunks, xs, xd, ldq, acc); break;
-    default: pdl_wait(); break;
+    default:
+        if constexpr (IQ) {
+            if (type == LMS_TYPE_IQ4_NL) {
+                mv_accum<LMS_TYPE_IQ4_NL, NT, RR>(rows, n_chunks, xs, xd, ldq, acc);
+                break;
+            }
+            if (type == LMS_TYPE_IQ4_XS) {
+                mv_accum<LMS_TYPE_IQ4_XS, NT, RR>(rows, n_chunks, xs, xd, ldq, acc);
+                break;
+            }
+        }
+        pdl_wait();
+        break;
     }
 }
 
@@ -133,7 +146,7 @@ __device__ __forceinline__ void block_reduce(float (&acc)[RR][NT], float (*red)[
     __syncthreads();
 }
 
-template <int NT, int RR>
+template <int NT, int RR, bool IQ>
 __global__ void __launch_bounds__(MMVQ_THREADS, NT <= 2 ? 8 : (NT <= 4 ? 4 : 3)) mmvq_k(mv_args a)
 {
     pdl_trigger();
@@ -151,7 +164,7 @@ __global__ void __launch_bounds__(MMVQ_THREADS, NT <= 2 ? 8 : (NT <= 4 ? 4 : 3))
 #pragma unroll
         for (int t = 0; t < NT; t++)
             acc[i][t] = 0.0f;
-    mv_dispatch<NT, RR>(a.type[m], rows, a.n_chunks, a.xs, a.xd, a.ldq, acc);
+    mv_dispatch<NT, RR, IQ>(a.type[m], rows, a.n_chunks, a.xs, a.xd, a.ldq, acc);
     block_reduce<NT, RR>(acc, red);
     if (threadIdx.x < RR * NT) {
         const int i = threadIdx.x / NT, t = threadIdx.x % NT;
@@ -164,7 +177,7 @@ __global__ void __launch_bounds__(MMVQ_THREADS, NT <= 2 ? 8 : (NT <= 4 ? 4 : 3))
 }
 
 /* RH rows of gate (w[0]) and the same rows of up (w[1]); h = y[0]. */
-template <int NT, int RH>
+template <int NT, int RH, bool IQ>
 __global__ void __launch_bounds__(MMVQ_THREADS, NT <= 2 ? 8 : (NT <= 4 ? 4 : 3)) mmvq_glu_k(mv_args a)
 {
     pdl_trigger();
@@ -183,7 +196,7 @@ __global__ void __launch_bounds__(MMVQ_THREADS, NT <= 2 ? 8 : (NT <= 4 ? 4 : 3))
 #pragma unroll
         for (int t = 0; t < NT; t++)
             acc[i][t] = 0.0f;
-    mv_dispatch<NT, 2 * RH>(a.type[0], rows, a.n_chunks, a.xs, a.xd, a.ldq, acc);
+    mv_dispatch<NT, 2 * RH, IQ>(a.type[0], rows, a.n_chunks, a.xs, a.xd, a.ldq, acc);
     block_reduce<NT, 2 * RH>(acc, red);
     if (threadIdx.x < RH * NT) {
         const int i = threadIdx.x / NT, t = threadIdx.x % NT;
@@ -235,7 +248,7 @@ __device__ __forceinline__ void mw_accum(const uint8_t *const *rows, int n_chunk
     }
 }
 
-template <int NT, int R, int U>
+template <int NT, int R, int U, bool IQ>
 __device__ __forceinline__ void mw_dispatch(int type, const uint8_t *const *rows, int n_chunks,
                                             const int8_t *__restrict__ xs,
                                             const float2 *__restrict__ xd, int64_t ldq,
@@ -247,12 +260,19 @@ __device__ __forceinline__ void mw_dispatch(int type, const uint8_t *const *rows
     case LMS_TYPE_Q5_K: mw_accum<LMS_TYPE_Q5_K, NT, R, U>(rows, n_chunks, xs, xd, ldq, acc); break;
     case LMS_TYPE_Q8_0: mw_accum<LMS_TYPE_Q8_0, NT, R, U>(rows, n_chunks, xs, xd, ldq, acc); break;
     case LMS_TYPE_Q4_0: mw_accum<LMS_TYPE_Q4_0, NT, R, U>(rows, n_chunks, xs, xd, ldq, acc); break;
-    default: break;
+    default:
+        if constexpr (IQ) {
+            if (type == LMS_TYPE_IQ4_NL)
+                mw_accum<LMS_TYPE_IQ4_NL, NT, R, U>(rows, n_chunks, xs, xd, ldq, acc);
+            else if (type == LMS_TYPE_IQ4_XS)
+                mw_accum<LMS_TYPE_IQ4_XS, NT, R, U>(rows, n_chunks, xs, xd, ldq, acc);
+        }
+        break;
     }
 }
 
 /* blk0[] and the row groups count warps here (group = global warp id). */
-template <int NT>
+template <int NT, bool IQ>
 __global__ void __launch_bounds__(MMVQ_THREADS, 6) mmvw_k(mv_args a)
 {
     pdl_trigger();
@@ -267,7 +287,7 @@ __global__ void __launch_bounds__(MMVQ_THREADS, 6) mmvw_k(mv_args a)
 #pragma unroll
     for (int t = 0; t < NT; t++)
         acc[0][t] = 0.0f;
-    mw_dispatch<NT, 1, 4>(a.type[m], rows, a.n_chunks, a.xs, a.xd, a.ldq, acc);
+    mw_dispatch<NT, 1, 4, IQ>(a.type[m], rows, a.n_chunks, a.xs, a.xd, a.ldq, acc);
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         const float v = warp_sum(acc[0][t]);
@@ -279,7 +299,7 @@ __global__ void __launch_bounds__(MMVQ_THREADS, 6) mmvw_k(mv_args a)
 }
 
 /* Row r0 of gate and of up per warp; h = y[0]. */
-template <int NT>
+template <int NT, bool IQ>
 __global__ void __launch_bounds__(MMVQ_THREADS, 6) mmvw_glu_k(mv_args a)
 {
     pdl_trigger();
@@ -294,7 +314,7 @@ __global__ void __launch_bounds__(MMVQ_THREADS, 6) mmvw_glu_k(mv_args a)
 #pragma unroll
         for (int t = 0; t < NT; t++)
             acc[i][t] = 0.0f;
-    mw_dispatch<NT, 2, 2>(a.type[0], rows, a.n_chunks, a.xs, a.xd, a.ldq, acc);
+    mw_dispatch<NT, 2, 2, IQ>(a.type[0], rows, a.n_chunks, a.xs, a.xd, a.ldq, acc);
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         const float gv = warp_sum(acc[0][t]), uv = warp_sum(acc[1][t]);
@@ -385,6 +405,8 @@ __device__ __forceinline__ void mv1_any(int type, const uint8_t *r0, const uint8
     case LMS_TYPE_Q5_K: mv1_chunks<LMS_TYPE_Q5_K, TPR, GLU>(r0, r1, n_chunks, xs, xd, s0, s1); break;
     case LMS_TYPE_Q8_0: mv1_chunks<LMS_TYPE_Q8_0, TPR, GLU>(r0, r1, n_chunks, xs, xd, s0, s1); break;
     case LMS_TYPE_Q4_0: mv1_chunks<LMS_TYPE_Q4_0, TPR, GLU>(r0, r1, n_chunks, xs, xd, s0, s1); break;
+    case LMS_TYPE_IQ4_NL: mv1_chunks<LMS_TYPE_IQ4_NL, TPR, GLU>(r0, r1, n_chunks, xs, xd, s0, s1); break;
+    case LMS_TYPE_IQ4_XS: mv1_chunks<LMS_TYPE_IQ4_XS, TPR, GLU>(r0, r1, n_chunks, xs, xd, s0, s1); break;
     default: pdl_wait(); break; /* a row past the end */
     }
 }
@@ -861,14 +883,47 @@ static bool q8_ok(const lcu *g, const lcu_mat *w, int64_t n_tok)
            w->n_cols % 32 == 0 && w->n_cols / 32 < INT_MAX;
 }
 
+/* Whether a launch has IQ4 matrices. Those take kernels compiled with the
+ * IQ4 cases, the others kernels without them: the extra cases changed the
+ * register allocation of the shared kernels and made them slower (H200,
+ * 14336 x 4096, 7-8 tokens: Q4_0, Q8_0, Q5_K 31.1, 38.6, 38.5 us -> 33.3,
+ * 41.2, 41.3 us; 4 tokens of Q5_K 28.2 -> 31.2 us). */
+static bool has_iq4(const mv_args &a)
+{
+    for (int m = 0; m < 3; m++)
+        if (a.blk0[m] != INT_MAX && (a.type[m] == LMS_TYPE_IQ4_NL || a.type[m] == LMS_TYPE_IQ4_XS))
+            return true;
+    return false;
+}
+
 template <int NT> static void launch_mv(lcu *g, const mv_args &a, int blocks)
 {
-    lcu_go(g, mmvq_k<NT, (NT <= 2 ? 2 : 4)>, dim3((unsigned)blocks), dim3(MMVQ_THREADS), a);
+    if (has_iq4(a))
+        lcu_go(g, mmvq_k<NT, (NT <= 2 ? 2 : 4), true>, dim3((unsigned)blocks), dim3(MMVQ_THREADS), a);
+    else
+        lcu_go(g, mmvq_k<NT, (NT <= 2 ? 2 : 4), false>, dim3((unsigned)blocks), dim3(MMVQ_THREADS), a);
 }
 
 template <int NT> static void launch_glu(lcu *g, const mv_args &a, int blocks)
 {
-    lcu_go(g, mmvq_glu_k<NT, (NT <= 2 ? 1 : 2)>, dim3((unsigned)blocks), dim3(MMVQ_THREADS), a);
+    if (has_iq4(a))
+        lcu_go(g, mmvq_glu_k<NT, (NT <= 2 ? 1 : 2), true>, dim3((unsigned)blocks), dim3(MMVQ_THREADS), a);
+    else
+        lcu_go(g, mmvq_glu_k<NT, (NT <= 2 ? 1 : 2), false>, dim3((unsigned)blocks), dim3(MMVQ_THREADS), a);
+}
+
+/* The warp-per-row kernels (one or two tokens; glu: the gate/up one). */
+template <int NT> static void launch_mw(lcu *g, bool glu, const mv_args &a, unsigned nb)
+{
+    const bool iq = has_iq4(a);
+    if (glu && iq)
+        lcu_go(g, mmvw_glu_k<NT, true>, dim3(nb), dim3(MMVQ_THREADS), a);
+    else if (glu)
+        lcu_go(g, mmvw_glu_k<NT, false>, dim3(nb), dim3(MMVQ_THREADS), a);
+    else if (iq)
+        lcu_go(g, mmvw_k<NT, true>, dim3(nb), dim3(MMVQ_THREADS), a);
+    else
+        lcu_go(g, mmvw_k<NT, false>, dim3(nb), dim3(MMVQ_THREADS), a);
 }
 
 template <int W, bool PL>
@@ -1047,9 +1102,9 @@ static void mv_launch(lcu *g, int n_mat, const lcu_mat *const *w, const void *xq
     if (wk) {
         const unsigned nb = (unsigned)lcu_cdiv(blocks, MMVQ_WARPS);
         if (n_tok == 1)
-            lcu_go(g, mmvw_k<1>, dim3(nb), dim3(MMVQ_THREADS), a);
+            launch_mw<1>(g, false, a, nb);
         else
-            lcu_go(g, mmvw_k<2>, dim3(nb), dim3(MMVQ_THREADS), a);
+            launch_mw<2>(g, false, a, nb);
         return;
     }
     switch (n_tok) {
@@ -1139,9 +1194,9 @@ extern "C" int lcu_ffn_gate_up(lcu *g, const lcu_mat *wg, const lcu_mat *wu, con
         } else if (use_warp(g, n_tok)) {
             const unsigned nb = (unsigned)lcu_cdiv(f, MMVQ_WARPS);
             if (n_tok == 1)
-                lcu_go(g, mmvw_glu_k<1>, dim3(nb), dim3(MMVQ_THREADS), a);
+                launch_mw<1>(g, true, a, nb);
             else
-                lcu_go(g, mmvw_glu_k<2>, dim3(nb), dim3(MMVQ_THREADS), a);
+                launch_mw<2>(g, true, a, nb);
         } else
             switch (n_tok) {
             case 1: launch_glu<1>(g, a, blocks); break;

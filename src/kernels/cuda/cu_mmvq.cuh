@@ -27,6 +27,9 @@
  *              ql[64n + l0 + i], ql[64n + 32 + l0 + i], qh[32n + l0 + i],
  *              i < 8, hold elements 128n + l0 + i + {0, 32, 64, 96}.
  *   Q8_0/Q4_0  chunk c = block c.
+ *   IQ4_NL     chunk c = block c; IQ4_XS chunk c: super-block c/8, sub-block
+ *              c%8. Their 4-bit indices become int8 table values
+ *              (iq4_lookup), so the dot is Q8_0's.
  *
  * Q6_K, Q8_0 and Q4_0 blocks are only 2-byte aligned: their words are
  * read as aligned 32-bit words and funnel-shifted into place.
@@ -58,6 +61,7 @@ LCU_HD int4 ldi128(const void *p) { return __ldg((const int4 *)p); }
 LCU_HD int2 ldi64(const void *p) { return __ldg((const int2 *)p); }
 LCU_HD float4 ldf128(const void *p) { return __ldg((const float4 *)p); }
 LCU_HD float2 ldf64(const void *p) { return __ldg((const float2 *)p); }
+LCU_HD uint2 ldu64(const void *p) { return __ldg((const uint2 *)p); }
 LCU_HD int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
 LCU_HD uint32_t fshr(uint32_t lo, uint32_t hi, int sh) { return __funnelshift_r(lo, hi, sh); }
 LCU_HD float hf(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)h)); }
@@ -69,6 +73,7 @@ LCU_HD int4 ldi128(const void *p) { return *(const int4 *)p; }
 LCU_HD int2 ldi64(const void *p) { return *(const int2 *)p; }
 LCU_HD float4 ldf128(const void *p) { return *(const float4 *)p; }
 LCU_HD float2 ldf64(const void *p) { return *(const float2 *)p; }
+LCU_HD uint2 ldu64(const void *p) { return *(const uint2 *)p; }
 LCU_HD int dp4a(int a, int b, int c)
 {
     for (int i = 0; i < 4; i++)
@@ -86,6 +91,48 @@ LCU_HD float hf(uint32_t h)
     return __half2float(__half(r));
 }
 #endif
+
+/* ---- IQ4 table lookup ------------------------------------------------------------
+ * IQ4_NL / IQ4_XS store 4-bit indices into a 16-entry int8 table
+ * (LMS_IQ4_VALUES). The table lives in four 32-bit constants; iq4_lookup
+ * turns a word of four indices (one per byte, 0..15) into a word of the
+ * four int8 values with two byte permutes, one over entries 0-7 and one
+ * over 8-15, and keeps per byte the one that bit 3 of its index picks. */
+constexpr int8_t iq4_table[16] = LMS_IQ4_VALUES;
+constexpr uint32_t iq4_word(int i)
+{
+    return (uint32_t)(uint8_t)iq4_table[4 * i] | (uint32_t)(uint8_t)iq4_table[4 * i + 1] << 8 |
+           (uint32_t)(uint8_t)iq4_table[4 * i + 2] << 16 |
+           (uint32_t)(uint8_t)iq4_table[4 * i + 3] << 24;
+}
+constexpr uint32_t IQ4_W0 = iq4_word(0), IQ4_W1 = iq4_word(1), IQ4_W2 = iq4_word(2),
+                   IQ4_W3 = iq4_word(3);
+static_assert(IQ4_W0 == 0xBFAD9881u && IQ4_W3 == 0x71594535u, "IQ4 table words");
+
+/* Bytes (s >> 4n) & 7 of the eight bytes {x, y} (s: 4 selector nibbles
+ * with bit 3 clear, so the permute's sign-replicate mode never applies). */
+LCU_HD uint32_t perm8(uint32_t x, uint32_t y, uint32_t s)
+{
+#ifdef __CUDA_ARCH__
+    return __byte_perm(x, y, s);
+#else
+    const uint64_t v = (uint64_t)y << 32 | x;
+    uint32_t r = 0;
+    for (int n = 0; n < 4; n++)
+        r |= (uint32_t)((v >> (8 * ((s >> (4 * n)) & 7))) & 0xFF) << (8 * n);
+    return r;
+#endif
+}
+
+/* q: four table indices, one per byte (each < 16); the four values. */
+LCU_HD int iq4_lookup(uint32_t q)
+{
+    const uint32_t t = q | q >> 4;                                /* bytes 0, 2: i0 | i1 << 4, i2 | i3 << 4 */
+    const uint32_t s = ((t & 0xFFu) | ((t >> 8) & 0xFF00u)) & 0x7777u; /* i0..i3 in nibbles, low 3 bits */
+    const uint32_t lo = perm8(IQ4_W0, IQ4_W1, s), hi = perm8(IQ4_W2, IQ4_W3, s);
+    const uint32_t m = ((q >> 3) & 0x01010101u) * 0xFFu;        /* 0xFF where the index is >= 8 */
+    return (int)((lo & ~m) | (hi & m));
+}
 
 /* N 32-bit words from a 2-byte aligned address. */
 template <int N> LCU_HD void ldw_a2(const uint8_t *p, uint32_t *o)
@@ -523,6 +570,69 @@ template <> struct unit<LMS_TYPE_Q6_K> {
     }
 };
 
+/* ---- IQ4_NL / IQ4_XS ---------------------------------------------------------
+ * A chunk is 16 qs bytes (low nibbles: elements 0-15, high: 16-31) and one
+ * float scale. The unpacked chunk is int8 values as Q8_0's (words 0-3:
+ * elements 0-15, 4-7: 16-31), and so is the dot product. */
+struct iq4_ops {
+    typedef ops<LMS_TYPE_Q8_0>::prep prep;
+    typedef ops<LMS_TYPE_Q8_0>::act act;
+    static LCU_HD void unpack_qs(const uint32_t (&q)[4], float d, prep &p)
+    {
+        p.d = d;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            p.q[i] = iq4_lookup(q[i] & 0x0F0F0F0Fu);
+            p.q[4 + i] = iq4_lookup((q[i] >> 4) & 0x0F0F0F0Fu);
+        }
+    }
+    static LCU_HD void load_act(const int8_t *xs, const float2 *xd, int c, act &x)
+    {
+        ops<LMS_TYPE_Q8_0>::load_act(xs, xd, c, x);
+    }
+    static LCU_HD float dotp(const prep &p, const act &x) { return ops<LMS_TYPE_Q8_0>::dotp(p, x); }
+    static LCU_HD float dot(const prep &p, const int8_t *xs, const float2 *xd, int c)
+    {
+        return ops<LMS_TYPE_Q8_0>::dot(p, xs, xd, c);
+    }
+};
+
+/* IQ4_NL: Q4_0's block layout with table values instead of q - 8. */
+template <> struct ops<LMS_TYPE_IQ4_NL> : iq4_ops {
+    typedef ops<LMS_TYPE_Q4_0>::raw raw;
+    static LCU_HD void load(const uint8_t *row, int c, raw &r) { ops<LMS_TYPE_Q4_0>::load(row, c, r); }
+    static LCU_HD void unpack(const raw &r, int c, prep &p)
+    {
+        (void)c;
+        unpack_qs(r.q, hf(r.d), p);
+    }
+};
+
+/* IQ4_XS chunk c: super-block c/8, sub-block s = c%8, whose 16 qs bytes
+ * are at 8 + 16 s and whose scale is d * (6-bit scale - 32), the scale
+ * from nibble s%2 of scales_l[s/2] and bits 2s, 2s+1 of scales_h. The
+ * 136-byte blocks keep rows only 8-byte aligned: 8-byte loads. */
+template <> struct ops<LMS_TYPE_IQ4_XS> : iq4_ops {
+    struct raw {
+        uint2 h, q0, q1; /* h: d, scales_h, scales_l[4] */
+    };
+    static LCU_HD void load(const uint8_t *row, int c, raw &r)
+    {
+        const uint8_t *b = row + (size_t)(c >> 3) * 136;
+        r.h = ldu64(b);
+        r.q0 = ldu64(b + 8 + 16 * (c & 7));
+        r.q1 = ldu64(b + 16 + 16 * (c & 7));
+    }
+    static LCU_HD void unpack(const raw &r, int c, prep &p)
+    {
+        const int s = c & 7;
+        const int lo = (int)(r.h.y >> (4 * s)) & 15; /* scales_l[s / 2] >> 4 (s % 2) */
+        const int hi = (int)(r.h.x >> (16 + 2 * s)) & 3;
+        const uint32_t q[4] = {r.q0.x, r.q0.y, r.q1.x, r.q1.y};
+        unpack_qs(q, hf(r.h.x & 0xFFFF) * (float)((lo | hi << 4) - 32), p);
+    }
+};
+
 /* Whether a type has 64-element unit code (the others run chunk by chunk). */
 LCU_HD bool has_unit(int type)
 {
@@ -554,14 +664,6 @@ LCU_HD bool has_unit(int type)
  * With PL the activations come from the lane-ordered copy (q8_perm in
  * cu_int.cuh): xg is its p4 (Q4_K) or p6 (Q6_K), xd0 its pe, lane = 4g + t;
  * the values, and so the sums, are the same. */
-LCU_HD uint2 ldu64(const void *p)
-{
-#ifdef __CUDA_ARCH__
-    return __ldg((const uint2 *)p);
-#else
-    return *(const uint2 *)p;
-#endif
-}
 
 /* The q8 scales (d, d * sum) of tokens 2t (e0) and 2t + 1 (e1) for the
  * eight sub-blocks of super-block sb: from the rows xd0 / xd1, or with PL
@@ -854,7 +956,8 @@ LCU_HD size_t perme_at(int64_t u, int64_t k)
 LCU_HD bool has_ops(int type)
 {
     return type == LMS_TYPE_Q4_K || type == LMS_TYPE_Q5_K || type == LMS_TYPE_Q6_K ||
-           type == LMS_TYPE_Q8_0 || type == LMS_TYPE_Q4_0;
+           type == LMS_TYPE_Q8_0 || type == LMS_TYPE_Q4_0 || type == LMS_TYPE_IQ4_NL ||
+           type == LMS_TYPE_IQ4_XS;
 }
 
 /* q8 of 32 values (host reference; the device kernels do the same per lane

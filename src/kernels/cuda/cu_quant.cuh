@@ -15,6 +15,9 @@
  *   Q4_K, Q5_K   nibble s%2 of qs[32 (s/2) + l]; scale/min s; Q5_K bit s of qh[l]
  *   Q6_K         nibble (s%4)/2 of ql[64 (s/4) + 32 (s%2) + l],
  *                crumb of qh as Q2_K; scale 2s + l/16
+ *   IQ4_NL       one block = one unit, nibbles as Q4_0, each an index into
+ *                the IQ4 table (mq::iq4_lookup): x = d * value
+ *   IQ4_XS       nibble l/16 of qs[16 s + l%16]; x = d * (scale s - 32) * value
  *
  * Values use the reference's float operations (d * sc, then * q, minus
  * dmin * mn), so a dequantized weight equals the CPU's bit for bit.
@@ -31,6 +34,7 @@
 #define _Static_assert static_assert
 #endif
 #include "kernels/qtypes.h"
+#include "kernels/cuda/cu_mmvq.cuh" /* mq::iq4_lookup */
 
 __device__ __forceinline__ float h2f(uint16_t h)
 {
@@ -96,6 +100,8 @@ QT(LMS_TYPE_Q3_K, 110, 8)
 QT(LMS_TYPE_Q4_K, 144, 8)
 QT(LMS_TYPE_Q5_K, 176, 8)
 QT(LMS_TYPE_Q6_K, 210, 8)
+QT(LMS_TYPE_IQ4_NL, 18, 1)
+QT(LMS_TYPE_IQ4_XS, 136, 8)
 #undef QT
 
 /* Unit u of a row at `row` into w[32]. */
@@ -322,11 +328,45 @@ template <> __device__ __forceinline__ void deq_unit<LMS_TYPE_Q6_K>(const uint8_
     }
 }
 
+/* 16 bytes of IQ4 index nibbles (low nibbles: elements 0-15, high: 16-31)
+ * to w[32] = d * value, the reference's order (to_float_iq4_nl_ref; IQ4_XS:
+ * d = d * (scale - 32), as kq_to_float, whose "- dmin * min" is - 0). */
+__device__ __forceinline__ void iq4_deq(const uint32_t (&q)[4], float d, float *w)
+{
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int v = mq::iq4_lookup(i < 4 ? q[i] & 0x0F0F0F0Fu : (q[i - 4] >> 4) & 0x0F0F0F0Fu);
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            w[4 * i + k] = d * (float)(int8_t)(v >> (8 * k));
+    }
+}
+
+template <> __device__ __forceinline__ void deq_unit<LMS_TYPE_IQ4_NL>(const uint8_t *row, int64_t u, float *w)
+{
+    const uint8_t *b = row + u * 18;
+    uint32_t q[4];
+    load_words<16, 2>(b + 2, q);
+    iq4_deq(q, h2f(__ldg((const uint16_t *)b)), w);
+}
+
+/* Blocks of 136 bytes keep rows 8-byte aligned only. */
+template <> __device__ __forceinline__ void deq_unit<LMS_TYPE_IQ4_XS>(const uint8_t *row, int64_t u, float *w)
+{
+    const uint8_t *b = row + (u >> 3) * 136;
+    const int s = (int)(u & 7);
+    const uint2 h = __ldg((const uint2 *)b); /* d, scales_h, scales_l[4] */
+    const int lo = (int)(h.y >> (4 * s)) & 15, hi = (int)(h.x >> (16 + 2 * s)) & 3;
+    uint32_t q[4];
+    load_words<16, 8>(b + 8 + 16 * s, q);
+    iq4_deq(q, h2f((uint16_t)h.x) * (float)((lo | hi << 4) - 32), w);
+}
+
 /* Calls F.template operator()<T>() for a run-time type id; false if the
  * type has no kernels. */
 #define LCU_TYPES(X)                                                                               \
     X(LMS_TYPE_F32) X(LMS_TYPE_F16) X(LMS_TYPE_BF16) X(LMS_TYPE_Q4_0) X(LMS_TYPE_Q4_1)             \
     X(LMS_TYPE_Q5_0) X(LMS_TYPE_Q5_1) X(LMS_TYPE_Q8_0) X(LMS_TYPE_Q2_K) X(LMS_TYPE_Q3_K)           \
-    X(LMS_TYPE_Q4_K) X(LMS_TYPE_Q5_K) X(LMS_TYPE_Q6_K)
+    X(LMS_TYPE_Q4_K) X(LMS_TYPE_Q5_K) X(LMS_TYPE_Q6_K) X(LMS_TYPE_IQ4_NL) X(LMS_TYPE_IQ4_XS)
 
 #endif
