@@ -145,6 +145,15 @@ int app_load_gpu(const char *path, int32_t n_ctx, int32_t n_batch, int32_t n_thr
         fprintf(stderr, "lmserv: %s\n", err);
         return rc;
     }
+    if ((*m)->hp.is_encoder) { /* no output head: the decoder's commands cannot use it */
+        fprintf(stderr,
+                "lmserv: model '%s' is an embedding model (%s): it computes embeddings only "
+                "(lmserv serve: /v1/embeddings, /api/embed), not text\n",
+                (*m)->name, (*m)->hp.arch);
+        lms_model_free(*m);
+        *m = NULL;
+        return LMS_ERR_UNSUPPORTED;
+    }
     if (n_ctx <= 0)
         n_ctx = (*m)->hp.n_ctx_train < 4096 ? (*m)->hp.n_ctx_train : 4096;
     lms_ctx_params p = {.n_ctx = n_ctx, .n_batch = n_batch > 0 ? n_batch : 512, .n_seq = 1,

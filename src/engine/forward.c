@@ -849,6 +849,8 @@ static int check_batch(const lms_ctx *c, const lms_batch *b)
 
 int lms_forward(lms_ctx *c, const lms_batch *b, float *logits)
 {
+    if (c->m->hp.is_encoder) /* bert: no output head; engine/encoder.c runs it */
+        return LMS_ERR_UNSUPPORTED;
     int rc = check_batch(c, b);
     if (rc < 0)
         return rc;

@@ -13,6 +13,8 @@
  * attn_qkv matrix and gate, up as one ffn_up matrix: they are bound as row
  * ranges of the fused tensors (bind_fused), so the rest of the engine sees
  * a llama layer; its 128k variants add LongRoPE factors (read_longrope).
+ * BERT is an encoder with its own tensors and no output head (bind_bert);
+ * engine/encoder.c, not the decoder, runs it.
  */
 #include "model/model.h"
 
@@ -34,6 +36,7 @@ enum {
     ARCH_GEMMA2 = 1 << 2,   /* the gemma2 extras (read_gemma) */
     ARCH_GEMMA3 = 1 << 3,   /* the gemma3 extras (read_gemma) */
     ARCH_PHI3 = 1 << 4,     /* fused attn_qkv and gate+up ffn_up, LongRoPE factors */
+    ARCH_BERT = 1 << 5,     /* post-norm encoder, no output head (bind_bert) */
 };
 
 typedef struct arch_desc {
@@ -56,11 +59,14 @@ static const arch_desc arch_table[] = {
      * not applied: llama.cpp disables it for phi3 (its converter does not
      * record which layers use it), and these are its files */
     {"phi3", LMS_ROPE_NEOX, ARCH_PHI3, 10000.0f},
+    /* BERT embedding models (all-MiniLM, bge, mxbai-embed-large): no RoPE,
+     * run by engine/encoder.c, not the decoder */
+    {"bert", LMS_ROPE_NORM, ARCH_BERT, 10000.0f},
 };
 
 const char *lms_model_supported_archs(void)
 {
-    return "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3";
+    return "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, bert (embeddings only)";
 }
 
 static const arch_desc *arch_find(const char *name)
@@ -445,6 +451,118 @@ const float *lms_model_rope_factors(const lms_model *m, int32_t n_ctx)
     return n_ctx > m->hp.n_ctx_orig ? m->rope_long.data : m->rope_short.data;
 }
 
+/*
+ * BERT (as llama.cpp reads its GGUF files; the encoder's data flow is in
+ * engine/encoder.h):
+ *
+ *   token_embd.weight          [n_embd, n_vocab]
+ *   token_types.weight         [n_embd, n_types]  optional; row 0 is added
+ *   position_embd.weight       [n_embd, n_ctx_train]
+ *   token_embd_norm.{weight,bias}                 LayerNorm of the sum
+ *   blk.N.attn_{q,k,v}.{weight,bias}              biases optional
+ *   blk.N.attn_output.{weight,bias}               bias optional
+ *   blk.N.attn_output_norm.{weight,bias}          -> attn_norm, attn_norm_b
+ *   blk.N.ffn_up.{weight,bias}, ffn_down.{weight,bias}   biases optional
+ *   blk.N.layer_output_norm.{weight,bias}         -> ffn_norm, ffn_norm_b
+ *
+ * Keys: bert.attention.layer_norm_epsilon (required), bert.pooling_type
+ * (1 mean, the default; 2 cls; 3 last), bert.attention.causal (must be
+ * false when present).
+ */
+static int read_bert(loader *L)
+{
+    lms_hparams *hp = &L->m->hp;
+    char key[128];
+    hp->is_encoder = true;
+    snprintf(key, sizeof key, "%s.attention.layer_norm_epsilon", L->arch->name);
+    if (gguf_get_f32(L->m->gguf, key, &hp->norm_eps) < 0)
+        return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT, "model: required key '%s' is missing",
+                        key);
+    if (!(hp->norm_eps > 0.0f) || !isfinite(hp->norm_eps))
+        return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT, "model: '%s' is %g; it must be positive",
+                        key, hp->norm_eps);
+    int64_t v = LMS_POOLING_MEAN;
+    snprintf(key, sizeof key, "%s.pooling_type", L->arch->name);
+    int rc = gguf_get_i64(L->m->gguf, key, &v);
+    if (rc < 0 && rc != LMS_ERR_NOTFOUND)
+        return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT, "model: '%s' is not an integer", key);
+    if (v != LMS_POOLING_MEAN && v != LMS_POOLING_CLS && v != LMS_POOLING_LAST)
+        return lms_errf(L->err, L->errsz, LMS_ERR_UNSUPPORTED,
+                        "model: '%s' = %lld is not supported (1 mean, 2 cls, 3 last)", key,
+                        (long long)v);
+    hp->pooling = (int)v;
+    bool causal = false;
+    snprintf(key, sizeof key, "%s.attention.causal", L->arch->name);
+    if (gguf_get_bool(L->m->gguf, key, &causal) == 0 && causal)
+        return lms_errf(L->err, L->errsz, LMS_ERR_UNSUPPORTED,
+                        "model: '%s' is true; a bert encoder attends both ways", key);
+    if (hp->n_head_kv != hp->n_head || hp->head_dim * hp->n_head != hp->n_embd)
+        return lms_errf(L->err, L->errsz, LMS_ERR_UNSUPPORTED,
+                        "model: bert with %d heads, %d kv heads of %d (n_embd %d) is not supported",
+                        hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_embd);
+    return 0;
+}
+
+/* Binds `name` as a matrix of ne0 columns and whatever rows it has (at
+ * least min_rows); absent and not required: left unbound. */
+static int bind_rows(loader *L, lms_weight *w, const char *name, int64_t ne0, int64_t min_rows,
+                     bool required)
+{
+    const gguf_tensor *t = gguf_find_tensor(L->m->gguf, name);
+    if (t && (t->ne[1] < min_rows || t->ne[1] > (1 << 24)))
+        return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT,
+                        "model: tensor '%s' has %lld rows, expected at least %lld", name,
+                        (long long)t->ne[1], (long long)min_rows);
+    return bind(L, w, name, ne0, t ? t->ne[1] : min_rows, required);
+}
+
+static int bind_bert(loader *L)
+{
+    lms_model *m = L->m;
+    const lms_hparams *hp = &m->hp;
+    const int64_t e = hp->n_embd, f = hp->n_ff;
+    int rc;
+    if ((rc = read_bert(L)) < 0 ||
+        (rc = bind(L, &m->pos_embd, "position_embd.weight", e, hp->n_ctx_train, true)) < 0 ||
+        (rc = bind_rows(L, &m->type_embd, "token_types.weight", e, 1, false)) < 0 ||
+        (rc = bind(L, &m->tok_norm, "token_embd_norm.weight", e, 0, true)) < 0 ||
+        (rc = bind(L, &m->tok_norm_b, "token_embd_norm.bias", e, 0, true)) < 0)
+        return rc;
+    for (int il = 0; il < hp->n_layer; il++) {
+        lms_layer *l = &m->layers[il];
+        const struct {
+            lms_weight *w;
+            const char *suffix;
+            int64_t ne0, ne1;
+            bool required;
+        } spec[] = {
+            {&l->wq, "attn_q.weight", e, e, true},
+            {&l->wk, "attn_k.weight", e, e, true},
+            {&l->wv, "attn_v.weight", e, e, true},
+            {&l->bq, "attn_q.bias", e, 0, false},
+            {&l->bk, "attn_k.bias", e, 0, false},
+            {&l->bv, "attn_v.bias", e, 0, false},
+            {&l->wo, "attn_output.weight", e, e, true},
+            {&l->bo, "attn_output.bias", e, 0, false},
+            {&l->attn_norm, "attn_output_norm.weight", e, 0, true},
+            {&l->attn_norm_b, "attn_output_norm.bias", e, 0, true},
+            {&l->w_up, "ffn_up.weight", e, f, true},
+            {&l->b_up, "ffn_up.bias", f, 0, false},
+            {&l->w_down, "ffn_down.weight", f, e, true},
+            {&l->b_down, "ffn_down.bias", e, 0, false},
+            {&l->ffn_norm, "layer_output_norm.weight", e, 0, true},
+            {&l->ffn_norm_b, "layer_output_norm.bias", e, 0, true},
+        };
+        for (size_t i = 0; i < sizeof spec / sizeof spec[0]; i++) {
+            char name[96];
+            snprintf(name, sizeof name, "blk.%d.%s", il, spec[i].suffix);
+            if ((rc = bind(L, spec[i].w, name, spec[i].ne0, spec[i].ne1, spec[i].required)) < 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
 static int bind_weights(loader *L)
 {
     lms_model *m = L->m;
@@ -457,6 +575,11 @@ static int bind_weights(loader *L)
                         (long long)te->ne[1]);
     hp->n_vocab = (int32_t)te->ne[1];
     int rc = bind(L, &m->tok_embd, "token_embd.weight", hp->n_embd, hp->n_vocab, true);
+    if (rc == 0 && (L->arch->flags & ARCH_BERT)) { /* an encoder: no output head */
+        m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
+        return m->layers ? bind_bert(L)
+                         : lms_errf(L->err, L->errsz, LMS_ERR_NOMEM, "model: out of memory");
+    }
     if (rc < 0 || (rc = bind(L, &m->output_norm, "output_norm.weight", hp->n_embd, 0, true)) < 0 ||
         /* gemma2's head is always token_embd (as llama.cpp: an output.weight is ignored) */
         (!(L->arch->flags & ARCH_GEMMA2) &&

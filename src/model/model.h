@@ -50,6 +50,13 @@ typedef struct lms_layer {
     lms_weight w_gate, w_up;       /* [n_embd, n_ff] */
     lms_weight w_down;             /* [n_ff, n_embd] */
     lms_weight ffn_post_norm;      /* optional [n_embd]: RMSNorm of the FFN output (gemma) */
+    /* bert (post-norm encoder): attn_norm / ffn_norm hold the LayerNorms
+     * after the attention and FFN residual sums (attn_output_norm,
+     * layer_output_norm); these are their biases and the linear biases */
+    lms_weight attn_norm_b, ffn_norm_b; /* [n_embd] */
+    lms_weight bo;                 /* optional [n_embd] */
+    lms_weight b_up;               /* optional [n_ff] */
+    lms_weight b_down;             /* optional [n_embd] */
     /* attention of this layer */
     int32_t n_swa;                 /* sliding window: a query at p sees keys (p - n_swa, p];
                                     * 0 = every earlier position */
@@ -83,18 +90,33 @@ typedef struct lms_hparams {
      * factors by context length; cos and sin are multiplied by this (0 = 1) */
     float rope_attn_factor;
     int32_t n_ctx_orig;    /* contexts longer than this take the long factors */
+    /* encoders (bert): no output head, bidirectional attention over at most
+     * n_ctx_train tokens, LayerNorm with this epsilon, one pooled vector */
+    bool is_encoder;
+    int pooling;           /* enum lms_pooling_type (the file's pooling_type) */
+    float norm_eps;
 } lms_hparams;
+
+/* GGUF's <arch>.pooling_type values (the ones the encoder computes). */
+enum lms_pooling_type {
+    LMS_POOLING_MEAN = 1, /* mean of every token's final state */
+    LMS_POOLING_CLS = 2,  /* the first token's ([CLS]) */
+    LMS_POOLING_LAST = 3, /* the last token's */
+};
 
 typedef struct lms_model {
     gguf_file *gguf;        /* owns the mapping the weights point into */
     lms_hparams hp;
     char name[128];         /* general.name or the file's base name */
     lms_weight tok_embd;    /* [n_embd, n_vocab] */
-    lms_weight output_norm; /* [n_embd] */
-    lms_weight output;      /* [n_embd, n_vocab]; = tok_embd when tied */
+    lms_weight output_norm; /* [n_embd]; absent (data NULL) in encoders */
+    lms_weight output;      /* [n_embd, n_vocab]; = tok_embd when tied; absent in encoders */
     lms_weight rope_freqs;  /* optional [n_rot/2] f32 (Llama 3 frequency factors) */
     lms_weight rope_long;   /* optional [n_rot/2] f32 LongRoPE factors (phi3), both */
     lms_weight rope_short;  /* or neither */
+    /* bert: learned absolute positions [n_embd, n_ctx_train], token type 0's
+     * row (optional; token types are always 0), the embeddings' LayerNorm */
+    lms_weight pos_embd, type_embd, tok_norm, tok_norm_b;
     lms_layer *layers;      /* [n_layer] */
     lms_tokenizer *tok;
     size_t weight_bytes;    /* bytes of every tensor the forward pass reads */

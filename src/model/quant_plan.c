@@ -87,6 +87,8 @@ int lms_quant_pick(const lms_quant_plan *p, const char *name, int n_dims, int64_
 {
     if (n_dims < 2)
         return LMS_TYPE_F32; /* norms and biases stay exact */
+    if (!strcmp(name, "position_embd.weight") || !strcmp(name, "token_types.weight"))
+        return LMS_TYPE_F32; /* bert: added as they are (llama.cpp never quantizes them) */
     bool head = !strcmp(name, "output.weight") ||
                 (!has_output && !strcmp(name, "token_embd.weight"));
     int il = -1, type = p->base;

@@ -11,6 +11,11 @@
  * with the 256 byte tokens, merges for lower-case letter pairs and
  * space+letter, the family's special tokens, then unused filler tokens up
  * to the shape's vocabulary size; the chat template is the family's.
+ * bert shapes: llama.cpp's BERT tensors with biases, learned positions and
+ * two token types, pooling_type mean, and a WordPiece vocabulary
+ * (tokenizer.ggml.model "bert": [PAD] [UNK] [CLS] [SEP] [MASK], letters,
+ * digits and punctuation as word starts "\u2581x" and continuations "x", a
+ * few whole words, then filler).
  */
 #include "model/synth.h"
 
@@ -68,6 +73,12 @@ static const shape_row shapes[] = {
      {16, 0.0f, 0.0f, 0.08f}},
     {{"phi3-tiny-128k", "phi3", 192, 4, 4, 2, 48, 512, 1024, 4096, 10000.0f, 1e-5f, 0, 0},
      {16, 0.0f, 0.0f, 0.08f}},
+    /* bert embedding models (rms_eps: the LayerNorm epsilon; no output head):
+     * bge-small-en-v1.5's shape, and a tiny test model */
+    {{"bge-small", "bert", 384, 12, 12, 12, 32, 1536, 30522, 512, 10000.0f, 1e-12f, 1, 0},
+     NO_EXTRA},
+    {{"bert-tiny", "bert", 128, 3, 4, 4, 32, 512, 512, 128, 10000.0f, 1e-12f, 1, 0},
+     {0, 0.0f, 0.0f, 0.08f}},
 };
 #undef NO_EXTRA
 
@@ -106,7 +117,8 @@ static const lms_synth_extra *extra_of(const lms_synth_shape *s)
 const char *lms_synth_names(void)
 {
     return "tiny llama-3.2-1b llama-3.2-3b llama-3-8b qwen3-0.6b qwen2.5-0.5b gemma2-2b gemma3-1b "
-           "gemma2-tiny gemma3-tiny phi3-mini phi3.5-mini phi3-tiny phi3-tiny-128k";
+           "gemma2-tiny gemma3-tiny phi3-mini phi3.5-mini phi3-tiny phi3-tiny-128k bge-small "
+           "bert-tiny";
 }
 
 /* ---- random numbers ------------------------------------------------------ */
@@ -168,8 +180,47 @@ static void vocab_free(vocab *v)
     free(v->merges);
 }
 
+/* A WordPiece vocabulary (see the top of the file): bos = [CLS], eos =
+ * [SEP], eot = [UNK] (written as the unknown token). */
+static int build_vocab_wpm(const lms_synth_shape *s, vocab *v)
+{
+    static const char *specials[] = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"};
+    static const char *words[] = {"the", "hello", "world", "embedding", "model", "cat", "dog",
+                                  "ing", "ed", "er"};
+    static const char chars[] = "abcdefghijklmnopqrstuvwxyz0123456789.,!?'-";
+    memset(v, 0, sizeof *v);
+    v->tok = calloc((size_t)s->n_vocab, sizeof *v->tok);
+    v->type = calloc((size_t)s->n_vocab, sizeof *v->type);
+    if (!v->tok || !v->type)
+        return LMS_ERR_NOMEM;
+    char buf[32];
+    for (int i = 0; i < 5 && v->n < s->n_vocab; i++)
+        v->tok[v->n] = strdup(specials[i]), v->type[v->n++] = 3;
+    for (size_t i = 0; chars[i] && v->n + 1 < s->n_vocab; i++) {
+        snprintf(buf, sizeof buf, "\xe2\x96\x81%c", chars[i]);
+        v->tok[v->n] = strdup(buf), v->type[v->n++] = 1;
+        snprintf(buf, sizeof buf, "%c", chars[i]);
+        v->tok[v->n] = strdup(buf), v->type[v->n++] = 1;
+    }
+    for (size_t i = 0; i < sizeof words / sizeof words[0] && v->n < s->n_vocab; i++) {
+        snprintf(buf, sizeof buf, "%s%s", i < 7 ? "\xe2\x96\x81" : "", words[i]);
+        v->tok[v->n] = strdup(buf), v->type[v->n++] = 1;
+    }
+    while (v->n < s->n_vocab) {
+        snprintf(buf, sizeof buf, "[unused%d]", v->n);
+        v->tok[v->n] = strdup(buf), v->type[v->n++] = 5;
+    }
+    v->bos = 2, v->eos = 3, v->eot = 1;
+    for (int32_t i = 0; i < v->n; i++)
+        if (!v->tok[i])
+            return LMS_ERR_NOMEM;
+    return 0;
+}
+
 static int build_vocab(const lms_synth_shape *s, vocab *v)
 {
+    if (!strcmp(s->arch, "bert"))
+        return build_vocab_wpm(s, v);
     static const char *llama_sp[] = {"<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>",
                                      "<|start_header_id|>", "<|end_header_id|>"};
     static const char *qwen_sp[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
@@ -258,8 +309,28 @@ static int write_meta(gguf_writer *w, const lms_synth_shape *s, const lms_synth_
         rc |= SET_F32("rope.scaling.attn_factor",
                       scale > 1.0 ? (float)sqrt(1.0 + log(scale) / log((double)orig)) : 1.0f);
     }
+    if (!strcmp(a, "bert")) {
+        rc |= SET_F32("attention.layer_norm_epsilon", s->rms_eps);
+        rc |= SET_U32("pooling_type", 1); /* mean */
+        rc |= (snprintf(key, sizeof key, "%s.attention.causal", a),
+               gguf_writer_set_bool(w, key, false));
+    }
 #undef SET_U32
 #undef SET_F32
+    if (!strcmp(a, "bert")) { /* WordPiece; no chat template */
+        rc |= gguf_writer_set_str(w, "tokenizer.ggml.model", "bert");
+        rc |= gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v->tok,
+                                      (uint64_t)v->n);
+        rc |= gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_VT_I32, v->type,
+                                  (uint64_t)v->n);
+        rc |= gguf_writer_set_u32(w, "tokenizer.ggml.token_type_count", 2);
+        rc |= gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)v->bos);
+        rc |= gguf_writer_set_u32(w, "tokenizer.ggml.seperator_token_id", (uint32_t)v->eos);
+        rc |= gguf_writer_set_u32(w, "tokenizer.ggml.unknown_token_id", (uint32_t)v->eot);
+        rc |= gguf_writer_set_u32(w, "tokenizer.ggml.padding_token_id", 0);
+        rc |= gguf_writer_set_u32(w, "tokenizer.ggml.mask_token_id", 4);
+        return rc ? LMS_ERR_NOMEM : 0;
+    }
     rc |= gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
     rc |= gguf_writer_set_str(w, "tokenizer.ggml.pre", "default");
     rc |= gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v->tok, (uint64_t)v->n);
@@ -361,6 +432,50 @@ static int add_longrope(synth_ctx *c)
     return rc;
 }
 
+/* A bert layer: every linear part with its bias, LayerNorms with biases. */
+static int add_layer_bert(synth_ctx *c, int il)
+{
+    const int64_t e = c->s->n_embd, f = c->s->n_ff;
+    char name[96];
+    int rc = 0;
+#define T(suffix, ne0, ne1, fill) \
+    (snprintf(name, sizeof name, "blk.%d." suffix, il), rc = rc ? rc : add(c, name, ne0, ne1, fill))
+    T("attn_q.weight", e, e, 0.0f);
+    T("attn_q.bias", e, 0, 0.0f);
+    T("attn_k.weight", e, e, 0.0f);
+    T("attn_k.bias", e, 0, 0.0f);
+    T("attn_v.weight", e, e, 0.0f);
+    T("attn_v.bias", e, 0, 0.0f);
+    T("attn_output.weight", e, e, 0.0f);
+    T("attn_output.bias", e, 0, 0.0f);
+    T("attn_output_norm.weight", e, 0, 1.0f);
+    T("attn_output_norm.bias", e, 0, 0.0f);
+    T("ffn_up.weight", e, f, 0.0f);
+    T("ffn_up.bias", f, 0, 0.0f);
+    T("ffn_down.weight", f, e, 0.0f);
+    T("ffn_down.bias", e, 0, 0.0f);
+    T("layer_output_norm.weight", e, 0, 1.0f);
+    T("layer_output_norm.bias", e, 0, 0.0f);
+#undef T
+    return rc;
+}
+
+/* A bert model's tensors after token_embd. */
+static int add_bert(synth_ctx *c)
+{
+    const lms_synth_shape *s = c->s;
+    int rc = add(c, "token_types.weight", s->n_embd, 2, 0.0f);
+    if (rc == 0)
+        rc = add(c, "position_embd.weight", s->n_embd, s->n_ctx, 0.0f);
+    if (rc == 0)
+        rc = add(c, "token_embd_norm.weight", s->n_embd, 0, 1.0f);
+    if (rc == 0)
+        rc = add(c, "token_embd_norm.bias", s->n_embd, 0, 0.0f);
+    for (int il = 0; il < s->n_layer && rc == 0; il++)
+        rc = add_layer_bert(c, il);
+    return rc;
+}
+
 static int add_layer(synth_ctx *c, int il)
 {
     const lms_synth_shape *s = c->s;
@@ -428,9 +543,12 @@ int lms_synth_write_ex(const lms_synth_shape *s, const lms_synth_extra *x, const
     synth_ctx c = {.w = w, .plan = plan, .s = s, .x = x, .seed = seed};
     if (rc == 0)
         rc = add(&c, "token_embd.weight", s->n_embd, s->n_vocab, 0.0f);
-    for (int il = 0; il < s->n_layer && rc == 0; il++)
+    const bool bert = !strcmp(s->arch, "bert");
+    if (rc == 0 && bert)
+        rc = add_bert(&c);
+    for (int il = 0; il < s->n_layer && rc == 0 && !bert; il++)
         rc = add_layer(&c, il);
-    if (rc == 0)
+    if (rc == 0 && !bert)
         rc = add(&c, "output_norm.weight", s->n_embd, 0, 1.0f);
     if (rc == 0 && !s->tied)
         rc = add(&c, "output.weight", s->n_embd, s->n_vocab, 0.0f);

@@ -11,6 +11,9 @@
  * `input` is a string, an array of strings, an array of token ids or an
  * array of such arrays. `encoding_format` "float" (default) or "base64"
  * (little-endian float32, what the official clients ask for by default).
+ * An embedding model (bert) is encoded whole by its scheduler (encoder.c,
+ * the file's pooling_type); inputs longer than its context are refused
+ * here, naming the limit.
  * An input that fails fails the whole request; the other tasks are left to
  * finish (their results are dropped) rather than tracked for abort.
  */
@@ -195,18 +198,44 @@ static int ids_of(const json_t *a, size_t idx, int32_t **out, int32_t *n_out, re
     return reqparse_token_ids(a, "input", out, n_out, e);
 }
 
+/* An encoder (bert) takes at most its context's tokens, and the server's
+ * context (-c) must hold them too (tasks.c's check: fewer than n_ctx). */
+static int check_encoder_len(conn *c, size_t k, int32_t n, reqerr *e)
+{
+    const lms_model *m = c->x->model;
+    int32_t max = m->hp.n_ctx_train, n_ctx = lms_sched_params_of(c->x->sched)->n_ctx;
+    if (n_ctx - 1 < max)
+        max = n_ctx - 1;
+    if (n <= max)
+        return 0;
+    reqerr_set(e, 400, "input", "input[%zu] has %d tokens; model '%s' takes at most %d",
+               k, n, m->name, max);
+    e->code = "context_length_exceeded";
+    return -1;
+}
+
 /* Tokens of input item k (a string or an array of ids). */
 static int item_tokens(conn *c, const json_t *x, size_t k, int32_t **out, int32_t *n, reqerr *e)
 {
+    int rc;
     if (json_is_string(x)) {
         if (json_string_length(x) == 0)
             return reqerr_set(e, 400, "input", "input[%zu] is an empty string", k);
-        return chatfmt_text_tokens(c->x->model, json_string_value(x), json_string_length(x),
-                                   true, out, n, e);
+        rc = chatfmt_text_tokens(c->x->model, json_string_value(x), json_string_length(x), true,
+                                 out, n, e);
+    } else if (json_is_array(x)) {
+        rc = ids_of(x, k, out, n, e);
+    } else {
+        return reqerr_set(e, 400, "input", "input[%zu] must be a string or an array of token ids",
+                          k);
     }
-    if (json_is_array(x))
-        return ids_of(x, k, out, n, e);
-    return reqerr_set(e, 400, "input", "input[%zu] must be a string or an array of token ids", k);
+    if (rc >= 0 && c->x->model->hp.is_encoder && c->x->sched &&
+        check_encoder_len(c, k, *n, e) < 0) {
+        free(*out);
+        *out = NULL;
+        return -1;
+    }
+    return rc;
 }
 
 /* The input (field key) as a list of items: a lone string or id array
@@ -230,7 +259,8 @@ static json_t *input_items(const json_t *body, const char *key, reqerr *e)
     return json_incref((json_t *)in);
 }
 
-static int parse_format(const json_t *body, embd_job *j, int *pooling, reqerr *e)
+static int parse_format(const json_t *body, const lms_model *m, embd_job *j, int *pooling,
+                        reqerr *e)
 {
     const char *fmt = NULL, *pool = NULL;
     if (reqparse_str(body, "encoding_format", &fmt, e) < 0 ||
@@ -242,6 +272,13 @@ static int parse_format(const json_t *body, embd_job *j, int *pooling, reqerr *e
     j->base64 = fmt && !strcmp(fmt, "base64");
     if (pool && strcmp(pool, "mean") && strcmp(pool, "last"))
         return reqerr_set(e, 400, "pooling", "'pooling' must be \"mean\" or \"last\"");
+    if (pool && m->hp.is_encoder) /* trained with one pooling: the file's */
+        return reqerr_set(e, 400, "pooling",
+                          "'pooling' cannot be chosen for model '%s': an embedding model pools "
+                          "as its file says (%s)", m->name,
+                          m->hp.pooling == LMS_POOLING_CLS    ? "cls"
+                          : m->hp.pooling == LMS_POOLING_LAST ? "last"
+                                                              : "mean");
     *pooling = pool && !strcmp(pool, "last") ? LMS_POOL_LAST : LMS_POOL_MEAN;
     return 0;
 }
@@ -321,7 +358,7 @@ static int embed(conn *c, json_t *body, int shape, const char *key)
         j->x = c->x;
         j->t0 = lms_now_ms();
         if (shape == EMBD_OPENAI)
-            rc = parse_format(body, j, &pooling, &e);
+            rc = parse_format(body, c->x->model, j, &pooling, &e);
     }
     if (rc == 0)
         rc = submit_all(c, items, j, pooling, &e);

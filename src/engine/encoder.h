@@ -1,0 +1,48 @@
+/*
+ * encoder.h - the forward pass of a BERT encoder (an embedding model): the
+ * whole input at once, bidirectional attention computed directly (no K/V
+ * cache), one pooled, unit-length vector out.
+ *
+ * Data flow (e = n_embd, n = tokens, post-norm layers):
+ *
+ *   x[n][e]  = LayerNorm(token_embd[id] + token_types[0] + position_embd[pos])
+ *   per layer:
+ *     q, k, v = Wq x + bq, Wk x + bk, Wv x + bv              [n][e]
+ *     a       = softmax(q k^T / sqrt(head_dim)) v, per head, every key
+ *     x       = LayerNorm(Wo a + bo + x)                     (attn_output_norm)
+ *     x       = LayerNorm(Wdown gelu(Wup x + bup) + bdown + x) (layer_output_norm)
+ *   pooled   = mean of x's rows, or x[0] (cls), or x[n-1] (last): the
+ *              file's pooling_type; then divided by its L2 norm
+ *
+ * GELU is the tanh approximation with the input and output rounded to f16,
+ * as ggml's CPU path computes it (llama.cpp's bert uses that GELU).
+ */
+#ifndef LMS_ENCODER_H
+#define LMS_ENCODER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/model.h"
+
+/* Scratch for inputs of up to the model's n_ctx_train tokens. Owner: one
+ * thread at a time (the model's scheduler, or a test). */
+typedef struct lms_encoder lms_encoder;
+
+/* n_threads: compute threads (0 = all cores). Fails on a model that is not
+ * an encoder (hp.is_encoder). */
+int lms_encoder_create(const lms_model *m, int32_t n_threads, lms_encoder **out, char *err,
+                       size_t errsz);
+void lms_encoder_destroy(lms_encoder *e);
+
+/* The most tokens one input may have (the model's context). */
+int32_t lms_encoder_max_tokens(const lms_encoder *e);
+
+/* Encodes tokens[0..n) (already with [CLS] ... [SEP]) into out[n_embd]:
+ * pooled and of unit length (all zero if the pooled vector is zero).
+ * Errors (n out of range, a token id outside the vocabulary) are named in
+ * err; out is untouched then. */
+int lms_encode(lms_encoder *e, const int32_t *tokens, int32_t n, float *out, char *err,
+               size_t errsz);
+
+#endif

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# test_bert.sh - a BERT embedding model (synth bert-tiny: context 128,
+# n_embd 128) served: /v1/embeddings (text, token ids, base64), Ollama's
+# /api/embed and /api/embeddings give the same unit vectors; text requests
+# and `lmserv run` are refused as "an embedding model"; an input longer
+# than the context gets a 400 naming the limit; --gpu-layers is refused.
+. "$(dirname "$0")/lib.sh" || exit 1
+command -v python3 >/dev/null || skip "python3 is not installed"
+
+T=$(mktemp -d /tmp/lmserv-bert.XXXXXX)
+trap 'cleanup; rm -rf "$T"' EXIT
+"$LMSERV" synth --shape bert-tiny --type Q8_0 "$T/bert.gguf" >/dev/null || die "synth failed"
+
+start_serve -m "$T/bert.gguf"
+req POST /v1/embeddings -d '{"input":["Hello world, the cats!","dog"]}'
+check "embeddings 200" eq "$(code)" 200
+check "two unit vectors of 128" eq "$(py "$T/out" '[len(x["embedding"]) == 128 and abs(sum(v * v for v in x["embedding"]) - 1) < 1e-5 for x in d["data"]]')" "[True, True]"
+check "usage counts [CLS] and [SEP]" eq "$(py "$T/out" 'd["usage"]["prompt_tokens"]')" 12
+python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["data"][0]["embedding"]))' "$T/out" >"$T/vec"
+same='max(abs(a - b) for a, b in zip(VEC, json.load(open(sys.argv[1][:-3] + "vec")))) < 1e-6'
+# the tokens of "Hello world, the cats!" (synth.c's WordPiece vocabulary)
+req POST /v1/embeddings -d '{"input":[2,90,91,79,89,94,42,81,3]}'
+check "token ids: the same vector" eq "$(py "$T/out" "${same/VEC/d[\"data\"][0][\"embedding\"]}")" True
+req POST /v1/embeddings -d '{"input":"Hello world, the cats!","encoding_format":"base64"}'
+check "base64: the same floats" eq "$(py "$T/out" "${same/VEC/__import__(\"struct\").unpack(\"128f\", __import__(\"base64\").b64decode(d[\"data\"][0][\"embedding\"]))}")" True
+req POST /api/embed -d '{"input":"Hello world, the cats!"}'
+check "ollama embed: the same vector" eq "$(py "$T/out" "${same/VEC/d[\"embeddings\"][0]}")" True
+req POST /api/embeddings -d '{"prompt":"Hello world, the cats!"}'
+check "ollama embeddings: the same vector" eq "$(py "$T/out" "${same/VEC/d[\"embedding\"]}")" True
+
+long=$(python3 -c 'print("{\"input\":\"" + "a " * 200 + "\"}")')
+req POST /v1/embeddings -d "$long"
+check "too long: 400 naming the limit" eq "$(code) $(py "$T/out" '"202 tokens" in d["error"]["message"] and "at most 127" in d["error"]["message"]')" "400 True"
+req POST /v1/embeddings -d '{"input":"a cat","pooling":"last"}'
+check "pooling is the model's" eq "$(code)" 400
+req POST /v1/chat/completions -d '{"messages":[{"role":"user","content":"hi"}]}'
+check "chat: 400, an embedding model" eq "$(code) $(py "$T/out" '"is an embedding model" in d["error"]["message"]')" "400 True"
+req POST /api/generate -d '{"prompt":"hi"}'
+check "ollama generate: 400" eq "$(code)" 400
+stop_server
+
+"$LMSERV" run -m "$T/bert.gguf" -p hi -n 2 >"$T/run.out" 2>&1
+check "run refuses it" eq "$? $(grep -c 'is an embedding model' "$T/run.out")" "1 1"
+"$LMSERV" serve --host 127.0.0.1 --port 0 -m "$T/bert.gguf" --gpu-layers 2 >"$T/gpu.out" 2>&1 &
+GPID=$!
+for _ in $(seq 100); do
+    kill -0 "$GPID" 2>/dev/null || break
+    grep -q -- "--gpu-layers is not supported" "$T/gpu.out" && break
+    sleep 0.05
+done
+kill "$GPID" 2>/dev/null
+wait "$GPID" 2>/dev/null
+check "--gpu-layers refused by name" eq "$(grep -c -- '--gpu-layers is not supported' "$T/gpu.out")" 1
+finish
