@@ -32,6 +32,8 @@ struct lms_encoder {
     float *kt, *vt;    /* [n_head][head_dim][n] k and v transposed per head */
     float *a;          /* [n_max][e] attention output, then projections */
     float *ff;         /* [n_max][n_ff] */
+    float *gate;       /* [n_max][n_ff] SwiGLU's gate (nomic-bert), else NULL */
+    float *rope_cs;    /* [n_max][n_rot/2][2] cos, sin (nomic-bert), else NULL */
     float *scores;     /* [n_threads][n_max] */
     void *mscratch;    /* lms_matmul scratch, LMS_MATMUL_MAX conversions */
 };
@@ -67,13 +69,48 @@ static size_t scratch_bytes(const lms_model *m, int64_t n)
     size_t best = 0;
     for (int il = 0; il < m->hp.n_layer; il++) {
         const lms_layer *l = &m->layers[il];
-        const lms_weight *ws[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_up, &l->w_down};
+        const lms_weight *ws[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
             size_t s = lms_matmul_scratch(ws[i]->type, ws[i]->ne[0], n);
             best = s > best ? s : best;
         }
     }
     return best;
+}
+
+/* cos and sin of every position's rotated pairs, as ggml computes the
+ * angles: theta = p, times base^(-2/n_rot) after each pair (a running
+ * float product), times the linear scaling factor. */
+static void rope_table(const lms_hparams *hp, int32_t n_max, float *cs)
+{
+    const int32_t half = hp->n_rot / 2;
+    const float step = powf(hp->rope_base, -2.0f / (float)hp->n_rot);
+    for (int32_t p = 0; p < n_max; p++) {
+        float theta = (float)p;
+        for (int32_t i = 0; i < half; i++) {
+            const float a = hp->rope_freq_scale * theta;
+            cs[((size_t)p * half + i) * 2] = cosf(a);
+            cs[((size_t)p * half + i) * 2 + 1] = sinf(a);
+            theta *= step;
+        }
+    }
+}
+
+/* NeoX RoPE of n rows of n_head heads: in each head, pairs (i, i + n_rot/2). */
+static void rope_rows(const lms_encoder *enc, float *x, int32_t n)
+{
+    const lms_hparams *hp = &enc->m->hp;
+    const int32_t half = hp->n_rot / 2;
+    for (int32_t t = 0; t < n; t++)
+        for (int32_t h = 0; h < hp->n_head; h++) {
+            float *r = x + (size_t)t * hp->n_embd + (size_t)h * hp->head_dim;
+            const float *cs = enc->rope_cs + (size_t)t * half * 2;
+            for (int32_t i = 0; i < half; i++) {
+                const float x0 = r[i], x1 = r[i + half], c = cs[2 * i], sn = cs[2 * i + 1];
+                r[i] = x0 * c - x1 * sn;
+                r[i + half] = x0 * sn + x1 * c;
+            }
+        }
 }
 
 static float *alloc_f32(size_t n)
@@ -109,15 +146,21 @@ int lms_encoder_create(const lms_model *m, int32_t n_threads, lms_encoder **out,
     e->vt = alloc_f32(ne);
     e->a = alloc_f32(ne);
     e->ff = alloc_f32((size_t)e->n_max * (size_t)hp->n_ff);
+    const bool swiglu = hp->n_layer > 0 && m->layers[0].w_gate.data;
+    e->gate = swiglu ? alloc_f32((size_t)e->n_max * (size_t)hp->n_ff) : NULL;
+    e->rope_cs = hp->encoder_rope ? alloc_f32((size_t)e->n_max * (size_t)hp->n_rot) : NULL;
     e->scores = alloc_f32((size_t)e->n_threads * (size_t)e->n_max);
     e->mscratch = aligned_alloc(64, ((size_t)LMS_MATMUL_MAX * scratch_bytes(m, e->n_max) + 63) /
                                         64 * 64 + 64);
-    if (!e->x || !e->q || !e->k || !e->v || !e->kt || !e->vt || !e->a || !e->ff || !e->scores || !e->mscratch) {
+    if (!e->x || !e->q || !e->k || !e->v || !e->kt || !e->vt || !e->a || !e->ff || !e->scores ||
+        !e->mscratch || (swiglu && !e->gate) || (hp->encoder_rope && !e->rope_cs)) {
         lms_encoder_destroy(e);
         return lms_errf(err, errsz, LMS_ERR_NOMEM,
                         "encoder: out of memory for %d tokens of model '%s'", hp->n_ctx_train,
                         m->name);
     }
+    if (hp->encoder_rope)
+        rope_table(hp, e->n_max, e->rope_cs);
     *out = e;
     return 0;
 }
@@ -134,6 +177,8 @@ void lms_encoder_destroy(lms_encoder *e)
     free(e->vt);
     free(e->a);
     free(e->ff);
+    free(e->gate);
+    free(e->rope_cs);
     free(e->scores);
     free(e->mscratch);
     free(e);
@@ -276,18 +321,32 @@ static void layer(lms_encoder *enc, const lms_layer *l, int32_t n)
     add_bias(enc->q, &l->bq, n, e);
     add_bias(enc->k, &l->bk, n, e);
     add_bias(enc->v, &l->bv, n, e);
+    if (hp->encoder_rope) {
+        rope_rows(enc, enc->q, n);
+        rope_rows(enc, enc->k, n);
+    }
     attention(enc, n);
     const lms_mat wo = as_mat(&l->wo);
     lms_matmul(&wo, enc->a, n, enc->q, enc->mscratch); /* q is free again */
     add_bias(enc->q, &l->bo, n, e);
     add_layer_norm(enc->x, enc->q, &l->attn_norm, &l->attn_norm_b, n, e, hp->norm_eps);
-    const lms_mat wu = as_mat(&l->w_up), wd = as_mat(&l->w_down);
-    lms_matmul(&wu, enc->x, n, enc->ff, enc->mscratch);
-    add_bias(enc->ff, &l->b_up, n, f);
+    const lms_mat wu = as_mat(&l->w_up), wd = as_mat(&l->w_down), wg = as_mat(&l->w_gate);
     const int64_t nf = (int64_t)n * f;
+    if (l->w_gate.data) { /* nomic-bert: silu(gate) * up */
+        const lms_mat *ws2[2] = {&wg, &wu};
+        float *const ys2[2] = {enc->gate, enc->ff};
+        lms_matmul_n(ws2, ys2, 2, enc->x, n, enc->mscratch);
+        add_bias(enc->ff, &l->b_up, n, f);
 #pragma omp parallel for schedule(static) if (nf >= 65536)
-    for (int64_t i = 0; i < nf; i++)
-        enc->ff[i] = gelu(enc->ff[i]);
+        for (int64_t i = 0; i < nf; i++)
+            enc->ff[i] *= enc->gate[i] / (1.0f + expf(-enc->gate[i]));
+    } else {
+        lms_matmul(&wu, enc->x, n, enc->ff, enc->mscratch);
+        add_bias(enc->ff, &l->b_up, n, f);
+#pragma omp parallel for schedule(static) if (nf >= 65536)
+        for (int64_t i = 0; i < nf; i++)
+            enc->ff[i] = gelu(enc->ff[i]);
+    }
     lms_matmul(&wd, enc->ff, n, enc->q, enc->mscratch);
     add_bias(enc->q, &l->b_down, n, e);
     add_layer_norm(enc->x, enc->q, &l->ffn_norm, &l->ffn_norm_b, n, e, hp->norm_eps);
@@ -319,9 +378,11 @@ int lms_encode(lms_encoder *enc, const int32_t *tokens, int32_t n, float *out, c
     for (int32_t t = 0; t < n; t++) {
         float *x = enc->x + (size_t)t * e;
         lms_mat_get_row(&te, tokens[t], x);
-        lms_mat_get_row(&pe, t, row);
-        for (int64_t i = 0; i < e; i++)
-            x[i] += row[i];
+        if (m->pos_embd.data) { /* bert; nomic-bert rotates q and k instead */
+            lms_mat_get_row(&pe, t, row);
+            for (int64_t i = 0; i < e; i++)
+                x[i] += row[i];
+        }
         if (m->type_embd.data) { /* token type 0 ("sentence A") for every token */
             lms_mat_get_row(&ty, 0, row);
             for (int64_t i = 0; i < e; i++)

@@ -16,6 +16,10 @@
  *
  * GELU is the tanh approximation with the input and output rounded to f16,
  * as ggml's CPU path computes it (llama.cpp's bert uses that GELU).
+ *
+ * nomic-bert (hp.encoder_rope): no position_embd; q and k get NeoX RoPE at
+ * positions 0..n-1 after their biases; the FFN is Wdown (silu(Wgate x) *
+ * (Wup x + bup)) + bdown.
  */
 #ifndef LMS_ENCODER_H
 #define LMS_ENCODER_H

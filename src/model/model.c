@@ -37,6 +37,7 @@ enum {
     ARCH_GEMMA3 = 1 << 3,   /* the gemma3 extras (read_gemma) */
     ARCH_PHI3 = 1 << 4,     /* fused attn_qkv and gate+up ffn_up, LongRoPE factors */
     ARCH_BERT = 1 << 5,     /* post-norm encoder, no output head (bind_bert) */
+    ARCH_NOMIC = 1 << 6,    /* with ARCH_BERT: RoPE instead of positions, SwiGLU FFN */
 };
 
 typedef struct arch_desc {
@@ -62,11 +63,13 @@ static const arch_desc arch_table[] = {
     /* BERT embedding models (all-MiniLM, bge, mxbai-embed-large): no RoPE,
      * run by engine/encoder.c, not the decoder */
     {"bert", LMS_ROPE_NORM, ARCH_BERT, 10000.0f},
+    {"nomic-bert", LMS_ROPE_NEOX, ARCH_BERT | ARCH_NOMIC, 10000.0f}, /* nomic-embed-text */
 };
 
 const char *lms_model_supported_archs(void)
 {
-    return "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, bert (embeddings only)";
+    return "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, bert and nomic-bert (embeddings "
+           "only)";
 }
 
 static const arch_desc *arch_find(const char *name)
@@ -464,6 +467,12 @@ const float *lms_model_rope_factors(const lms_model *m, int32_t n_ctx)
  *   blk.N.attn_output_norm.{weight,bias}          -> attn_norm, attn_norm_b
  *   blk.N.ffn_up.{weight,bias}, ffn_down.{weight,bias}   biases optional
  *   blk.N.layer_output_norm.{weight,bias}         -> ffn_norm, ffn_norm_b
+ *   (blk.N.attn_qkv.{weight,bias}: q, k, v fused, taken as row ranges)
+ *
+ * nomic-bert (nomic-embed-text) differs: no position_embd (NeoX RoPE of
+ * q and k, rope.freq_base), and a SwiGLU FFN: blk.N.ffn_gate.weight,
+ * silu(gate) * up (its files have no linear biases; any present are used).
+ * Its MoE variant (moe_every_n_layers > 0) is refused.
  *
  * Keys: bert.attention.layer_norm_epsilon (required), bert.pooling_type
  * (1 mean, the default; 2 cls; 3 last), bert.attention.causal (must be
@@ -496,6 +505,12 @@ static int read_bert(loader *L)
     if (gguf_get_bool(L->m->gguf, key, &causal) == 0 && causal)
         return lms_errf(L->err, L->errsz, LMS_ERR_UNSUPPORTED,
                         "model: '%s' is true; a bert encoder attends both ways", key);
+    hp->encoder_rope = L->arch->flags & ARCH_NOMIC;
+    snprintf(key, sizeof key, "%s.moe_every_n_layers", L->arch->name);
+    if (gguf_get_i64(L->m->gguf, key, &v) == 0 && v > 0)
+        return lms_errf(L->err, L->errsz, LMS_ERR_UNSUPPORTED,
+                        "model: '%s' = %lld: mixture-of-experts encoders are not supported", key,
+                        (long long)v);
     if (hp->n_head_kv != hp->n_head || hp->head_dim * hp->n_head != hp->n_embd)
         return lms_errf(L->err, L->errsz, LMS_ERR_UNSUPPORTED,
                         "model: bert with %d heads, %d kv heads of %d (n_embd %d) is not supported",
@@ -522,39 +537,56 @@ static int bind_bert(loader *L)
     const lms_hparams *hp = &m->hp;
     const int64_t e = hp->n_embd, f = hp->n_ff;
     int rc;
+    const bool nomic = L->arch->flags & ARCH_NOMIC;
     if ((rc = read_bert(L)) < 0 ||
-        (rc = bind(L, &m->pos_embd, "position_embd.weight", e, hp->n_ctx_train, true)) < 0 ||
+        (!nomic &&
+         (rc = bind(L, &m->pos_embd, "position_embd.weight", e, hp->n_ctx_train, true)) < 0) ||
         (rc = bind_rows(L, &m->type_embd, "token_types.weight", e, 1, false)) < 0 ||
         (rc = bind(L, &m->tok_norm, "token_embd_norm.weight", e, 0, true)) < 0 ||
         (rc = bind(L, &m->tok_norm_b, "token_embd_norm.bias", e, 0, true)) < 0)
         return rc;
+    const int64_t qkv_rows[3] = {e, e, e};
     for (int il = 0; il < hp->n_layer; il++) {
         lms_layer *l = &m->layers[il];
+        char name[96];
+        snprintf(name, sizeof name, "blk.%d.attn_qkv.weight", il);
+        const bool fused = gguf_find_tensor(m->gguf, name) != NULL;
+        if (fused) {
+            lms_weight *const w[3] = {&l->wq, &l->wk, &l->wv}, *const b[3] = {&l->bq, &l->bk, &l->bv};
+            if ((rc = bind_fused(L, name, e, qkv_rows, w, 3, "q, k, v", true)) < 0)
+                return rc;
+            snprintf(name, sizeof name, "blk.%d.attn_qkv.bias", il);
+            if ((rc = bind_fused(L, name, 0, qkv_rows, b, 3, "q, k, v", false)) < 0)
+                return rc;
+        }
         const struct {
             lms_weight *w;
             const char *suffix;
             int64_t ne0, ne1;
             bool required;
+            bool on;
         } spec[] = {
-            {&l->wq, "attn_q.weight", e, e, true},
-            {&l->wk, "attn_k.weight", e, e, true},
-            {&l->wv, "attn_v.weight", e, e, true},
-            {&l->bq, "attn_q.bias", e, 0, false},
-            {&l->bk, "attn_k.bias", e, 0, false},
-            {&l->bv, "attn_v.bias", e, 0, false},
-            {&l->wo, "attn_output.weight", e, e, true},
-            {&l->bo, "attn_output.bias", e, 0, false},
-            {&l->attn_norm, "attn_output_norm.weight", e, 0, true},
-            {&l->attn_norm_b, "attn_output_norm.bias", e, 0, true},
-            {&l->w_up, "ffn_up.weight", e, f, true},
-            {&l->b_up, "ffn_up.bias", f, 0, false},
-            {&l->w_down, "ffn_down.weight", f, e, true},
-            {&l->b_down, "ffn_down.bias", e, 0, false},
-            {&l->ffn_norm, "layer_output_norm.weight", e, 0, true},
-            {&l->ffn_norm_b, "layer_output_norm.bias", e, 0, true},
+            {&l->wq, "attn_q.weight", e, e, true, !fused},
+            {&l->wk, "attn_k.weight", e, e, true, !fused},
+            {&l->wv, "attn_v.weight", e, e, true, !fused},
+            {&l->bq, "attn_q.bias", e, 0, false, !fused},
+            {&l->bk, "attn_k.bias", e, 0, false, !fused},
+            {&l->bv, "attn_v.bias", e, 0, false, !fused},
+            {&l->wo, "attn_output.weight", e, e, true, true},
+            {&l->bo, "attn_output.bias", e, 0, false, true},
+            {&l->attn_norm, "attn_output_norm.weight", e, 0, true, true},
+            {&l->attn_norm_b, "attn_output_norm.bias", e, 0, true, true},
+            {&l->w_gate, "ffn_gate.weight", e, f, true, nomic},
+            {&l->w_up, "ffn_up.weight", e, f, true, true},
+            {&l->b_up, "ffn_up.bias", f, 0, false, true},
+            {&l->w_down, "ffn_down.weight", f, e, true, true},
+            {&l->b_down, "ffn_down.bias", e, 0, false, true},
+            {&l->ffn_norm, "layer_output_norm.weight", e, 0, true, true},
+            {&l->ffn_norm_b, "layer_output_norm.bias", e, 0, true, true},
         };
         for (size_t i = 0; i < sizeof spec / sizeof spec[0]; i++) {
-            char name[96];
+            if (!spec[i].on)
+                continue;
             snprintf(name, sizeof name, "blk.%d.%s", il, spec[i].suffix);
             if ((rc = bind(L, spec[i].w, name, spec[i].ne0, spec[i].ne1, spec[i].required)) < 0)
                 return rc;

@@ -94,6 +94,7 @@ typedef struct lms_hparams {
      * n_ctx_train tokens, LayerNorm with this epsilon, one pooled vector */
     bool is_encoder;
     int pooling;           /* enum lms_pooling_type (the file's pooling_type) */
+    bool encoder_rope;     /* nomic-bert: RoPE of q, k instead of position_embd */
     float norm_eps;
 } lms_hparams;
 

@@ -15,7 +15,9 @@
  * two token types, pooling_type mean, and a WordPiece vocabulary
  * (tokenizer.ggml.model "bert": [PAD] [UNK] [CLS] [SEP] [MASK], letters,
  * digits and punctuation as word starts "\u2581x" and continuations "x", a
- * few whole words, then filler).
+ * few whole words, then filler). nomic-bert shapes: no position_embd (its
+ * RoPE base in rope.freq_base), q, k, v fused in attn_qkv, a SwiGLU FFN
+ * (ffn_gate), no linear biases.
  */
 #include "model/synth.h"
 
@@ -79,6 +81,9 @@ static const shape_row shapes[] = {
      NO_EXTRA},
     {{"bert-tiny", "bert", 128, 3, 4, 4, 32, 512, 512, 128, 10000.0f, 1e-12f, 1, 0},
      {0, 0.0f, 0.0f, 0.08f}},
+    /* nomic-embed-text's form (RoPE base 1000, fused attn_qkv, SwiGLU, no biases) */
+    {{"nomic-tiny", "nomic-bert", 128, 3, 4, 4, 32, 384, 512, 256, 1000.0f, 1e-12f, 1, 0},
+     {0, 0.0f, 0.0f, 0.08f}},
 };
 #undef NO_EXTRA
 
@@ -118,7 +123,7 @@ const char *lms_synth_names(void)
 {
     return "tiny llama-3.2-1b llama-3.2-3b llama-3-8b qwen3-0.6b qwen2.5-0.5b gemma2-2b gemma3-1b "
            "gemma2-tiny gemma3-tiny phi3-mini phi3.5-mini phi3-tiny phi3-tiny-128k bge-small "
-           "bert-tiny";
+           "bert-tiny nomic-tiny";
 }
 
 /* ---- random numbers ------------------------------------------------------ */
@@ -217,9 +222,14 @@ static int build_vocab_wpm(const lms_synth_shape *s, vocab *v)
     return 0;
 }
 
+static bool is_encoder(const char *arch)
+{
+    return !strcmp(arch, "bert") || !strcmp(arch, "nomic-bert");
+}
+
 static int build_vocab(const lms_synth_shape *s, vocab *v)
 {
-    if (!strcmp(s->arch, "bert"))
+    if (is_encoder(s->arch))
         return build_vocab_wpm(s, v);
     static const char *llama_sp[] = {"<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>",
                                      "<|start_header_id|>", "<|end_header_id|>"};
@@ -309,7 +319,7 @@ static int write_meta(gguf_writer *w, const lms_synth_shape *s, const lms_synth_
         rc |= SET_F32("rope.scaling.attn_factor",
                       scale > 1.0 ? (float)sqrt(1.0 + log(scale) / log((double)orig)) : 1.0f);
     }
-    if (!strcmp(a, "bert")) {
+    if (is_encoder(a)) {
         rc |= SET_F32("attention.layer_norm_epsilon", s->rms_eps);
         rc |= SET_U32("pooling_type", 1); /* mean */
         rc |= (snprintf(key, sizeof key, "%s.attention.causal", a),
@@ -317,7 +327,7 @@ static int write_meta(gguf_writer *w, const lms_synth_shape *s, const lms_synth_
     }
 #undef SET_U32
 #undef SET_F32
-    if (!strcmp(a, "bert")) { /* WordPiece; no chat template */
+    if (is_encoder(a)) { /* WordPiece; no chat template */
         rc |= gguf_writer_set_str(w, "tokenizer.ggml.model", "bert");
         rc |= gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v->tok,
                                       (uint64_t)v->n);
@@ -432,7 +442,8 @@ static int add_longrope(synth_ctx *c)
     return rc;
 }
 
-/* A bert layer: every linear part with its bias, LayerNorms with biases. */
+/* A bert layer: every linear part with its bias, LayerNorms with biases
+ * (nomic-bert: fused q, k, v and a gated FFN, no linear biases). */
 static int add_layer_bert(synth_ctx *c, int il)
 {
     const int64_t e = c->s->n_embd, f = c->s->n_ff;
@@ -440,6 +451,18 @@ static int add_layer_bert(synth_ctx *c, int il)
     int rc = 0;
 #define T(suffix, ne0, ne1, fill) \
     (snprintf(name, sizeof name, "blk.%d." suffix, il), rc = rc ? rc : add(c, name, ne0, ne1, fill))
+    if (!strcmp(c->s->arch, "nomic-bert")) {
+        T("attn_qkv.weight", e, 3 * e, 0.0f);
+        T("attn_output.weight", e, e, 0.0f);
+        T("attn_output_norm.weight", e, 0, 1.0f);
+        T("attn_output_norm.bias", e, 0, 0.0f);
+        T("ffn_up.weight", e, f, 0.0f);
+        T("ffn_gate.weight", e, f, 0.0f);
+        T("ffn_down.weight", f, e, 0.0f);
+        T("layer_output_norm.weight", e, 0, 1.0f);
+        T("layer_output_norm.bias", e, 0, 0.0f);
+        return rc;
+    }
     T("attn_q.weight", e, e, 0.0f);
     T("attn_q.bias", e, 0, 0.0f);
     T("attn_k.weight", e, e, 0.0f);
@@ -465,7 +488,7 @@ static int add_bert(synth_ctx *c)
 {
     const lms_synth_shape *s = c->s;
     int rc = add(c, "token_types.weight", s->n_embd, 2, 0.0f);
-    if (rc == 0)
+    if (rc == 0 && strcmp(s->arch, "nomic-bert"))
         rc = add(c, "position_embd.weight", s->n_embd, s->n_ctx, 0.0f);
     if (rc == 0)
         rc = add(c, "token_embd_norm.weight", s->n_embd, 0, 1.0f);
@@ -543,7 +566,7 @@ int lms_synth_write_ex(const lms_synth_shape *s, const lms_synth_extra *x, const
     synth_ctx c = {.w = w, .plan = plan, .s = s, .x = x, .seed = seed};
     if (rc == 0)
         rc = add(&c, "token_embd.weight", s->n_embd, s->n_vocab, 0.0f);
-    const bool bert = !strcmp(s->arch, "bert");
+    const bool bert = is_encoder(s->arch);
     if (rc == 0 && bert)
         rc = add_bert(&c);
     for (int il = 0; il < s->n_layer && rc == 0 && !bert; il++)

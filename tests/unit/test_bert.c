@@ -11,6 +11,8 @@
  *     flow (float loops over weights converted row by row), for mean, cls
  *     and last pooling, F32 and Q8_0 files, 1 to 128 (= the context)
  *     tokens; unit length; the same bits with 1 or 2 threads;
+ *   - nomic-bert (nomic-tiny): fused q/k/v views, RoPE, SwiGLU, against
+ *     the same reference;
  *   - inputs longer than the context and bad token ids refused by name;
  *   - the scheduler: an embedding request gives lms_encode's vector, a
  *     generation request is refused as "an embedding model", and the
@@ -34,7 +36,7 @@
 #include "model/synth.h"
 #include "testutil.h"
 
-static char g_f32[128], g_q8[128];
+static char g_f32[128], g_q8[128], g_nomic_f32[128], g_nomic_q8[128];
 
 static void tmp_path(char *buf, size_t n, const char *tag)
 {
@@ -49,8 +51,14 @@ static int setup(void **state)
     assert_non_null(s);
     tmp_path(g_f32, sizeof g_f32, "f32");
     tmp_path(g_q8, sizeof g_q8, "q8");
+    tmp_path(g_nomic_f32, sizeof g_nomic_f32, "nomic_f32");
+    tmp_path(g_nomic_q8, sizeof g_nomic_q8, "nomic_q8");
+    const lms_synth_shape *sn = lms_synth_find("nomic-tiny");
+    assert_non_null(sn);
     if (lms_synth_write(s, "F32", 11, g_f32, err, sizeof err) < 0 ||
-        lms_synth_write(s, "Q8_0", 11, g_q8, err, sizeof err) < 0) {
+        lms_synth_write(s, "Q8_0", 11, g_q8, err, sizeof err) < 0 ||
+        lms_synth_write(sn, "F32", 12, g_nomic_f32, err, sizeof err) < 0 ||
+        lms_synth_write(sn, "Q8_0", 12, g_nomic_q8, err, sizeof err) < 0) {
         fprintf(stderr, "%s\n", err);
         return -1;
     }
@@ -62,6 +70,8 @@ static int teardown(void **state)
     (void)state;
     unlink(g_f32);
     unlink(g_q8);
+    unlink(g_nomic_f32);
+    unlink(g_nomic_q8);
     return 0;
 }
 
@@ -153,9 +163,11 @@ static void ref_encode(const lms_model *m, const int32_t *toks, int32_t n, float
         row_of(&m->tok_embd, toks[t], row);
         for (int64_t i = 0; i < e; i++)
             x[t * e + i] = row[i];
-        row_of(&m->pos_embd, t, row);
-        for (int64_t i = 0; i < e; i++)
-            x[t * e + i] += row[i];
+        if (!hp->encoder_rope) {
+            row_of(&m->pos_embd, t, row);
+            for (int64_t i = 0; i < e; i++)
+                x[t * e + i] += row[i];
+        }
         row_of(&m->type_embd, 0, row);
         for (int64_t i = 0; i < e; i++)
             x[t * e + i] += row[i];
@@ -166,6 +178,18 @@ static void ref_encode(const lms_model *m, const int32_t *toks, int32_t n, float
         ref_linear(&l->wq, &l->bq, x, n, q);
         ref_linear(&l->wk, &l->bk, x, n, k);
         ref_linear(&l->wv, &l->bv, x, n, v);
+        if (hp->encoder_rope) /* nomic-bert: NeoX pairs (d, d + n_rot/2) of each head */
+            for (int32_t t = 0; t < n; t++)
+                for (int hh = 0; hh < hp->n_head; hh++)
+                    for (int d = 0; d < hp->n_rot / 2; d++) {
+                        const double ang = t * pow(hp->rope_base, -2.0 * d / hp->n_rot);
+                        float *rows[2] = {q + t * e + hh * hd, k + t * e + hh * hd};
+                        for (int r = 0; r < 2; r++) {
+                            const double x0 = rows[r][d], x1 = rows[r][d + hp->n_rot / 2];
+                            rows[r][d] = (float)(x0 * cos(ang) - x1 * sin(ang));
+                            rows[r][d + hp->n_rot / 2] = (float)(x0 * sin(ang) + x1 * cos(ang));
+                        }
+                    }
         for (int hh = 0; hh < hp->n_head; hh++)
             for (int32_t i = 0; i < n; i++) {
                 double mx = -1e300, sum = 0;
@@ -190,8 +214,17 @@ static void ref_encode(const lms_model *m, const int32_t *toks, int32_t n, float
             x[i] += o[i];
         ref_norm(x, &l->attn_norm, &l->attn_norm_b, n, e, hp->norm_eps);
         ref_linear(&l->w_up, &l->b_up, x, n, h);
-        for (int64_t i = 0; i < n * f; i++)
-            h[i] = ref_gelu(h[i]);
+        if (l->w_gate.data) { /* nomic-bert: silu(gate) * up */
+            float *g = malloc((size_t)n * f * sizeof *g);
+            const lms_weight none = {0};
+            ref_linear(&l->w_gate, &none, x, n, g);
+            for (int64_t i = 0; i < n * f; i++)
+                h[i] *= (float)(g[i] / (1.0 + exp(-(double)g[i])));
+            free(g);
+        } else {
+            for (int64_t i = 0; i < n * f; i++)
+                h[i] = ref_gelu(h[i]);
+        }
         ref_linear(&l->w_down, &l->b_down, h, n, o);
         for (int64_t i = 0; i < n * e; i++)
             x[i] += o[i];
@@ -261,12 +294,12 @@ static void check_file(const char *path, double max_diff, double min_cos)
     lms_encoder *enc = NULL;
     if (lms_encoder_create(m, 2, &enc, err, sizeof err) < 0)
         fail_msg("%s", err);
-    assert_int_equal(lms_encoder_max_tokens(enc), 128);
     const int64_t e = m->hp.n_embd;
     float *got = malloc((size_t)e * sizeof *got), *want = malloc((size_t)e * sizeof *want);
     const int pools[] = {LMS_POOLING_MEAN, LMS_POOLING_CLS, LMS_POOLING_LAST};
     const int32_t lens[] = {1, 9, 57, 128};
     int32_t toks[128];
+    assert_true(lms_encoder_max_tokens(enc) >= 128);
     for (int pi = 0; pi < 3; pi++) {
         m->hp.pooling = pools[pi];
         for (int li = 0; li < 4; li++) {
@@ -303,6 +336,27 @@ static void test_reference_q8_0(void **state)
 {
     (void)state;
     check_file(g_q8, 2e-2, 0.999);
+}
+
+/* nomic-bert: RoPE instead of learned positions, fused q/k/v, SwiGLU. */
+static void test_nomic(void **state)
+{
+    (void)state;
+    lms_model *m = load_ok(g_nomic_f32);
+    assert_true(m->hp.is_encoder);
+    assert_true(m->hp.encoder_rope);
+    assert_true(m->hp.rope_base == 1000.0f);
+    assert_null(m->pos_embd.data);
+    const lms_layer *l = &m->layers[1];
+    assert_non_null(l->w_gate.data);
+    assert_null(l->bq.data);
+    /* q, k, v: consecutive row ranges of blk.1.attn_qkv.weight */
+    assert_ptr_equal((const char *)l->wk.data, (const char *)l->wq.data + 128 * l->wq.row_bytes);
+    assert_ptr_equal((const char *)l->wv.data, (const char *)l->wk.data + 128 * l->wk.row_bytes);
+    assert_int_equal(l->wv.ne[1], 128);
+    lms_model_free(m);
+    check_file(g_nomic_f32, 2e-4, 0.99999);
+    check_file(g_nomic_q8, 2e-2, 0.999);
 }
 
 static void test_threads_same_bits(void **state)
@@ -537,7 +591,7 @@ int main(void)
         cmocka_unit_test(test_loader),         cmocka_unit_test(test_reference_f32),
         cmocka_unit_test(test_reference_q8_0), cmocka_unit_test(test_threads_same_bits),
         cmocka_unit_test(test_limits),         cmocka_unit_test(test_malformed),
-        cmocka_unit_test(test_sched),
+        cmocka_unit_test(test_sched),          cmocka_unit_test(test_nomic),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
