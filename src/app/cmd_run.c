@@ -166,7 +166,7 @@ int cmd_run(int argc, char **argv)
     lms_drafter *drafter = NULL;
     lms_draft_seq ds = {0};
     if (o.spec.spec.mode == LMS_SPEC_DRAFT) /* on the CPU, beside a target on the GPU or not */
-        rc = lms_drafter_create(m, o.spec.draft, lms_ctx_params_of(c)->n_ctx, 512, 1,
+        rc = lms_drafter_create(m, o.spec.draft, lms_ctx_params_of(c)->n_ctx, 512, 1, 0,
                                 (int32_t)o.threads, &drafter, err, sizeof err);
     if (rc >= 0)
         rc = app_prompt_tokens(m, o.prompt, o.system, o.chat, !o.no_bos, &toks, &n, err, sizeof err);

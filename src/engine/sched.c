@@ -84,7 +84,6 @@ typedef struct sreq {
     int32_t n_prop;
     bool spec_live;          /* this step: every draw so far took its proposal */
     lms_draft_seq ds;        /* its state in the draft model's context */
-    bool ds_failed;          /* the draft pool had no room for it */
     int32_t n_drafted, n_accepted;
     lms_event *final;        /* the terminal event, allocated at submit so
                               * that it can always be sent */
@@ -329,11 +328,6 @@ static int check_request(const lms_sched *s, const lms_request *r, char *err, si
             return lms_errf(err, errsz, LMS_ERR_INVAL, "LoRA adapter %d is NULL", i);
         if ((rc = lms_lora_check(r->loras[i].lora, s->m, err, errsz)) < 0)
             return rc;
-        if (lms_ctx_gpu_plan(s->ctx))
-            return lms_errf(err, errsz, LMS_ERR_UNSUPPORTED,
-                            "LoRA adapters run on the CPU only; this model has %d layers on the "
-                            "GPU (start it with --gpu-layers 0 to use adapters)",
-                            lms_ctx_gpu_plan(s->ctx)->n_layer_gpu);
     }
     if (r->embedding)
         return 0;
@@ -825,11 +819,12 @@ static void propose(lms_sched *s, int32_t budget)
                                        q->prop);
             q->n_prop = n < q->spec_min ? 0 : n;
             slack -= q->n_prop;
-        } else if (!q->ds_failed) {
-            if (lms_draft_seq_reserve(s->drafter, &q->ds, q->n_total) < 0) {
-                q->ds_failed = true;
+        } else {
+            /* the draft pool has as many blocks as the target's, but
+             * prefix sharing lets the target hold more sequences: one
+             * that finds no room is tried again next step */
+            if (lms_draft_seq_reserve(s->drafter, &q->ds, q->n_total) < 0)
                 continue;
-            }
             s->jobs[nj] = (lms_draft_job){.ds = &q->ds, .tokens = q->tokens, .n_tokens = q->n_tokens,
                                           .k = k, .p_min = q->spec_pmin, .out = q->prop};
             s->job_owner[nj++] = q;
@@ -1355,8 +1350,11 @@ int lms_sched_create(lms_model *m, const lms_sched_params *p, lms_sched **out, c
     if (rc == 0 && m->hp.is_encoder)
         rc = lms_encoder_create(m, p->n_threads, &s->enc, err, errsz);
     if (rc == 0 && s->p.spec.mode == LMS_SPEC_DRAFT)
+        /* as many positions as the target's pool: a sequence reserves the
+         * same number in both */
         rc = lms_drafter_create(m, p->draft_model, p->n_ctx, s->p.n_batch, p->n_parallel,
-                                p->n_threads, &s->drafter, err, errsz);
+                                lms_ctx_kv(s->ctx)->n_blocks, p->n_threads, &s->drafter, err,
+                                errsz);
     if (rc == 0 && (rc = alloc_buffers(s)) < 0)
         lms_errf(err, errsz, rc, "scheduler: out of memory");
     pthread_mutex_init(&s->mu, NULL);

@@ -90,8 +90,8 @@ struct lms_drafter {
 };
 
 int lms_drafter_create(const lms_model *target, const char *path, int32_t n_ctx, int32_t n_batch,
-                       int32_t n_seq, int32_t n_threads, lms_drafter **out, char *err,
-                       size_t errsz)
+                       int32_t n_seq, int32_t kv_blocks, int32_t n_threads, lms_drafter **out,
+                       char *err, size_t errsz)
 {
     lms_drafter *d = calloc(1, sizeof *d);
     if (!d)
@@ -112,7 +112,7 @@ int lms_drafter_create(const lms_model *target, const char *path, int32_t n_ctx,
     d->n_batch = n_batch < n_seq ? n_seq : n_batch;
     d->n_seq = n_seq;
     lms_ctx_params cp = {.n_ctx = n_ctx, .n_batch = d->n_batch, .n_seq = n_seq,
-                         .n_threads = n_threads};
+                         .kv_blocks = kv_blocks, .n_threads = n_threads};
     if ((rc = lms_ctx_create(d->m, &cp, &d->ctx, e2, sizeof e2)) < 0) {
         lms_model_free(d->m);
         free(d);

@@ -79,11 +79,12 @@ typedef struct lms_draft_seq {
 } lms_draft_seq;
 
 /* Loads the draft model at path and checks it against target; its context
- * (CPU only) holds n_seq sequences of n_ctx positions, n_batch rows a pass,
- * n_threads threads. */
+ * (CPU only) runs n_seq sequences of up to n_ctx positions, n_batch rows a
+ * pass, n_threads threads, over a pool of kv_blocks blocks (0: n_seq whole
+ * contexts). */
 int lms_drafter_create(const lms_model *target, const char *path, int32_t n_ctx, int32_t n_batch,
-                       int32_t n_seq, int32_t n_threads, lms_drafter **out, char *err,
-                       size_t errsz);
+                       int32_t n_seq, int32_t kv_blocks, int32_t n_threads, lms_drafter **out,
+                       char *err, size_t errsz);
 void lms_drafter_destroy(lms_drafter *d); /* NULL: no-op */
 const lms_model *lms_drafter_model(const lms_drafter *d);
 /* Blocks of the draft pool held by sequences (tests). */

@@ -191,17 +191,17 @@ static void test_vocab_check(void **state)
     char err[512];
     lms_drafter *d = NULL;
     assert_int_equal(lms_drafter_create(g_f32, tu_data_path("models/llama-synth-q4_0.gguf"), 256,
-                                        64, 1, 2, &d, err, sizeof err),
+                                        64, 1, 0, 2, &d, err, sizeof err),
                      0);
     lms_drafter_destroy(d);
     d = NULL;
-    int rc = lms_drafter_create(g_f32, tu_data_path("models/qwen3-synth-f16.gguf"), 256, 64, 1, 2,
-                                &d, err, sizeof err);
+    int rc = lms_drafter_create(g_f32, tu_data_path("models/qwen3-synth-f16.gguf"), 256, 64, 1, 0,
+                                2, &d, err, sizeof err);
     assert_int_equal(rc, LMS_ERR_UNSUPPORTED);
     assert_null(d);
     assert_non_null(strstr(err, "qwen3-synth-f16.gguf"));
     assert_non_null(strstr(err, "vocabulary does not match"));
-    rc = lms_drafter_create(g_f32, "/nonexistent/draft.gguf", 256, 64, 1, 2, &d, err, sizeof err);
+    rc = lms_drafter_create(g_f32, "/nonexistent/draft.gguf", 256, 64, 1, 0, 2, &d, err, sizeof err);
     assert_true(rc < 0);
     assert_non_null(strstr(err, "/nonexistent/draft.gguf"));
     /* a scheduler refuses a draft mode without a draft, and bad ranges */
@@ -384,7 +384,7 @@ static void test_sampling_distribution(void **state)
     assert_int_equal(lms_ctx_create(g_stories, &cp, &c, err, sizeof err), 0);
     lms_drafter *d;
     assert_int_equal(lms_drafter_create(g_stories, tu_data_path("models/stories260K.gguf"), 64, 64, 1,
-                                        2, &d, err, sizeof err),
+                                        0, 2, &d, err, sizeof err),
                      0);
     int32_t prompt[6] = {1, 400, 30, 291, 29, 10};
     int32_t drafted = 0, accepted = 0;
@@ -543,6 +543,37 @@ static void test_short_pool(void **state)
     assert_same(plain, spec);
     assert_idle(s);
     lms_sched_destroy(s);
+    /* two requests with one 150-token prompt: the target's pool holds both
+     * (the second maps the first's blocks), the draft's pool (as many
+     * blocks, no sharing) one: the second goes without proposals until
+     * there is room, and both give the plain tokens */
+    static int32_t toks[160];
+    static result a[2], b[2];
+    toks[0] = 1;
+    for (int i = 1; i < 150; i++)
+        toks[i] = 3 + (i * 29) % 400;
+    for (int pass = 0; pass < 2; pass++) {
+        result *r = pass ? b : a;
+        s = pass ? make_sched(g_stories, LMS_SPEC_DRAFT, "models/stories260K.gguf", 4, 0.0f,
+                              per_block * 14, false)
+                 : make_sched(g_stories, LMS_SPEC_NONE, NULL, 0, 0, per_block * 14, false);
+        for (int i = 0; i < 2; i++) {
+            lms_request req = request(toks, 150, 20, &r[i], 0.0f, 1);
+            submit_req(s, &req);
+        }
+        wait_done(&r[0]);
+        wait_done(&r[1]);
+        assert_idle(s);
+        lms_sched_destroy(s);
+    }
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(b[i].end_type, LMS_EV_END);
+        assert_int_equal(b[i].n_tok, 20);
+        assert_memory_equal(a[i].toks, b[i].toks, sizeof(int32_t) * 20);
+    }
+    printf("draft pool short: drafted %d and %d; cached %d and %d\n", b[0].stats.n_drafted,
+           b[1].stats.n_drafted, b[0].stats.n_cached, b[1].stats.n_cached);
+    assert_true(b[1].stats.n_cached > 0); /* the target's pool shared the prompt */
 }
 
 static int setup(void **state)
