@@ -84,13 +84,10 @@ int app_lora_load(app_lora_opts *o, const lms_model *m, const lms_ctx *c, lms_lo
 {
     char err[512];
     lms_lora_use uses[LMS_LORA_MAX];
+    (void)c; /* any placement: the GPU layers apply adapters too */
     memset(set, 0, sizeof *set);
     if (o->n == 0)
         return 0;
-    if (lms_ctx_gpu_plan(c)) {
-        fprintf(stderr, "lmserv: LoRA adapters run on the CPU only; use --gpu-layers 0\n");
-        return LMS_ERR_UNSUPPORTED;
-    }
     for (int k = 0; k < o->n; k++) {
         int rc = lms_lora_load(o->path[k], m, &o->loaded[k], err, sizeof err);
         if (rc < 0) {

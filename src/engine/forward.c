@@ -22,8 +22,8 @@
  *
  * LoRA adapters (model/lora.h) are applied per token: after each adapted
  * product, y += scale * B (A x) for the rows whose sequence uses the
- * adapter (section LoRA below); a batch without adapters runs exactly the
- * code it ran before they existed.
+ * adapter (section LoRA below; the GPU layers' deltas in forward_cuda.c);
+ * a batch without adapters runs exactly the code it ran before they existed.
  */
 #include "engine/forward.h"
 
@@ -480,7 +480,7 @@ static const float *lora_round(int vt, const float *x, int64_t n, uint8_t *tmp, 
 }
 
 /* The batch's adapter sets are well formed; whether any is not empty. */
-static int lora_check(const lms_ctx *c, const lms_batch *b, bool *any)
+static int lora_check(const lms_batch *b, bool *any)
 {
     *any = false;
     for (int32_t t = 0; t < b->n_tokens; t++) {
@@ -498,8 +498,6 @@ static int lora_check(const lms_ctx *c, const lms_batch *b, bool *any)
         }
         *any |= s->n > 0;
     }
-    if (*any && c->gpu)
-        return LMS_ERR_UNSUPPORTED; /* the GPU layers have no LoRA path */
     return 0;
 }
 
@@ -857,7 +855,7 @@ int lms_forward(lms_ctx *c, const lms_batch *b, float *logits)
     lms_batch bl;
     if (b->lora) { /* adapters: grouped once for the layers; none at all: the plain path */
         bool any;
-        if ((rc = lora_check(c, b, &any)) < 0)
+        if ((rc = lora_check(b, &any)) < 0)
             return rc;
         bl = *b;
         if (!any)
@@ -907,11 +905,17 @@ int lms_forward(lms_ctx *c, const lms_batch *b, float *logits)
     }
     c->n_hidden = n_out;
     if (logits && n_lg > 0) {
+        bool gpu_head = false;
 #ifdef LMS_HAVE_CUDA
-        if (c->gpu && fwd_gpu_has_output(c))
-            return fwd_gpu_output(c, c->xn, n_lg, logits);
+        /* adapters: their head deltas here, on the GPU head's logits */
+        gpu_head = c->gpu && fwd_gpu_has_output(c);
+        if (gpu_head && !b->lora)
+            return fwd_gpu_output(c, c->xn, n_lg, logits, true);
+        if (gpu_head && (rc = fwd_gpu_output(c, c->xn, n_lg, logits, false)) < 0)
+            return rc;
 #endif
-        matmul(c, &m->output, c->xn, n_lg, logits);
+        if (!gpu_head)
+            matmul(c, &m->output, c->xn, n_lg, logits);
         if (b->lora) {
             if ((rc = lora_group(c, c->lora.head, n_lg)) < 0)
                 return rc;

@@ -63,8 +63,8 @@ typedef struct lms_batch {
     /* [n_tokens] each token's LoRA adapters (NULL or an empty set: none),
      * or NULL when no token has any. Each set names an adapter at most
      * once (lms_lora_set_make sees to it) and every adapter was checked
-     * against the model (lms_lora_check). CPU layers only: a context with
-     * GPU layers refuses a batch with adapters (LMS_ERR_UNSUPPORTED). */
+     * against the model (lms_lora_check). GPU layers apply them too
+     * (forward_cuda.c; such a step runs without a CUDA graph). */
     const lms_lora_set *const *lora;
 } lms_batch;
 

@@ -45,6 +45,20 @@
  * capped after the head. The embeddings arrive scaled (forward.c). A
  * gemma model's CPU layers take no prompt offload (that path is llama's).
  *
+ * LoRA adapters (section LoRA below): a step whose batch carries adapters
+ * runs its GPU layers eagerly (never a captured graph, so graphs hold no
+ * adapters) through the unfused layer (gpu_layer_run_gemma, which for
+ * llama/qwen has no post norms and SwiGLU), with y += s * B (A x) added
+ * after each adapted product by cu_lora.cu for the rows of each adapter;
+ * the head then runs unfused and forward.c adds its delta on the CPU.
+ * Such a step's CPU layers take no prompt offload (their deltas are the
+ * CPU's). Each adapter's pairs of the GPU layers are uploaded at its first
+ * step and cached by content id (lms_lora_id) in up to LORA_CACHE entries,
+ * the least recently used not in the step evicted beyond that, the rest
+ * freed with the context; unlike everything above, that memory is
+ * allocated when first needed and is not part of the plan. A step without
+ * adapters runs exactly the kernels it ran before adapters existed.
+ *
  * Owner: the thread that owns the lms_ctx.
  */
 #include <stdio.h>
@@ -61,6 +75,7 @@
 #define OFFLOAD_SLOTS 3 /* staging buffers of the prompt offload */
 #define OFFLOAD_MIN 32  /* batches from this many tokens offload (LMS_CUDA_OFFLOAD_MIN) */
 #define ALIGN 256
+#define LORA_CACHE 8 /* adapters kept on the device beyond those of the current step */
 
 typedef struct gpu_layer {
     lcu_mat wq, wk, wv, wo, w_gate, w_up, w_down;
@@ -71,6 +86,15 @@ typedef struct gpu_layer {
     uint16_t *k, *v; /* this layer's K/V pool: [n_blocks][16][n_kv_dim] f16 */
     lcu_attn_shape shape; /* gemma: the model's shape with this layer's RoPE, window, caps */
 } gpu_layer;
+
+/* One adapter's pairs for the GPU layers, on the device. */
+typedef struct gpu_lora {
+    uint64_t id;          /* lms_lora_id: equal contents share an entry */
+    uint64_t used;        /* step it was last used in */
+    void *mem;            /* all its A and B^T */
+    size_t bytes;
+    lcu_lora_pair *pairs; /* [n_gpu][LMS_LORA_N_TARGETS]; rank 0 = not adapted */
+} gpu_lora;
 
 /* Device copies of a CPU layer's vectors, for the prompt offload. */
 typedef struct gpu_vecs {
@@ -128,6 +152,19 @@ struct fwd_gpu {
     double off_ms[4];    /* LMS_CUDA_OFFLOAD_PROF=1: ms in the phases of offloaded layers */
     int64_t off_layers, off_gpu_att; /* offloaded layer runs, of which attention on the GPU */
     bool off_prof;
+    /* LoRA (see the top): cached adapters and this step's groups */
+    gpu_lora *lora;          /* [n_lora] */
+    int32_t n_lora;
+    uint64_t lora_step;
+    bool lora_on;            /* this step applies adapters */
+    gpu_lora **lora_grp;     /* [n_batch * LMS_LORA_MAX] the entry of each of c->lora's groups */
+    void *lora_scr;          /* device: rows, scales, xr, t */
+    size_t lora_scr_bytes;
+    int32_t lora_scr_rank;   /* rank t has room for */
+    int32_t *lora_rows;      /* [n_batch * LMS_LORA_MAX] c->lora.rows on the device */
+    float *lora_scales;      /* [n_batch * LMS_LORA_MAX] */
+    float *lora_xr, *lora_t; /* [n_batch][wide], [n_batch][lora_scr_rank] */
+    void *lora_h;            /* pinned twin of rows and scales */
 };
 
 static size_t align_up(size_t n)
@@ -479,6 +516,11 @@ static void free_gpu(fwd_gpu *gp, int32_t n_gpu)
         lcu_host_unregister(gp->reg_act[i]);
     free(gp->off);
     if (gp->g) {
+        for (int32_t i = 0; i < gp->n_lora; i++) {
+            lcu_free(gp->g, gp->lora[i].mem, gp->lora[i].bytes);
+            free(gp->lora[i].pairs);
+        }
+        lcu_free(gp->g, gp->lora_scr, gp->lora_scr_bytes);
         lcu_free(gp->g, gp->off_mem, gp->off_bytes);
         for (int32_t il = 0; gp->layers && il < n_gpu; il++)
             lcu_free(gp->g, gp->layers[il].mem, gp->layers[il].mem_bytes);
@@ -492,6 +534,9 @@ static void free_gpu(fwd_gpu *gp, int32_t n_gpu)
     lcu_host_free(gp->meta_h);
     lcu_host_free(gp->x_h);
     lcu_host_free(gp->logits_h);
+    lcu_host_free(gp->lora_h);
+    free(gp->lora);
+    free(gp->lora_grp);
     free(gp->layers);
     free(gp);
 }
@@ -774,6 +819,178 @@ static void add_out(lcu *g, float *x, const float *y, const float *post_norm, in
         lcu_add(g, x, y, n * e);
 }
 
+/* ---- LoRA ------------------------------------------------------------------------ */
+
+/* The rounding of a pair's input on the device (lms_lora_pair's a_vt,
+ * b_vt); -1 for a type the kernels do not round through. */
+static int lora_vt(int vt)
+{
+    switch (vt) {
+    case LMS_TYPE_F32: return LCU_LORA_F32;
+    case LMS_TYPE_F16: return LCU_LORA_F16;
+    case LMS_TYPE_BF16: return LCU_LORA_BF16;
+    case LMS_TYPE_Q8_0: return LCU_LORA_Q8_0;
+    default: return -1;
+    }
+}
+
+/* Drops cache entry i (its memory is not used by queued work: the entry
+ * is not in the current step and every earlier step was waited for). */
+static void lora_evict(fwd_gpu *gp, int32_t i)
+{
+    lcu_free(gp->g, gp->lora[i].mem, gp->lora[i].bytes);
+    free(gp->lora[i].pairs);
+    gp->lora[i] = gp->lora[--gp->n_lora];
+}
+
+/* The cache entry of adapter l, uploaded (its pairs of the GPU layers)
+ * when it has none; NULL with a message on failure. Entries move (the
+ * array grows, evictions fill holes): the pointer holds until the next call. */
+static gpu_lora *lora_entry(lms_ctx *c, const lms_lora *l)
+{
+    fwd_gpu *gp = c->gpu;
+    const uint64_t id = lms_lora_id(l);
+    for (int32_t i = 0; i < gp->n_lora; i++)
+        if (gp->lora[i].id == id) {
+            gp->lora[i].used = gp->lora_step;
+            return &gp->lora[i];
+        }
+    while (gp->n_lora >= LORA_CACHE) { /* the least recently used not in this step */
+        int32_t old = -1;
+        for (int32_t i = 0; i < gp->n_lora; i++) {
+            const uint64_t u = gp->lora[i].used;
+            if (u < gp->lora_step && (old < 0 || u < gp->lora[old].used))
+                old = i;
+        }
+        if (old < 0)
+            break;
+        lora_evict(gp, old);
+    }
+    const int nt = LMS_LORA_N_TARGETS;
+    gpu_lora e = {id, gp->lora_step, NULL, 0, calloc((size_t)c->n_gpu * nt + 1, sizeof *e.pairs)};
+    gpu_lora *grown = realloc(gp->lora, ((size_t)gp->n_lora + 1) * sizeof *grown);
+    if (!e.pairs || !grown) {
+        free(e.pairs);
+        fprintf(stderr, "lmserv: LoRA adapter '%s': out of memory\n", lms_lora_name(l));
+        return NULL;
+    }
+    gp->lora = grown;
+    for (int32_t il = 0; il < c->n_gpu; il++)
+        for (int t = 0; t < nt; t++) {
+            const lms_lora_pair *p = lms_lora_layer_pair(l, il, t);
+            if (!p)
+                continue;
+            const int avt = lora_vt(p->a_vt), bvt = lora_vt(p->b_vt);
+            if (avt < 0 || bvt < 0 || (avt == LCU_LORA_Q8_0 && p->n_in % 32) ||
+                (bvt == LCU_LORA_Q8_0 && p->rank % 32)) {
+                free(e.pairs);
+                fprintf(stderr, "lmserv: LoRA adapter '%s': blk.%d.%s rounds its input through "
+                                "type %s, which the CUDA layers do not (use --gpu-layers 0)\n",
+                        lms_lora_name(l), il, lms_lora_target_name(t),
+                        lms_type_get(avt < 0 ? p->a_vt : p->b_vt)->name);
+                return NULL;
+            }
+            e.bytes += align_up((size_t)p->rank * (size_t)p->n_in * 4) +
+                       align_up((size_t)p->rank * (size_t)p->n_out * 4);
+        }
+    char err[256];
+    if (e.bytes && !(e.mem = lcu_alloc(gp->g, e.bytes, err, sizeof err))) {
+        free(e.pairs);
+        fprintf(stderr, "lmserv: LoRA adapter '%s' (%.1f MiB on the GPU): %s\n", lms_lora_name(l),
+                (double)e.bytes / (1 << 20), err);
+        return NULL;
+    }
+    char *cur = e.mem;
+    for (int32_t il = 0; il < c->n_gpu; il++)
+        for (int t = 0; t < nt; t++) {
+            const lms_lora_pair *p = lms_lora_layer_pair(l, il, t);
+            if (!p)
+                continue;
+            const size_t na = (size_t)p->rank * (size_t)p->n_in * 4;
+            const size_t nb = (size_t)p->rank * (size_t)p->n_out * 4;
+            lcu_upload(gp->g, cur, p->a, na);
+            lcu_upload(gp->g, cur + align_up(na), p->bt, nb);
+            e.pairs[(size_t)il * nt + t] =
+                (lcu_lora_pair){(const float *)cur, (const float *)(cur + align_up(na)),
+                                p->rank, p->n_in, p->n_out, p->factor, lora_vt(p->a_vt),
+                                lora_vt(p->b_vt)};
+            cur += align_up(na) + align_up(nb);
+        }
+    gp->lora[gp->n_lora] = e;
+    return &gp->lora[gp->n_lora++];
+}
+
+/* A step with adapters (c->lora grouped by forward.c): scratch, each
+ * group's cache entry, and the groups' rows and scales on the device. */
+static int lora_begin(lms_ctx *c)
+{
+    fwd_gpu *gp = c->gpu;
+    const fwd_lora *F = &c->lora;
+    const lms_hparams *hp = &c->m->hp;
+    const size_t n = (size_t)c->p.n_batch, uses = n * LMS_LORA_MAX;
+    size_t wide = (size_t)hp->n_embd, q = (size_t)hp->n_head * (size_t)hp->head_dim;
+    wide = wide > q ? wide : q;
+    wide = wide > (size_t)hp->n_ff ? wide : (size_t)hp->n_ff;
+    char err[256];
+    if (!gp->lora_grp && !(gp->lora_grp = malloc(uses * sizeof *gp->lora_grp)))
+        return LMS_ERR_NOMEM;
+    if (!gp->lora_h && !(gp->lora_h = lcu_host_alloc(uses * 8)))
+        return LMS_ERR_NOMEM;
+    if (F->t_rank > gp->lora_scr_rank) {
+        lcu_free(gp->g, gp->lora_scr, gp->lora_scr_bytes);
+        gp->lora_scr_rank = 0;
+        gp->lora_scr_bytes = align_up(uses * 4) * 2 + align_up(n * wide * 4) +
+                             align_up(n * (size_t)F->t_rank * 4);
+        if (!(gp->lora_scr = lcu_alloc(gp->g, gp->lora_scr_bytes, err, sizeof err))) {
+            gp->lora_scr_bytes = 0;
+            fprintf(stderr, "lmserv: LoRA scratch on the GPU: %s\n", err);
+            return LMS_ERR_NOMEM;
+        }
+        char *cur = gp->lora_scr;
+        gp->lora_rows = (int32_t *)cur;
+        gp->lora_scales = (float *)(cur + align_up(uses * 4));
+        gp->lora_xr = (float *)(cur + 2 * align_up(uses * 4));
+        gp->lora_t = (float *)(cur + 2 * align_up(uses * 4) + align_up(n * wide * 4));
+        gp->lora_scr_rank = F->t_rank;
+    }
+    gp->lora_step++;
+    int32_t total = 0;
+    for (int32_t i = 0; i < F->n_groups; i++) { /* all present first, then where they are */
+        if (!lora_entry(c, F->groups[i].lora))
+            return LMS_ERR_NOMEM;
+        const int32_t end = F->groups[i].off + F->groups[i].n_rows;
+        total = end > total ? end : total;
+    }
+    for (int32_t i = 0; i < F->n_groups; i++)
+        gp->lora_grp[i] = lora_entry(c, F->groups[i].lora);
+    int32_t *rows_h = gp->lora_h;
+    float *scales_h = (float *)((char *)gp->lora_h + uses * 4);
+    memcpy(rows_h, F->rows, (size_t)total * 4);
+    memcpy(scales_h, F->scales, (size_t)total * 4);
+    if (lcu_upload(gp->g, gp->lora_rows, rows_h, (size_t)total * 4) < 0 ||
+        lcu_upload(gp->g, gp->lora_scales, scales_h, (size_t)total * 4) < 0)
+        return LMS_ERR_DEVICE;
+    gp->lora_on = true;
+    return 0;
+}
+
+/* y += each adapter's delta for weight `target` of GPU layer il, over its
+ * rows (x, y: the product's input and output rows on the device); nothing
+ * in a step without adapters. */
+static void lora_gpu(lms_ctx *c, int il, int target, const float *x, float *y)
+{
+    fwd_gpu *gp = c->gpu;
+    if (!gp->lora_on)
+        return;
+    for (int32_t i = 0; i < c->lora.n_groups; i++) {
+        const fwd_lora_group *grp = &c->lora.groups[i];
+        const lcu_lora_pair *p = &gp->lora_grp[i]->pairs[(size_t)il * LMS_LORA_N_TARGETS + target];
+        if (p->rank > 0)
+            lcu_lora_apply(gp->g, p, x, y, gp->lora_rows + grp->off, gp->lora_scales + grp->off,
+                           grp->n_rows, gp->lora_xr, gp->lora_t);
+    }
+}
+
 /* A layer's attention half up to its output att: the normed residual
  * (and its q8 into eq), the Q/K/V products and biases, the epilogue into
  * the cache and the attention (and its q8 into aq). */
@@ -790,6 +1007,9 @@ static int attn_half(lms_ctx *c, int il, const lcu_batch *db, int n_split,
     const lcu_mat *qkv[3] = {&l->wq, &l->wk, &l->wv};
     float *qkv_out[3] = {gp->qb, gp->kb, gp->vb};
     int rc = lcu_matmul_q8(g, 3, qkv, gp->xn, eq, n, qkv_out, false);
+    lora_gpu(c, il, LMS_LORA_Q, gp->xn, gp->qb);
+    lora_gpu(c, il, LMS_LORA_K, gp->xn, gp->kb);
+    lora_gpu(c, il, LMS_LORA_V, gp->xn, gp->vb);
     lcu_add_bias(g, gp->qb, l->bq, n, q);
     lcu_add_bias(g, gp->kb, l->bk, n, kv);
     lcu_add_bias(g, gp->vb, l->bv, n, kv);
@@ -802,7 +1022,9 @@ static int attn_half(lms_ctx *c, int il, const lcu_batch *db, int n_split,
  * own RoPE base, window and score cap in its shape (the query scale is
  * applied in the attention kernels), the attention and FFN outputs
  * normed before their residual adds, and the GeGLU FFN. The products'
- * outputs go to xn first, so they cannot accumulate into x. */
+ * outputs go to xn first, so they cannot accumulate into x. Also every
+ * step with adapters (llama/qwen too: no post norms, SwiGLU), their
+ * deltas added after each product (lora_gpu). */
 static int gpu_layer_run_gemma(lms_ctx *c, int il, const lcu_batch *db, int n_split)
 {
     fwd_gpu *gp = c->gpu;
@@ -815,15 +1037,18 @@ static int gpu_layer_run_gemma(lms_ctx *c, int il, const lcu_batch *db, int n_sp
      * has whole q8 blocks (else the product reads the f32 input) */
     void *xq = n <= LCU_MATVEC_MAX ? gp->xq : NULL;
     void *eq = e % 32 == 0 ? xq : NULL, *aq = q % 32 == 0 ? xq : NULL, *fq = f % 32 == 0 ? xq : NULL;
-    int rc = attn_half(c, il, db, n_split, &l->shape, eq, aq);
+    int rc = attn_half(c, il, db, n_split, gp->gemma ? &l->shape : &gp->shape, eq, aq);
     const lcu_mat *wo[1] = {&l->wo};
     float *yo[1] = {gp->xn};
     rc |= lcu_matmul_q8(g, 1, wo, gp->att, aq, n, yo, false); /* xn = Wo·att */
+    lora_gpu(c, il, LMS_LORA_O, gp->att, gp->xn);
     add_out(g, gp->x, gp->xn, l->attn_post_norm, n, e, hp->rms_eps);
     lcu_rms_norm_q8(g, gp->x, l->ffn_norm, gp->xn, eq, n, e, hp->rms_eps);
     const lcu_mat *gu[2] = {&l->w_gate, &l->w_up};
     float *gu_out[2] = {gp->ga, gp->up};
     rc |= lcu_matmul_q8(g, 2, gu, gp->xn, eq, n, gu_out, false);
+    lora_gpu(c, il, LMS_LORA_GATE, gp->xn, gp->ga);
+    lora_gpu(c, il, LMS_LORA_UP, gp->xn, gp->up);
     if (hp->ffn_act == LMS_FFN_GELU_TANH)
         lcu_geglu(g, gp->ga, gp->up, n * f);
     else
@@ -832,6 +1057,7 @@ static int gpu_layer_run_gemma(lms_ctx *c, int il, const lcu_batch *db, int n_sp
         lcu_quantize_q8(g, gp->ga, fq, n, f);
     const lcu_mat *wd[1] = {&l->w_down};
     rc |= lcu_matmul_q8(g, 1, wd, gp->ga, fq, n, yo, false); /* xn = Wdown·h */
+    lora_gpu(c, il, LMS_LORA_DOWN, gp->ga, gp->xn);
     add_out(g, gp->x, gp->xn, l->ffn_post_norm, n, e, hp->rms_eps);
     return rc ? LMS_ERR_DEVICE : 0;
 }
@@ -839,7 +1065,9 @@ static int gpu_layer_run_gemma(lms_ctx *c, int il, const lcu_batch *db, int n_sp
 static int gpu_layer_run(lms_ctx *c, int il, const lcu_batch *db, int n_split)
 {
     fwd_gpu *gp = c->gpu;
-    if (gp->gemma) /* decided at load: a captured graph holds one or the other */
+    /* gemma: decided at load, so a captured graph holds one or the other;
+     * adapters: steps that are never captured */
+    if (gp->gemma || gp->lora_on)
         return gpu_layer_run_gemma(c, il, db, n_split);
     lcu *g = gp->g;
     const lms_hparams *hp = &c->m->hp;
@@ -929,12 +1157,17 @@ int fwd_gpu_layers(lms_ctx *c, const lms_batch *b)
     fwd_gpu *gp = c->gpu;
     gp->pre_n = -1;
     gp->ob_ready = false;
+    gp->lora_on = false;
     if (c->n_gpu == 0)
         return 0;
+    /* adapters: their deltas on the device, the step run eagerly below */
+    int rc;
+    if (b->lora && c->lora.n_groups > 0 && (rc = lora_begin(c)) < 0)
+        return rc;
     const size_t bytes = (size_t)b->n_tokens * (size_t)c->m->hp.n_embd * sizeof(float);
     lcu_batch db;
     int32_t max_npos;
-    int rc = upload_batch(c, b, &db, &max_npos);
+    rc = upload_batch(c, b, &db, &max_npos);
     if (rc < 0)
         return rc;
     memcpy(gp->x_h, c->x, bytes);
@@ -944,8 +1177,9 @@ int fwd_gpu_layers(lms_ctx *c, const lms_batch *b)
     /* decode steps replay a captured graph of all GPU layers: the kernels'
      * arguments depend only on the batch size and split count (positions
      * and block tables are read from device memory) */
-    const int slot = gp->graphs ? graph_slot(b->n_tokens, n_split) : -1;
-    const bool head = gp->fuse_head && b->n_tokens <= LCU_MATVEC_MAX;
+    const int slot = gp->graphs && !gp->lora_on ? graph_slot(b->n_tokens, n_split) : -1;
+    /* with adapters the head runs unfused: forward.c adds its delta */
+    const bool head = gp->fuse_head && b->n_tokens <= LCU_MATVEC_MAX && !b->lora;
     bool done = false;
     /* one- and two-token steps: each kernel may start while the previous
      * one ends (H200, Llama-3-8B Q4_K_M: one token 2.79 -> 2.66 ms a step,
@@ -967,6 +1201,7 @@ int fwd_gpu_layers(lms_ctx *c, const lms_batch *b)
     if (!done)
         rc = run_layers(c, &db, n_split, head);
     lcu_pdl(gp->g, false);
+    gp->lora_on = false;
     if (rc == 0 && lcu_download(gp->g, gp->x_h, gp->x, bytes) < 0)
         rc = LMS_ERR_DEVICE;
     /* the rows forward.c will ask logits for (its rule), compacted; they
@@ -998,7 +1233,7 @@ bool fwd_gpu_has_output(const lms_ctx *c)
     return c->gpu && c->gpu->has_output;
 }
 
-int fwd_gpu_output(lms_ctx *c, const float *xn, int32_t n, float *logits)
+int fwd_gpu_output(lms_ctx *c, const float *xn, int32_t n, float *logits, bool cap)
 {
     fwd_gpu *gp = c->gpu;
     const size_t e = (size_t)c->m->hp.n_embd, nv = (size_t)c->m->hp.n_vocab;
@@ -1014,7 +1249,7 @@ int fwd_gpu_output(lms_ctx *c, const float *xn, int32_t n, float *logits)
         if (lcu_upload(gp->g, gp->xn, gp->x_h, (size_t)k * e * sizeof(float)) < 0 ||
             lcu_matmul(gp->g, &gp->output, gp->xn, k, gp->logits, false) < 0)
             return LMS_ERR_DEVICE;
-        if (c->m->hp.final_softcap != 0.0f) /* gemma2: forward.c returns our logits as they are */
+        if (cap && c->m->hp.final_softcap != 0.0f) /* gemma2: forward.c returns our logits */
             lcu_softcap(gp->g, gp->logits, (int64_t)k * (int64_t)nv, c->m->hp.final_softcap);
         if (lcu_download(gp->g, gp->logits_h, gp->logits, (size_t)k * nv * sizeof(float)) < 0)
             return LMS_ERR_DEVICE;
@@ -1225,7 +1460,7 @@ static int offload_layer(lms_ctx *c, int il, const lms_batch *b)
 bool fwd_gpu_offload_layer(lms_ctx *c, int il, const lms_batch *b)
 {
     fwd_gpu *gp = c->gpu;
-    if (!gp->offload || b->n_tokens < gp->off_min)
+    if (!gp->offload || b->n_tokens < gp->off_min || b->lora) /* adapters: the CPU's layer */
         return false;
     if (offload_layer(c, il, b) < 0) {
         /* c->x is written only by the last copy: the CPU redoes the layer;

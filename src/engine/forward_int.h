@@ -114,9 +114,11 @@ int fwd_gpu_layers(lms_ctx *c, const lms_batch *b);
  * few tokens, offload off, or a device error), the caller runs the layer;
  * c->x is then unchanged. */
 bool fwd_gpu_offload_layer(lms_ctx *c, int il, const lms_batch *b);
-/* Whether the output head is on the GPU, and logits of n normed rows. */
+/* Whether the output head is on the GPU, and logits of n normed rows
+ * (cap: with gemma2's final soft-capping; false leaves it to the caller,
+ * which adds the adapters' head deltas first). */
 bool fwd_gpu_has_output(const lms_ctx *c);
-int fwd_gpu_output(lms_ctx *c, const float *xn, int32_t n, float *logits);
+int fwd_gpu_output(lms_ctx *c, const float *xn, int32_t n, float *logits, bool cap);
 #endif
 
 #endif

@@ -148,8 +148,7 @@ typedef struct lms_request {
      * caller may release its own at once: an adapter unloaded while in use
      * lives until its requests end); uses with scale 0 are dropped. The
      * prefix cache keys blocks by the set's id, so sequences share cached
-     * blocks only with the same adapters and scales. Refused
-     * (LMS_ERR_UNSUPPORTED) when the model has layers on the GPU. */
+     * blocks only with the same adapters and scales. */
     const lms_lora_use *loras;
     int n_loras;
     bool embedding;            /* compute a pooled embedding instead */

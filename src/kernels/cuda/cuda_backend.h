@@ -201,6 +201,29 @@ void lcu_attention(lcu *g, const lcu_batch *b, const lcu_attn_shape *s, const fl
                    const uint16_t *kc, const uint16_t *vc, float *out, int n_split, void *outq);
 int lcu_attn_max_split(int64_t n_tok);
 
+/* ---- LoRA adapters (cu_lora.cu) -------------------------------------------------- */
+
+/* Rounding of a LoRA product's input (forward.c's lora_round): none, or
+ * through f16, bf16 or q8_0 (32-value blocks; n_in / rank multiples of 32). */
+enum { LCU_LORA_F32 = 0, LCU_LORA_F16, LCU_LORA_BF16, LCU_LORA_Q8_0 };
+
+/* One adapted weight's pair in device memory (model/lora.h's lms_lora_pair). */
+typedef struct lcu_lora_pair {
+    const float *a;  /* [rank][n_in] */
+    const float *bt; /* [rank][n_out] */
+    int32_t rank;
+    int64_t n_in, n_out;
+    float factor;    /* alpha / rank */
+    int a_vt, b_vt;  /* LCU_LORA_* */
+} lcu_lora_pair;
+
+/* y[rows[i]] += scales[i] * factor * B (A round(x[rows[i]])) for i < m
+ * (rows distinct; x rows of n_in, y rows of n_out, all f32 on the device).
+ * Scratch: xr [m][n_in], t [m][rank]. In f32, each output summed by one
+ * thread in the CPU's order. */
+void lcu_lora_apply(lcu *g, const lcu_lora_pair *p, const float *x, float *y, const int32_t *rows,
+                    const float *scales, int32_t m, float *xr, float *t);
+
 /* ---- CUDA graphs for repeated steps -------------------------------------------- */
 
 /* Starts capturing the stream's work; lcu_graph_end instantiates it into
