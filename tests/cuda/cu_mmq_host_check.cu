@@ -311,15 +311,20 @@ template <int T> static int run_ops(const char *name, int misalign)
     return ok ? 0 : 1;
 }
 
-/* mq::iq4_lookup: every index in every byte position against the table. */
+/* mq::iq4_lookup and iq4_lookup_nib: every index in every position
+ * against the table. */
 static int check_iq4_lookup(void)
 {
     int bad = 0;
     for (uint32_t v = 0; v < 65536; v++) {
         const uint32_t q = (v & 15) | (v >> 4 & 15) << 8 | (v >> 8 & 15) << 16 | (v >> 12 & 15) << 24;
         const int r = mq::iq4_lookup(q);
-        for (int k = 0; k < 4; k++)
+        const int r0 = mq::iq4_lookup_nib(v | 0xA5A50000u, 0), r1 = mq::iq4_lookup_nib(v << 16 | 0x5A5Au, 16);
+        for (int k = 0; k < 4; k++) {
             bad += (int8_t)(r >> (8 * k)) != lms_iq4_values[(q >> (8 * k)) & 15];
+            bad += (int8_t)(r0 >> (8 * k)) != lms_iq4_values[(v >> (4 * k)) & 15];
+            bad += (int8_t)(r1 >> (8 * k)) != lms_iq4_values[(v >> (4 * k)) & 15];
+        }
     }
     printf("iq4 table lookup: %s\n", bad ? "FAIL" : "ok");
     return bad ? 1 : 0;

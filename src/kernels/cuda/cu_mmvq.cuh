@@ -134,6 +134,17 @@ LCU_HD int iq4_lookup(uint32_t q)
     return (int)((lo & ~m) | (hi & m));
 }
 
+/* The same for the four nibbles (n0 | n1 << 4 | n2 << 8 | n3 << 12) of
+ * w >> sh, as they lie in the qs bytes (low, high, low, high nibble):
+ * the lookups select from the nibbles directly, and a third permute
+ * takes each byte from entries 0-7 or 8-15. */
+LCU_HD int iq4_lookup_nib(uint32_t w, int sh)
+{
+    const uint32_t s = (w >> sh) & 0x7777u;
+    const uint32_t lo = perm8(IQ4_W0, IQ4_W1, s), hi = perm8(IQ4_W2, IQ4_W3, s);
+    return (int)perm8(lo, hi, 0x3210u | ((w >> (sh + 1)) & 0x4444u));
+}
+
 /* N 32-bit words from a 2-byte aligned address. */
 template <int N> LCU_HD void ldw_a2(const uint8_t *p, uint32_t *o)
 {
@@ -572,28 +583,55 @@ template <> struct unit<LMS_TYPE_Q6_K> {
 
 /* ---- IQ4_NL / IQ4_XS ---------------------------------------------------------
  * A chunk is 16 qs bytes (low nibbles: elements 0-15, high: 16-31) and one
- * float scale. The unpacked chunk is int8 values as Q8_0's (words 0-3:
- * elements 0-15, 4-7: 16-31), and so is the dot product. */
+ * float scale. Each qs word i (elements 4i..4i+3 and 16+4i..) is looked up
+ * in nibble order, two words of values: {4i, 16+4i, 4i+1, 17+4i} and
+ * {4i+2, 18+4i, 4i+3, 19+4i}; load_act puts the q8 activations in the same
+ * order (a byte permute a token, shared by the rows), so the unpacking
+ * needs no nibble masks or reordering. */
 struct iq4_ops {
-    typedef ops<LMS_TYPE_Q8_0>::prep prep;
-    typedef ops<LMS_TYPE_Q8_0>::act act;
+    struct prep {
+        int q[8];
+        float d;
+    };
+    struct act {
+        int x[8];
+        float2 e;
+    };
     static LCU_HD void unpack_qs(const uint32_t (&q)[4], float d, prep &p)
     {
         p.d = d;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            p.q[i] = iq4_lookup(q[i] & 0x0F0F0F0Fu);
-            p.q[4 + i] = iq4_lookup((q[i] >> 4) & 0x0F0F0F0Fu);
+            p.q[2 * i] = iq4_lookup_nib(q[i], 0);
+            p.q[2 * i + 1] = iq4_lookup_nib(q[i], 16);
         }
     }
     static LCU_HD void load_act(const int8_t *xs, const float2 *xd, int c, act &x)
     {
-        ops<LMS_TYPE_Q8_0>::load_act(xs, xd, c, x);
+        ops<LMS_TYPE_Q8_0>::act a;
+        ops<LMS_TYPE_Q8_0>::load_act(xs, xd, c, a);
+        const uint32_t lo[4] = {(uint32_t)a.a0.x, (uint32_t)a.a0.y, (uint32_t)a.a0.z, (uint32_t)a.a0.w};
+        const uint32_t hi[4] = {(uint32_t)a.a1.x, (uint32_t)a.a1.y, (uint32_t)a.a1.z, (uint32_t)a.a1.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            x.x[2 * i] = (int)perm8(lo[i], hi[i], 0x5140u);
+            x.x[2 * i + 1] = (int)perm8(lo[i], hi[i], 0x7362u);
+        }
+        x.e = a.e;
     }
-    static LCU_HD float dotp(const prep &p, const act &x) { return ops<LMS_TYPE_Q8_0>::dotp(p, x); }
+    static LCU_HD float dotp(const prep &p, const act &x)
+    {
+        int s = 0;
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            s = dp4a(p.q[k], x.x[k], s);
+        return p.d * x.e.x * (float)s;
+    }
     static LCU_HD float dot(const prep &p, const int8_t *xs, const float2 *xd, int c)
     {
-        return ops<LMS_TYPE_Q8_0>::dot(p, xs, xd, c);
+        act x;
+        load_act(xs, xd, c, x);
+        return dotp(p, x);
     }
 };
 
