@@ -118,8 +118,8 @@ bool lcu_type_supported(int type);
 int lcu_matmul(lcu *g, const lcu_mat *w, const float *x, int64_t n_tok, float *y, bool accumulate);
 
 /* ---- int8 decode path ----------------------------------------------------------
- * For batches of up to LCU_MATVEC_MAX tokens, Q4_0, Q8_0, Q4_K, Q5_K and Q6_K
- * weights are multiplied with int8 activations ("q8": per 32 values, int8
+ * For batches of up to LCU_MATVEC_MAX tokens, Q4_0, Q8_0, Q4_K, Q5_K, Q6_K,
+ * IQ4_NL and IQ4_XS weights are multiplied with int8 activations ("q8": per 32 values, int8
  * values and a float scale and sum; layout in cu_mmvq.cuh) by __dp4a
  * kernels, or for Q4_K/Q6_K batches of 3+ tokens on sm_80+ by tensor-core
  * (mma.sync int8) kernels, that read each weight byte once per step for all
