@@ -63,9 +63,30 @@ static void print_tensors(const gguf_file *f)
                    (double)bytes[ty] / (1 << 20));
 }
 
+/* An embedding model (bert, nomic-bert): no KV cache and no output head. */
+static void print_encoder(const lms_model *m)
+{
+    const lms_hparams *hp = &m->hp;
+    static const char *const pool[] = {"?", "mean", "cls", "last"};
+    printf("model: %s\n  arch %s (embedding model: bidirectional attention, %s pooling, "
+           "L2-normalized), n_vocab %d, n_embd %d, n_layer %d, n_head %d, head_dim %d, n_ff %d, "
+           "at most %d tokens an input\n  positions %s, LayerNorm eps %g, no output head\n",
+           m->name, hp->arch, hp->pooling >= 1 && hp->pooling <= 3 ? pool[hp->pooling] : "?",
+           hp->n_vocab, hp->n_embd, hp->n_layer, hp->n_head, hp->head_dim, hp->n_ff,
+           hp->n_ctx_train, hp->encoder_rope ? "by NeoX RoPE" : "learned (position_embd)",
+           hp->norm_eps);
+    size_t act = (size_t)hp->n_ctx_train * ((size_t)hp->n_embd * 6 + (size_t)hp->n_ff * 2) * 4;
+    printf("memory: weights %.2f MiB (mapped), compute buffers ~%.2f MiB (no KV cache)\n",
+           (double)m->weight_bytes / (1 << 20), (double)act / (1 << 20));
+}
+
 static void print_model(const lms_model *m, int64_t n_ctx)
 {
     const lms_hparams *hp = &m->hp;
+    if (hp->is_encoder) {
+        print_encoder(m);
+        return;
+    }
     if (n_ctx <= 0)
         n_ctx = hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
     printf("model: %s\n  arch %s, n_vocab %d, n_embd %d, n_layer %d, n_head %d, n_head_kv %d, "

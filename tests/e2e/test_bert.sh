@@ -51,4 +51,7 @@ done
 kill "$GPID" 2>/dev/null
 wait "$GPID" 2>/dev/null
 check "--gpu-layers refused by name" eq "$(grep -c -- '--gpu-layers is not supported' "$T/gpu.out")" 1
+"$LMSERV" info "$T/bert.gguf" >"$T/info.out" 2>&1
+check "info: an embedding model, mean pooling, no KV cache" eq \
+    "$(grep -c 'embedding model: bidirectional attention, mean pooling' "$T/info.out") $(grep -c 'no KV cache' "$T/info.out")" "1 1"
 finish
