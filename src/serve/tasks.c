@@ -141,6 +141,19 @@ static void log_prompt(const lms_request *r, const task *t)
     free(text);
 }
 
+/* A new task for a request whose deadline is *timeout_ms: --timeout bounds
+ * every request, and a request may ask for a shorter one. */
+static task *task_new(const lms_server *s, double *timeout_ms, reqerr *e)
+{
+    const double cap = s->p.request_timeout_ms;
+    if (cap > 0 && (*timeout_ms <= 0 || *timeout_ms > cap))
+        *timeout_ms = cap;
+    task *t = calloc(1, sizeof *t);
+    if (!t)
+        reqerr_set(e, 503, NULL, "out of memory");
+    return t;
+}
+
 task *task_submit(conn *c, lms_request *r, const task_ops *ops, void *state, reqerr *e)
 {
     lms_server *s = c->srv;
@@ -159,15 +172,9 @@ task *task_submit(conn *c, lms_request *r, const task_ops *ops, void *state, req
         s->met.by_finish[FIN_REJECTED]++;
         return NULL;
     }
-    /* --timeout bounds every request; a request may ask for a shorter one */
-    double cap = s->p.request_timeout_ms;
-    if (cap > 0 && (r->timeout_ms <= 0 || r->timeout_ms > cap))
-        r->timeout_ms = cap;
-    task *t = calloc(1, sizeof *t);
-    if (!t) {
-        reqerr_set(e, 503, NULL, "out of memory");
+    task *t = task_new(s, &r->timeout_ms, e);
+    if (!t)
         return NULL;
-    }
     r->cb = task_sched_cb;
     r->user = s;
     char msg[256] = "";
@@ -190,14 +197,9 @@ task *task_submit_remote(conn *c, lms_remote_request *r, const task_ops *ops, vo
 {
     lms_server *s = c->srv;
     lms_expert *x = c->x;
-    double cap = s->p.request_timeout_ms;
-    if (cap > 0 && (r->timeout_ms <= 0 || r->timeout_ms > cap))
-        r->timeout_ms = cap;
-    task *t = calloc(1, sizeof *t);
-    if (!t) {
-        reqerr_set(e, 503, NULL, "out of memory");
+    task *t = task_new(s, &r->timeout_ms, e);
+    if (!t)
         return NULL;
-    }
     r->cb = task_sched_cb;
     r->user = s;
     char msg[256] = "";
