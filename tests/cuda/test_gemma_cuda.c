@@ -40,6 +40,7 @@
 #include "model/model.h"
 #include "model/synth.h"
 #include "testutil.h"
+#include "cuda/cuda_test.h"
 #ifdef LMS_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #endif
@@ -356,18 +357,7 @@ static void test_window_exact(void **state)
 
 int main(void)
 {
-#ifdef LMS_HAVE_CUDA
-    lcu *g;
-    char err[256];
-    if (lcu_create(-1, &g, NULL, err, sizeof err) < 0) {
-        printf("SKIP: %s\n", err);
-        return 77;
-    }
-    lcu_destroy(g);
-#else
-    printf("SKIP: built without CUDA\n");
-    return 77;
-#endif
+    cuda_test_need_device();
     enum { N_CASES = sizeof cases / sizeof cases[0] };
     struct CMUnitTest tests[N_CASES + 6]; /* reach, logits of each case, 4 batch checks, the window */
     int n = 0;

@@ -26,6 +26,7 @@
 #include "engine/forward.h"
 #include "model/model.h"
 #include "testutil.h"
+#include "cuda/cuda_test.h"
 #ifdef LMS_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #endif
@@ -349,18 +350,7 @@ static void test_model(void **state)
 
 int main(void)
 {
-#ifdef LMS_HAVE_CUDA
-    lcu *g;
-    char err[256];
-    if (lcu_create(-1, &g, NULL, err, sizeof err) < 0) {
-        printf("SKIP: %s\n", err);
-        return 77;
-    }
-    lcu_destroy(g);
-#else
-    printf("SKIP: built without CUDA\n");
-    return 77;
-#endif
+    cuda_test_need_device();
     struct CMUnitTest tests[sizeof models / sizeof models[0]];
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
         tests[i] = (struct CMUnitTest){.name = models[i].name, .test_func = test_model,

@@ -41,6 +41,7 @@
 #include "model/model.h"
 #include "model/synth.h"
 #include "testutil.h"
+#include "cuda/cuda_test.h"
 #ifdef LMS_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #endif
@@ -300,18 +301,7 @@ static void test_lora(void **state)
 
 int main(void)
 {
-#ifdef LMS_HAVE_CUDA
-    lcu *g;
-    char err[256];
-    if (lcu_create(-1, &g, NULL, err, sizeof err) < 0) {
-        printf("SKIP: %s\n", err);
-        return 77;
-    }
-    lcu_destroy(g);
-#else
-    printf("SKIP: built without CUDA\n");
-    return 77;
-#endif
+    cuda_test_need_device();
     struct CMUnitTest tests[sizeof cases / sizeof cases[0]];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         tests[i] = (struct CMUnitTest){.name = cases[i].model, .test_func = test_lora,

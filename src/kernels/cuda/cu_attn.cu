@@ -169,6 +169,18 @@ __global__ void __launch_bounds__(32 * ATT_WARPS)
     }
 }
 
+/* Value d of head h of token t's attention output: into out, and with oq
+ * as q8 (each warp holds one 32-value block of a head). */
+__device__ __forceinline__ void out_store(const lcu_attn_shape &s, int t, int h, int d, float o,
+                                          float *__restrict__ out, int8_t *__restrict__ oq,
+                                          float2 *__restrict__ od, const q8_perm &pm)
+{
+    const size_t flat = ((size_t)t * s.n_head + h) * s.head_dim + d;
+    out[flat] = o;
+    if (oq)
+        quant_lane(o, oq, od, (int64_t)flat, pm);
+}
+
 /* With oq (q8 of out, see cu_mmvq.cuh): blockDim == head_dim, a multiple
  * of 32, so each warp quantizes one 32-value block. */
 __global__ void attn_merge_k(lcu_attn_shape s, const float *__restrict__ part, float *__restrict__ out,
@@ -193,23 +205,7 @@ __global__ void attn_merge_k(lcu_attn_shape s, const float *__restrict__ part, f
             den += f * pi[1];
             num += f * pi[2 + d];
         }
-        const float o = num / den;
-        const size_t flat = ((size_t)t * s.n_head + h) * hd + d;
-        out[flat] = o;
-        const float am = warp_max(fabsf(o));
-        const float dq = am / 127.0f, id = dq > 0.0f ? 1.0f / dq : 0.0f;
-        const int qv = __float2int_rn(o * id);
-        const float sum = warp_sum((float)qv);
-        oq[flat] = (int8_t)qv;
-        if ((threadIdx.x & 31) == 0)
-            od[flat >> 5] = make_float2(dq, dq * sum);
-        if (pm.p4) {
-            const int64_t k = (int64_t)h * hd + d;
-            pm.p4[mq::perm4_at(t, k)] = (int8_t)qv;
-            pm.p6[mq::perm6_at(t, k)] = (int8_t)qv;
-            if ((threadIdx.x & 31) == 0)
-                pm.pe[mq::perme_at(t, k)] = make_float2(dq, dq * sum);
-        }
+        out_store(s, t, h, d, num / den, out, oq, od, pm);
         return;
     }
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
@@ -224,6 +220,219 @@ __global__ void attn_merge_k(lcu_attn_shape s, const float *__restrict__ part, f
         }
         out[((size_t)t * s.n_head + h) * hd + d] = num / den;
     }
+}
+
+/* ---- decode: tiles of positions through shared memory --------------------------------
+ * attn_k walks a split one position per warp, each step a chain of
+ * dependent loads, shuffles and exponentials; at decode depths that chain,
+ * not the bytes, is its time (H200, Llama-3-8B, ~150 positions: attn_k and
+ * its merge were 0.37 ms of a 2.54 ms one-token step). attn_dec_k serves
+ * the llama/qwen shapes (head_dim 64 or 128, up to ATT_G query heads per
+ * KV head, no gemma extras): a block of 128 threads takes one (token, KV
+ * head, split) and walks the split in tiles of DEC_TP positions:
+ *   - the tile's K and V rows go to shared memory, every 16-byte load of
+ *     the tile issued at once;
+ *   - lane j of the warp of head h dots K row j with the query (no
+ *     shuffles), the warp's max and sum update the head's online softmax;
+ *   - each thread adds p_j V_j over the tile to its dimensions of its heads.
+ * The splits meet in the last block of their (token, KV head) to finish
+ * (an atomic count, reset by that block for the next launch): the merge of
+ * attn_merge_k and the q8 of the output, without a second launch. */
+#define DEC_TP 32
+#define DEC_THREADS 128
+#define DEC_SPLIT_MAX 64 /* lcu_attn_max_split of a decode batch */
+
+template <int HD>
+__global__ void __launch_bounds__(DEC_THREADS)
+    attn_dec_k(lcu_batch b, lcu_attn_shape s, const float *__restrict__ q,
+               const uint16_t *__restrict__ kc, const uint16_t *__restrict__ vc,
+               float *__restrict__ part, int *__restrict__ cnt, int n_split,
+               float *__restrict__ out, int8_t *__restrict__ oq, float2 *__restrict__ od,
+               q8_perm pm)
+{
+    constexpr int RS = HD + 8; /* a row in shared memory, halves: 16-byte reads of 8 rows
+                                  at one column fall in distinct banks */
+    constexpr int CH = HD / 8; /* 16-byte chunks of a row */
+    constexpr int NP = HD / 2; /* dimension pairs */
+    constexpr int NS = DEC_THREADS / NP;   /* thread sets over the heads (2 or 4) */
+    constexpr int KH = (ATT_G + NS - 1) / NS; /* heads per thread in the value sums */
+    __shared__ __align__(16) __half ks[DEC_TP * RS], vs[DEC_TP * RS];
+    __shared__ __align__(16) float qs[ATT_G * HD];
+    __shared__ float ps[ATT_G][DEC_TP], cs[ATT_G], ms[ATT_G], ls[ATT_G];
+    __shared__ float fw[ATT_G][DEC_SPLIT_MAX];
+    __shared__ int last;
+    pdl_trigger();
+    const int t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5;
+    const int group = s.n_head / s.n_head_kv, kvd = s.n_head_kv * HD, h0 = kvh * group;
+    /* positions and block tables come from the host before the step, so
+     * they are read, and the first tile's rows fetched into L2, while the
+     * kernel before this one (which writes the newest rows) still runs */
+    const int32_t n_pos = b.pos[t] + 1;
+    const int32_t per = (n_pos + n_split - 1) / n_split;
+    const int32_t j0 = split * per, j1 = min(n_pos, j0 + per);
+    const int32_t *tbl = b.tbl + b.tbl_off[t];
+    constexpr int LINES = HD / 64; /* 128-byte lines of a row's head */
+    for (int e = tid; e < min(DEC_TP, j1 - j0) * 2 * LINES; e += DEC_THREADS) {
+        const int32_t j = j0 + e / (2 * LINES);
+        const int w = e % (2 * LINES);
+        const uint16_t *p = (w < LINES ? kc : vc) +
+                            ((size_t)tbl[j >> 4] * 16 + (size_t)(j & 15)) * (size_t)kvd +
+                            (size_t)kvh * HD + (size_t)(w % LINES) * 64;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+    }
+    pdl_wait();
+    const float scale = 1.0f / sqrtf((float)HD);
+    for (int e = tid; e < group * HD; e += DEC_THREADS)
+        qs[e] = q[((size_t)t * s.n_head + h0) * HD + e] * scale;
+    /* softmax state of heads warp and warp + 4 (the same in every lane) */
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    const int dp = tid % NP, hs = tid / NP;
+    float2 acc[KH];
+#pragma unroll
+    for (int k = 0; k < KH; k++)
+        acc[k] = make_float2(0.0f, 0.0f);
+    for (int32_t jt = j0; jt < j1; jt += DEC_TP) {
+        const int nj = min(DEC_TP, j1 - jt);
+        __syncthreads(); /* the previous tile's readers are done (and qs is written) */
+#pragma unroll
+        for (int e = tid; e < DEC_TP * CH; e += DEC_THREADS) {
+            const int r = e / CH, c = e % CH;
+            uint4 ku = make_uint4(0, 0, 0, 0), vu = ku;
+            if (r < nj) {
+                const int32_t j = jt + r;
+                const size_t cell = ((size_t)tbl[j >> 4] * 16 + (size_t)(j & 15)) * (size_t)kvd +
+                                    (size_t)kvh * HD + (size_t)c * 8;
+                ku = __ldg((const uint4 *)(kc + cell));
+                vu = __ldg((const uint4 *)(vc + cell));
+            }
+            *(uint4 *)&ks[r * RS + c * 8] = ku;
+            *(uint4 *)&vs[r * RS + c * 8] = vu;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const int h = warp + 4 * k;
+            if (h >= group)
+                break;
+            float sc = -INFINITY;
+            if (lane < nj) {
+                const uint4 *kr = (const uint4 *)&ks[lane * RS];
+                const float4 *qr = (const float4 *)&qs[h * HD];
+                float a[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* four chains */
+#pragma unroll
+                for (int c = 0; c < CH; c++) {
+                    const uint4 u = kr[c];
+                    const float4 qa = qr[2 * c], qb = qr[2 * c + 1];
+                    const float2 f0 = __half22float2(*(const __half2 *)&u.x);
+                    const float2 f1 = __half22float2(*(const __half2 *)&u.y);
+                    const float2 f2 = __half22float2(*(const __half2 *)&u.z);
+                    const float2 f3 = __half22float2(*(const __half2 *)&u.w);
+                    a[0] = fmaf(qa.x, f0.x, a[0]), a[1] = fmaf(qa.y, f0.y, a[1]);
+                    a[2] = fmaf(qa.z, f1.x, a[2]), a[3] = fmaf(qa.w, f1.y, a[3]);
+                    a[0] = fmaf(qb.x, f2.x, a[0]), a[1] = fmaf(qb.y, f2.y, a[1]);
+                    a[2] = fmaf(qb.z, f3.x, a[2]), a[3] = fmaf(qb.w, f3.y, a[3]);
+                }
+                sc = (a[0] + a[1]) + (a[2] + a[3]);
+            }
+            const float mn = fmaxf(m[k], warp_max(sc));
+            const float p = lane < nj ? __expf(sc - mn) : 0.0f;
+            const float corr = __expf(m[k] - mn);
+            l[k] = l[k] * corr + warp_sum(p);
+            m[k] = mn;
+            ps[h][lane] = p;
+            if (lane == 0)
+                cs[h] = corr;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < KH; k++) {
+            const int h = hs + NS * k;
+            if (h < group) {
+                const float c = cs[h];
+                float2 a = make_float2(acc[k].x * c, acc[k].y * c);
+#pragma unroll 8
+                for (int r = 0; r < DEC_TP; r++) {
+                    const float2 v = __half22float2(*(const __half2 *)&vs[r * RS + 2 * dp]);
+                    const float pr = ps[h][r];
+                    a.x = fmaf(pr, v.x, a.x), a.y = fmaf(pr, v.y, a.y);
+                }
+                acc[k] = a;
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < 2; k++)
+        if (warp + 4 * k < group && lane == 0)
+            ms[warp + 4 * k] = m[k], ls[warp + 4 * k] = l[k];
+    __syncthreads();
+    /* the split's (m, l, acc) */
+#pragma unroll
+    for (int k = 0; k < KH; k++) {
+        const int h = hs + NS * k;
+        if (h < group) {
+            float *dst = part + (((size_t)t * s.n_head + h0 + h) * n_split + split) * (HD + 2);
+            if (dp == 0)
+                dst[0] = ms[h], dst[1] = ls[h];
+            *(float2 *)(dst + 2 + 2 * dp) = acc[k];
+        }
+    }
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        int *c = cnt + (size_t)t * s.n_head_kv + kvh;
+        last = atomicAdd(c, 1) == n_split - 1;
+        if (last)
+            *c = 0;
+    }
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    /* the merge, partials read from L2 (other blocks wrote them): each warp
+     * turns its heads' (m, l) of every split into weights e^(m_i - M) / L,
+     * then thread (d, heads) sums weight x acc over the splits */
+    const float *pb = part + ((size_t)t * s.n_head + h0) * n_split * (HD + 2);
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const int h = warp + 4 * k;
+        if (h >= group)
+            break;
+        const float *ph = pb + (size_t)h * n_split * (HD + 2);
+        const bool a0 = lane < n_split, a1 = lane + 32 < n_split;
+        const float m0 = a0 ? __ldcg(ph + (size_t)lane * (HD + 2)) : -INFINITY;
+        const float m1 = a1 ? __ldcg(ph + (size_t)(lane + 32) * (HD + 2)) : -INFINITY;
+        const float l0 = a0 ? __ldcg(ph + (size_t)lane * (HD + 2) + 1) : 0.0f;
+        const float l1 = a1 ? __ldcg(ph + (size_t)(lane + 32) * (HD + 2) + 1) : 0.0f;
+        const float M = warp_max(fmaxf(m0, m1)); /* finite: split 0 holds position 0 */
+        const float f0 = m0 == -INFINITY ? 0.0f : __expf(m0 - M);
+        const float f1 = m1 == -INFINITY ? 0.0f : __expf(m1 - M);
+        const float inv = 1.0f / warp_sum(f0 * l0 + f1 * l1);
+        if (a0)
+            fw[h][lane] = f0 * inv;
+        if (a1)
+            fw[h][lane + 32] = f1 * inv;
+    }
+    __syncthreads();
+    constexpr int MS = DEC_THREADS / HD, MH = ATT_G / MS; /* head sets, heads per thread */
+    const int d = tid % HD, hm = tid / HD;
+    float o[MH];
+#pragma unroll
+    for (int k = 0; k < MH; k++)
+        o[k] = 0.0f;
+#pragma unroll 4
+    for (int i = 0; i < n_split; i++)
+#pragma unroll
+        for (int k = 0; k < MH; k++) {
+            const int h = hm + MS * k;
+            if (h < group)
+                o[k] = fmaf(fw[h][i], __ldcg(pb + ((size_t)h * n_split + i) * (HD + 2) + 2 + d),
+                            o[k]);
+        }
+#pragma unroll
+    for (int k = 0; k < MH; k++)
+        if (hm + MS * k < group) /* whole warps */
+            out_store(s, t, h0 + hm + MS * k, d, o[k], out, oq, od, pm);
 }
 
 /* ---- prompt batches: flash attention on the tensor cores --------------------------
@@ -516,6 +725,13 @@ static void attn_launch(lcu *g, bool gem, dim3 grid, const lcu_batch *b, const l
                n_split);
 }
 
+extern "C" bool lcu_attn_dec_takes(const lcu *g, const lcu_attn_shape *s)
+{
+    const bool gem = s->q_scale != 0.0f || s->softcap != 0.0f || s->n_swa > 0;
+    return g->att_dec && g->attn_cnt && !gem && (s->head_dim == 64 || s->head_dim == 128) &&
+           s->n_head_kv > 0 && s->n_head % s->n_head_kv == 0 && s->n_head / s->n_head_kv <= ATT_G;
+}
+
 extern "C" int lcu_attn_max_split(int64_t n_tok)
 {
     return n_tok <= LCU_MATVEC_MAX ? 64 : 4;
@@ -544,6 +760,19 @@ extern "C" void lcu_attention(lcu *g, const lcu_batch *b, const lcu_attn_shape *
         return;
     }
     const int group = s->n_head / s->n_head_kv;
+    if (lcu_attn_dec_takes(g, s) && n_split <= DEC_SPLIT_MAX) {
+        int8_t *oq = outq ? (int8_t *)outq : NULL;
+        float2 *od = outq ? (float2 *)((int8_t *)outq + b->n_tok * n_q) : NULL;
+        const q8_perm pm = outq ? lcu_q8_perm(g, outq, b->n_tok, n_q) : q8_perm{};
+        const dim3 grid((unsigned)b->n_tok, (unsigned)s->n_head_kv, (unsigned)n_split);
+        if (s->head_dim == 64)
+            lcu_go(g, attn_dec_k<64>, grid, dim3(DEC_THREADS), *b, *s, q, kc, vc, g->attn_part,
+                   g->attn_cnt, n_split, out, oq, od, pm);
+        else
+            lcu_go(g, attn_dec_k<128>, grid, dim3(DEC_THREADS), *b, *s, q, kc, vc, g->attn_part,
+                   g->attn_cnt, n_split, out, oq, od, pm);
+        return;
+    }
     const int chunks = (group + ATT_G - 1) / ATT_G;
     dim3 grid((unsigned)b->n_tok, (unsigned)(s->n_head_kv * chunks), (unsigned)n_split);
     const int dpl = s->head_dim <= 32 ? 1 : s->head_dim <= 64 ? 2 : s->head_dim <= 128 ? 4 : 8;

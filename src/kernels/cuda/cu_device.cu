@@ -89,6 +89,8 @@ extern "C" int lcu_create(int device, lcu **out, lcu_info *info, char *err, size
     g->pdl = cc >= 9 ? (pd ? atoi(pd) : 1) : 0;
     const char *mp = getenv("LMS_CUDA_MMQ_PERM");
     g->mmq_perm = !mp || atoi(mp) != 0;
+    const char *ad = getenv("LMS_CUDA_ATTN_DEC");
+    g->att_dec = !ad || atoi(ad) != 0;
     const char *fa = getenv("LMS_CUDA_FA");
     g->fa = cc >= 8 && (!fa || atoi(fa) != 0);
     if ((e = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking)) != cudaSuccess) {
@@ -296,12 +298,20 @@ static size_t w16_bytes(int64_t max_cols, int64_t max_rows, int64_t n_tok)
     return b > min_tile ? b : (min_tile < full ? min_tile : full);
 }
 
-/* Attention partials: the most (tokens x splits) any batch up to n_tok uses. */
+/* The decode attention's split counters, at the end of the partials. */
+static size_t cnt_bytes(int n_head)
+{
+    return (size_t)LCU_MATVEC_MAX * (size_t)n_head * sizeof(int);
+}
+
+/* Attention partials: the most (tokens x splits) any batch up to n_tok
+ * uses; then the counters. */
 static size_t part_bytes(int64_t n_tok, int n_head, int head_dim)
 {
     int64_t small = n_tok < LCU_MATVEC_MAX ? n_tok : LCU_MATVEC_MAX;
     int64_t a = small * lcu_attn_max_split(small), b = n_tok * lcu_attn_max_split(n_tok);
-    return (size_t)(a > b ? a : b) * (size_t)n_head * (size_t)(head_dim + 2) * sizeof(float);
+    return (size_t)(a > b ? a : b) * (size_t)n_head * (size_t)(head_dim + 2) * sizeof(float) +
+           cnt_bytes(n_head);
 }
 
 /* q8 activations of lcu_matmul's decode path. */
@@ -342,6 +352,13 @@ extern "C" int lcu_reserve(lcu *g, int64_t max_cols, int64_t max_rows, int64_t n
                         (double)sz[i] / (1 << 20), explain(e));
         }
         *rec[i] = sz[i];
+    }
+    if (g->attn_part) {
+        g->attn_cnt = (int *)((char *)g->attn_part + g->attn_part_bytes - cnt_bytes(n_head));
+        if (cudaMemset(g->attn_cnt, 0, cnt_bytes(n_head)) != cudaSuccess) {
+            cudaGetLastError();
+            g->attn_cnt = NULL; /* the split kernels then */
+        }
     }
     if (g->blas_ws)
         cublasSetWorkspace(g->blas, g->blas_ws, g->blas_ws_bytes);

@@ -30,8 +30,11 @@ struct lcu {
     int x16_kind;            /* then: that input is in x16 as f16 (1) or bf16 (2), 0 not yet */
     void *blas_ws;           /* cuBLAS workspace (so it never allocates) */
     size_t blas_ws_bytes;
-    float *attn_part;        /* [n_tok][n_head][max_split][head_dim + 2] */
+    float *attn_part;        /* [n_tok][n_head][max_split][head_dim + 2], then attn_cnt */
     size_t attn_part_bytes;
+    int *attn_cnt;           /* [LCU_MATVEC_MAX][n_head]: splits done per (token, KV head) of
+                                attn_dec_k, back to 0 after each launch */
+    int att_dec;             /* attn_dec_k for decode attention (LMS_CUDA_ATTN_DEC=0: off) */
     int64_t max_tok;
     int mv_rows;             /* rows per warp of the decode kernels; 0 = by size
                                 (LMS_CUDA_MV_ROWS=1|2|4 forces one, for tuning) */
@@ -168,6 +171,28 @@ struct q8_perm {
     float2 *pe;
     int64_t n; /* values per token row */
 };
+
+/* Value v at index flat of a q8 buffer (see cu_mmvq.cuh) of rows of pm.n
+ * values, quantized with its 32-value block: each warp holds one block,
+ * lane i its value i; into the lane-ordered copy too where pm has one. */
+__device__ __forceinline__ void quant_lane(float v, int8_t *qs, float2 *ds, int64_t flat,
+                                           const q8_perm &pm)
+{
+    const float am = warp_max(fabsf(v));
+    const float d = am / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+    const int q = __float2int_rn(v * id);
+    const float s = warp_sum((float)q);
+    qs[flat] = (int8_t)q;
+    if ((threadIdx.x & 31) == 0)
+        ds[flat >> 5] = make_float2(d, d * s);
+    if (pm.p4) {
+        const int64_t u = flat / pm.n, k = flat % pm.n;
+        pm.p4[mq::perm4_at(u, k)] = (int8_t)q;
+        pm.p6[mq::perm6_at(u, k)] = (int8_t)q;
+        if ((threadIdx.x & 31) == 0)
+            pm.pe[mq::perme_at(u, k)] = make_float2(d, d * s);
+    }
+}
 
 /* cu_mmvq.cu: the lane-ordered copy's place in a q8 buffer xq of n_tok
  * rows of n values, or none (p4 NULL): batches the tensor-core kernels do

@@ -658,24 +658,6 @@ __global__ void __launch_bounds__(W * 32) mmq_glu_k(mv_args a, int n_tok)
 
 /* ---- activation quantization ------------------------------------------------------ */
 
-__device__ __forceinline__ void quant_lane(float v, int8_t *qs, float2 *ds, int64_t flat,
-                                           const q8_perm &pm)
-{
-    const float am = warp_max(fabsf(v));
-    const float d = am / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
-    const int q = __float2int_rn(v * id);
-    const float s = warp_sum((float)q);
-    qs[flat] = (int8_t)q;
-    if ((threadIdx.x & 31) == 0)
-        ds[flat >> 5] = make_float2(d, d * s);
-    if (pm.p4) {
-        const int64_t u = flat / pm.n, k = flat % pm.n;
-        pm.p4[mq::perm4_at(u, k)] = (int8_t)q;
-        pm.p6[mq::perm6_at(u, k)] = (int8_t)q;
-        if ((threadIdx.x & 31) == 0)
-            pm.pe[mq::perme_at(u, k)] = make_float2(d, d * s);
-    }
-}
 
 /* One warp per 32 values; x is [n_tok][n] flat (n % 32 == 0). */
 __global__ void quant_q8_k(const float *__restrict__ x, int8_t *__restrict__ qs,

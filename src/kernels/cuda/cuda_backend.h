@@ -200,6 +200,10 @@ void lcu_qkv_post(lcu *g, const lcu_batch *b, const lcu_attn_shape *s, float *q,
 void lcu_attention(lcu *g, const lcu_batch *b, const lcu_attn_shape *s, const float *q,
                    const uint16_t *kc, const uint16_t *vc, float *out, int n_split, void *outq);
 int lcu_attn_max_split(int64_t n_tok);
+/* Whether decode batches (up to LCU_MATVEC_MAX tokens) of this shape take
+ * the tiled kernel (attn_dec_k: head_dim 64 or 128, up to 8 query heads
+ * per KV head, none of gemma's extras; LMS_CUDA_ATTN_DEC=0 turns it off). */
+bool lcu_attn_dec_takes(const lcu *g, const lcu_attn_shape *s);
 
 /* ---- LoRA adapters (cu_lora.cu) -------------------------------------------------- */
 
