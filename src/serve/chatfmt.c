@@ -36,11 +36,10 @@ static char *special_text(const lms_model *m, int32_t id)
 int chatfmt_init(chatfmt *cf, const lms_model *m, char *err, size_t errsz)
 {
     memset(cf, 0, sizeof *cf);
-    const char *src = NULL;
-    cf->model_has_own = gguf_get_str(m->gguf, "tokenizer.chat_template", &src) >= 0 && src &&
-                        src[0];
-    if (!cf->model_has_own)
-        src = lms_template_builtin(LMS_TEMPLATE_DEFAULT);
+    const char *own = NULL;
+    cf->model_has_own = gguf_get_str(m->gguf, "tokenizer.chat_template", &own) >= 0 && own &&
+                        own[0];
+    const char *src = chatfmt_source(m);
     if (!src)
         return lms_errf(err, errsz, LMS_ERR_NOTFOUND, "no chat template available");
     int rc = lms_template_parse(src, strlen(src), &cf->tpl, err, errsz);
@@ -217,22 +216,38 @@ static int render_error(reqerr *e, int rc, const char *msg)
                       msg);
 }
 
-int chatfmt_tokens(const chatfmt *cf, const lms_model *m, const json_t *messages,
-                   const json_t *tools, int32_t **out, int32_t *n_out, reqerr *e)
+int chatfmt_render(const chatfmt *cf, const json_t *messages, const json_t *tools,
+                   bool add_generation_prompt, char **text, size_t *len, reqerr *e)
 {
     lms_template_vars vars = {
         .messages = messages,
         .tools = tools,
-        .add_generation_prompt = true,
+        .add_generation_prompt = add_generation_prompt,
         .bos_token = cf->bos,
         .eos_token = cf->eos,
         .limits = &render_limits,
     };
-    char *text, msg[256];
+    char msg[256];
+    int rc = lms_template_apply(cf->tpl, &vars, text, len, msg, sizeof msg);
+    return rc < 0 ? render_error(e, rc, msg) : 0;
+}
+
+const char *chatfmt_source(const lms_model *m)
+{
+    const char *src = NULL;
+    if (gguf_get_str(m->gguf, "tokenizer.chat_template", &src) >= 0 && src && src[0])
+        return src;
+    return lms_template_builtin(LMS_TEMPLATE_DEFAULT);
+}
+
+int chatfmt_tokens(const chatfmt *cf, const lms_model *m, const json_t *messages,
+                   const json_t *tools, int32_t **out, int32_t *n_out, reqerr *e)
+{
+    char *text;
     size_t len;
-    int rc = lms_template_apply(cf->tpl, &vars, &text, &len, msg, sizeof msg);
+    int rc = chatfmt_render(cf, messages, tools, true, &text, &len, e);
     if (rc < 0)
-        return render_error(e, rc, msg);
+        return rc;
     /* BOS unless the template already wrote it */
     bool add = lms_tokenizer_add_bos(m->tok) && cf->bos &&
                strncmp(text, cf->bos, strlen(cf->bos)) != 0;

@@ -76,6 +76,8 @@ static const route routes[] = {
     {"/completions", false, false, NULL, api_completions},
     {"/v1/embeddings", false, false, NULL, api_embeddings},
     {"/embeddings", false, false, NULL, api_embeddings},
+    {"/props", false, false, api_props, NULL},
+    {"/apply-template", false, false, NULL, api_apply_template},
     {"/tokenize", false, false, NULL, api_tokenize},
     {"/detokenize", false, false, NULL, api_detokenize},
     {"/api/chat", false, false, NULL, api_ollama_chat},

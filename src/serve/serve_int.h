@@ -152,6 +152,12 @@ void chatfmt_deinit(chatfmt *cf);
 /* Checks and normalizes OpenAI messages (content parts joined into text).
  * Returns a new array or NULL with e filled (400). */
 json_t *chatfmt_messages(const json_t *messages, const char *field, reqerr *e);
+/* Renders messages (normalized) into *text (malloc'd, *len bytes); tools
+ * may be NULL. */
+int chatfmt_render(const chatfmt *cf, const json_t *messages, const json_t *tools,
+                   bool add_generation_prompt, char **text, size_t *len, reqerr *e);
+/* The template text a model is rendered with: its own, or the default. */
+const char *chatfmt_source(const lms_model *m);
 /* Renders messages (normalized) and tokenizes the text; tools may be NULL. */
 int chatfmt_tokens(const chatfmt *cf, const lms_model *m, const json_t *messages,
                    const json_t *tools, int32_t **out, int32_t *n_out, reqerr *e);
@@ -500,6 +506,9 @@ struct lms_jschema *api_compile_schema(const json_t *schema, const char *param, 
 /* api_embeddings.c: Ollama's /api/embed and /api/embeddings */
 int api_ollama_embed(conn *c, json_t *body);
 int api_ollama_embeddings(conn *c, json_t *body);
+/* api_props.c: llama-server's GET /props and POST /apply-template */
+int api_props(conn *c);
+int api_apply_template(conn *c, json_t *body);
 /* api_tokens.c */
 int api_tokenize(conn *c, json_t *body);
 int api_detokenize(conn *c, json_t *body);

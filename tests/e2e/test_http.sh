@@ -135,6 +135,28 @@ req POST /detokenize -d "{\"tokens\":$TOKS}"
 check "detokenize(tokenize(text)) == text" eq "$(py "$T/out" 'd["content"]')" "Once upon a time"
 req POST /tokenize -d '{"content":"Once","add_special":true,"with_pieces":true}'
 check "tokenize with BOS and pieces" eq "$(py "$T/out" 'd["tokens"][0]["piece"]')" "<s>"
+# ---- llama-server's /props and /apply-template ---------------------------------------
+req GET /props
+check "props 200" eq "$(code)" 200
+check "props: loaded, one slot or more, the context, BOS and EOS" eq "$(py "$T/out" '(d["model"], d["loaded"], d["total_slots"] >= 1, d["default_generation_settings"]["n_ctx"], d["bos_token"], d["eos_token"])')" "('stories260K', True, True, 512, '<s>', '</s>')"
+check "props: the chat template and the sampling defaults" eq "$(py "$T/out" '(len(d["chat_template"]) > 0, d["default_generation_settings"]["params"]["top_k"], d["default_generation_settings"]["params"]["temperature"])')" "(True, 40, 0.8)"
+MSGS='[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi there"}]'
+req POST /apply-template -d "{\"messages\":$MSGS}"
+check "apply-template 200" eq "$(code)" 200
+check "apply-template renders both messages" eq "$(py "$T/out" '"Be brief." in d["prompt"] and "Hi there" in d["prompt"]')" True
+py "$T/out" 'd["prompt"]' >"$T/prompt1"
+req POST /tokenize -d "$(python3 -c 'import json,sys; print(json.dumps({"content": open(sys.argv[1]).read()[:-1], "add_special": True}))' "$T/prompt1")"
+NTOK=$(py "$T/out" 'len(d["tokens"])')
+req POST /v1/chat/completions -d "{\"messages\":$MSGS,\"max_tokens\":1}"
+check "the rendered prompt is what chat completions decodes: same token count" eq "$(py "$T/out" 'd["usage"]["prompt_tokens"]')" "$NTOK"
+req POST /apply-template -d "{\"messages\":$MSGS,\"add_generation_prompt\":false}"
+check "without the generation prompt the text is a prefix, shorter" eq "$(py "$T/out" '(lambda p, q: len(p) < len(q) and q.startswith(p))(d["prompt"], open(sys.argv[1][:-3] + "prompt1").read()[:-1])')" True
+req POST /apply-template -d '{"messages":"hello"}'
+check "apply-template: messages not an array 400" eq "$(py "$T/out" '(d["error"]["param"])')" messages
+req POST /apply-template -d '{"messages":[{"role":"user","content":"x"}],"tools":5}'
+check "apply-template: tools not an array 400" eq "$(code)" 400
+req POST /apply-template -d '{"messages":[{"role":"user","content":"x"}],"model":"nope"}'
+check "apply-template: unknown model 404" eq "$(code)" 404
 # ---- prompt log-probabilities (completions: echo + logprobs, max_tokens 0 allowed) ----
 req POST /v1/completions -d '{"prompt":"Once upon a time","max_tokens":0,"echo":true,"logprobs":2}'
 check "echo + logprobs, max_tokens 0: the prompt, nothing generated" eq "$(py "$T/out" '(d["choices"][0]["text"], d["usage"]["completion_tokens"])')" "('Once upon a time', 0)"
