@@ -76,6 +76,7 @@ static const route routes[] = {
     {"/completions", false, false, NULL, api_completions},
     {"/v1/embeddings", false, false, NULL, api_embeddings},
     {"/embeddings", false, false, NULL, api_embeddings},
+    {"/completion", false, false, NULL, api_native_completion},
     {"/props", false, false, api_props, NULL},
     {"/apply-template", false, false, NULL, api_apply_template},
     {"/tokenize", false, false, NULL, api_tokenize},

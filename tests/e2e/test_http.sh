@@ -157,6 +157,41 @@ req POST /apply-template -d '{"messages":[{"role":"user","content":"x"}],"tools"
 check "apply-template: tools not an array 400" eq "$(code)" 400
 req POST /apply-template -d '{"messages":[{"role":"user","content":"x"}],"model":"nope"}'
 check "apply-template: unknown model 404" eq "$(code)" 404
+# ---- llama-server's /completion -------------------------------------------------------
+req POST /completion -d '{"prompt":"Once upon a time","n_predict":8,"temperature":0}'
+check "completion 200" eq "$(code)" 200
+check "completion: the greedy text of /v1/completions" eq "$(py "$T/out" 'd["content"].startswith(", there was a little girl")')" True
+check "completion: counters, stop and its type" eq "$(py "$T/out" '(d["tokens_predicted"], d["tokens_evaluated"] > 0, d["stop"], d["stop_type"], d["model"])')" "(8, True, True, 'limit', 'stories260K')"
+check "completion: timings" eq "$(py "$T/out" '(lambda t: t["predicted_n"] == 8 and t["predicted_per_second"] > 0 and t["prompt_n"] + d["tokens_cached"] == d["tokens_evaluated"])(d["timings"])')" True
+py "$T/out" 'd["content"]' >"$T/ncontent"
+req POST /tokenize -d '{"content":"Once upon a time","add_special":true}'
+req POST /completion -d "{\"prompt\":$(py "$T/out" 'json.dumps(d["tokens"])'),\"n_predict\":8,\"temperature\":0}"
+check "completion from token ids: the same text" eq "$(py "$T/out" 'd["content"]')" "$(cat "$T/ncontent")"
+req POST /completion -d '{"prompt":[1,"Once upon a time"],"n_predict":8,"temperature":0}'
+check "completion from an id and a text: the same text" eq "$(py "$T/out" 'd["content"]')" "$(cat "$T/ncontent")"
+req POST /completion -d '{"prompt":"Once upon a time","n_predict":40,"temperature":0,"stop":["girl"]}'
+check "completion: a stop string ends it as a word" eq "$(py "$T/out" '(d["stop_type"], d["stopping_word"], d["content"].endswith("little "), "girl" in d["content"])')" "('word', 'girl', True, False)"
+curl -s -N -D "$T/hdr" "$BASE/completion" -d '{"prompt":"Once upon a time","n_predict":8,"temperature":0,"stream":true}' >"$T/nsse"
+check "completion stream: SSE" grep -qi '^content-type: text/event-stream' "$T/hdr"
+check "completion stream: pieces, then one stop object with the counters; the same text" eq "$(python3 - "$T/nsse" "$T/ncontent" <<'EOF2'
+import json, sys
+ev = [json.loads(l[6:]) for l in open(sys.argv[1]).read().split("\n") if l.startswith("data: ")]
+text = "".join(e["content"] for e in ev)
+ok = all(not e["stop"] and len(e["tokens"]) == 1 for e in ev[:-1]) and ev[-1]["stop"]
+ok = ok and ev[-1]["tokens_predicted"] == 8 and text == open(sys.argv[2]).read()[:-1]
+print(ok)
+EOF2
+)" True
+req POST /completion -d '{"prompt":[1,99999]}'
+check "completion: a token id outside the vocabulary 400, naming it" eq "$(code) $(py "$T/out" '"prompt[1]" in d["error"]["message"]')" "400 True"
+req POST /completion -d '{"n_predict":3}'
+check "completion: no prompt 400" eq "$(code) $(py "$T/out" 'd["error"]["param"]')" "400 prompt"
+req POST /completion -d '{"prompt":[1,2.5]}'
+check "completion: a prompt item neither id nor text 400" eq "$(code)" 400
+req POST /completion -d '{"prompt":"x","grammar":"root ::= \"a\""}'
+check "completion: grammar refused, naming it" eq "$(code) $(py "$T/out" 'd["error"]["param"]')" "400 grammar"
+req POST /completion -d '{"prompt":"x","json_schema":{"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]},"n_predict":24,"temperature":0}'
+check "completion: json_schema holds the output to an object" eq "$(code) $(py "$T/out" 'd["content"].lstrip().startswith("{")')" "200 True"
 # ---- prompt log-probabilities (completions: echo + logprobs, max_tokens 0 allowed) ----
 req POST /v1/completions -d '{"prompt":"Once upon a time","max_tokens":0,"echo":true,"logprobs":2}'
 check "echo + logprobs, max_tokens 0: the prompt, nothing generated" eq "$(py "$T/out" '(d["choices"][0]["text"], d["usage"]["completion_tokens"])')" "('Once upon a time', 0)"
