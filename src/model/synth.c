@@ -51,6 +51,9 @@ static const shape_row shapes[] = {
      NO_EXTRA},
     {{"qwen2.5-0.5b", "qwen2", 896, 24, 14, 2, 64, 4864, 151936, 32768, 1000000.0f, 1e-6f, 1, 0},
      NO_EXTRA},
+    /* a tiny Qwen2 for tests (the family's FIM tokens included, as in Qwen2.5's vocab) */
+    {{"qwen2-tiny", "qwen2", 128, 2, 4, 2, 32, 256, 1024, 2048, 1000000.0f, 1e-6f, 1, 0},
+     NO_EXTRA},
     /* gemma: head_dim 256 is not n_embd / n_head; gemma2 with its real caps 50 / 30
      * (extras: window, attention cap, final cap, weight sd) */
     {{"gemma2-2b", "gemma2", 2304, 26, 8, 4, 256, 9216, 256000, 8192, 10000.0f, 1e-6f, 1, 0},
@@ -121,7 +124,7 @@ static const lms_synth_extra *extra_of(const lms_synth_shape *s)
 
 const char *lms_synth_names(void)
 {
-    return "tiny llama-3.2-1b llama-3.2-3b llama-3-8b qwen3-0.6b qwen2.5-0.5b gemma2-2b gemma3-1b "
+    return "tiny llama-3.2-1b llama-3.2-3b llama-3-8b qwen3-0.6b qwen2.5-0.5b qwen2-tiny gemma2-2b gemma3-1b "
            "gemma2-tiny gemma3-tiny phi3-mini phi3.5-mini phi3-tiny phi3-tiny-128k bge-small "
            "bert-tiny nomic-tiny";
 }
@@ -233,7 +236,9 @@ static int build_vocab(const lms_synth_shape *s, vocab *v)
         return build_vocab_wpm(s, v);
     static const char *llama_sp[] = {"<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>",
                                      "<|start_header_id|>", "<|end_header_id|>"};
-    static const char *qwen_sp[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+    static const char *qwen_sp[] = {"<|endoftext|>", "<|im_start|>",  "<|im_end|>",
+                                    "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>",
+                                    "<|fim_pad|>",    "<|repo_name|>",  "<|file_sep|>"};
     static const char *gemma_sp[] = {"<bos>", "<eos>", "<end_of_turn>", "<start_of_turn>"};
     /* (llama.cpp looks "</s>" and "<unk>" up by name in a model named phi3) */
     static const char *phi3_sp[] = {"<s>",           "<|endoftext|>", "<|end|>", "<|user|>",
@@ -241,7 +246,7 @@ static int build_vocab(const lms_synth_shape *s, vocab *v)
     bool qwen = strncmp(s->arch, "qwen", 4) == 0, gemma = strncmp(s->arch, "gemma", 5) == 0;
     bool phi3 = strcmp(s->arch, "phi3") == 0;
     const char **sp = qwen ? qwen_sp : gemma ? gemma_sp : phi3 ? phi3_sp : llama_sp;
-    int n_sp = qwen ? 3 : gemma ? 4 : phi3 ? 7 : 5;
+    int n_sp = qwen ? 9 : gemma ? 4 : phi3 ? 7 : 5;
     memset(v, 0, sizeof *v);
     v->tok = calloc((size_t)s->n_vocab, sizeof *v->tok);
     v->type = calloc((size_t)s->n_vocab, sizeof *v->type);
@@ -268,9 +273,9 @@ static int build_vocab(const lms_synth_shape *s, vocab *v)
         }
     for (int i = 0; i < n_sp; i++)
         v->tok[v->n] = strdup(sp[i]), v->type[v->n++] = 3;
-    v->bos = qwen ? v->n - 3 : v->n - n_sp;
-    v->eos = qwen ? v->n - 1 : v->n - n_sp + 1;
-    v->eot = qwen ? v->n - 1 : v->n - n_sp + 2;
+    v->bos = v->n - n_sp; /* qwen: <|endoftext|>; eos and eot <|im_end|> */
+    v->eos = qwen ? v->n - n_sp + 2 : v->n - n_sp + 1;
+    v->eot = v->n - n_sp + 2;
     while (v->n < s->n_vocab) {
         snprintf(buf, sizeof buf, "[PAD%d]", v->n);
         v->tok[v->n] = strdup(buf), v->type[v->n++] = 5;

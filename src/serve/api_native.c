@@ -17,6 +17,21 @@
  * "stop": true (no [DONE] line, as llama-server). Sampling fields are read
  * as by the other endpoints (reqparse_gen); "grammar" is refused (JSON
  * schemas are the structured-output form here). Local models only.
+ *
+ * POST /infill (fill-in-the-middle, for editor plugins): input_prefix,
+ * input_suffix, input_extra ([{"filename", "text"}], other files as
+ * context), prompt (text after the prefix), and the fields above; the same
+ * answer. Its tokens are laid out as llama-server does, with the model's
+ * FIM tokens (the GGUF's tokenizer.ggml.fim_*_token_id, else found by
+ * their usual texts):
+ *
+ *   [REP]myproject\n [SEP]file\ntext ... [SEP]filename\n   (extra, when the
+ *                                                       vocabulary has them)
+ *   [BOS] [PRE]prefix prompt [SUF]suffix [MID]
+ *
+ * the prefix cut to its last 3/4 of a step's token budget, the suffix to
+ * what is left of the last quarter, the extra context to what the context
+ * holds besides. A model without PRE/SUF/MID tokens is refused (400).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +40,8 @@
 #include "base/err.h"
 #include "base/timeutil.h"
 #include "engine/jsonschema.h"
+#include "engine/sched.h"
+#include "model/gguf.h"
 #include "model/tokenizer.h"
 #include "serve/serve_int.h"
 
@@ -201,10 +218,191 @@ static int prompt_ids(const lms_model *m, const json_t *p, int32_t **out, int32_
     return 0;
 }
 
-int api_native_completion(conn *c, json_t *body)
+/* ---- fill in the middle --------------------------------------------------------- */
+
+typedef struct fim_ids {
+    int32_t pre, suf, mid, sep, rep;
+} fim_ids;
+
+/* A FIM token: the GGUF key's id (or the older key's), else the first of
+ * the texts the vocabulary has; -1 when none. */
+static int32_t fim_token(const lms_model *m, const char *key, const char *old_key,
+                         const char *const *texts)
+{
+    const int32_t n_vocab = lms_tokenizer_n_vocab(m->tok);
+    uint32_t v;
+    if ((gguf_get_u32(m->gguf, key, &v) >= 0 || (old_key && gguf_get_u32(m->gguf, old_key, &v) >= 0)) &&
+        v < (uint32_t)n_vocab)
+        return (int32_t)v;
+    for (int i = 0; texts[i]; i++) {
+        int32_t id = lms_token_find(m->tok, texts[i]);
+        if (id >= 0)
+            return id;
+    }
+    return -1;
+}
+
+static fim_ids fim_of(const lms_model *m)
+{
+    static const char *const pre[] = {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>",
+                                      "\xe2\x96\x81<PRE>", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>",
+                                      NULL};
+    static const char *const suf[] = {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>",
+                                      "\xe2\x96\x81<SUF>", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "hole\xef\xbd\x9c>",
+                                      NULL};
+    static const char *const mid[] = {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<MID>",
+                                      "\xe2\x96\x81<MID>", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "end\xef\xbd\x9c>",
+                                      NULL};
+    static const char *const sep[] = {"<|file_sep|>", "<file_sep>", "<|file_separator|>", NULL};
+    static const char *const rep[] = {"<|repo_name|>", "<repo_name>", "<reponame>", NULL};
+    return (fim_ids){
+        fim_token(m, "tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.prefix_token_id", pre),
+        fim_token(m, "tokenizer.ggml.fim_suf_token_id", "tokenizer.ggml.suffix_token_id", suf),
+        fim_token(m, "tokenizer.ggml.fim_mid_token_id", "tokenizer.ggml.middle_token_id", mid),
+        fim_token(m, "tokenizer.ggml.fim_sep_token_id", NULL, sep),
+        fim_token(m, "tokenizer.ggml.fim_rep_token_id", NULL, rep),
+    };
+}
+
+/* A growing token list; oom stays set once an append failed. */
+typedef struct tokv {
+    int32_t *v;
+    int32_t n, cap;
+    bool oom;
+} tokv;
+
+static void toks_add(tokv *t, const int32_t *ids, int32_t n)
+{
+    if (t->oom || n <= 0)
+        return;
+    if (t->n + n > t->cap) {
+        int32_t nc = (t->n + n) * 2;
+        int32_t *g = realloc(t->v, (size_t)nc * sizeof *g);
+        if (!g) {
+            t->oom = true;
+            return;
+        }
+        t->v = g, t->cap = nc;
+    }
+    memcpy(t->v + t->n, ids, (size_t)n * sizeof *ids);
+    t->n += n;
+}
+
+static void toks_one(tokv *t, int32_t id)
+{
+    toks_add(t, &id, 1);
+}
+
+/* Text (no BOS, control tokens not parsed: the user's code is plain text). */
+static int toks_text(tokv *t, const lms_model *m, const char *s, size_t n, reqerr *e)
+{
+    int32_t *ids = NULL, k = 0;
+    if (chatfmt_text_tokens(m, s, n, false, &ids, &k, e) < 0)
+        return -1;
+    toks_add(t, ids, k);
+    free(ids);
+    return 0;
+}
+
+static int str_field(const json_t *o, const char *key, const char **out, reqerr *e)
+{
+    *out = "";
+    const char *s = NULL;
+    if (reqparse_str(o, key, &s, e) < 0)
+        return -1;
+    if (s)
+        *out = s;
+    return 0;
+}
+
+/* The /infill prompt (layout above) of body into *out. */
+static int infill_ids(const lms_expert *x, const json_t *body, int32_t n_predict, tokv *out,
+                      reqerr *e)
+{
+    const lms_model *m = x->model;
+    const fim_ids f = fim_of(m);
+    if (f.pre < 0 || f.suf < 0 || f.mid < 0)
+        return reqerr_set(e, 400, NULL, "model '%s' has no fill-in-the-middle tokens (prefix, "
+                          "suffix, middle): /infill needs a code model trained for it", x->cfg->id);
+    const char *prefix, *suffix, *prompt;
+    if (str_field(body, "input_prefix", &prefix, e) < 0 ||
+        str_field(body, "input_suffix", &suffix, e) < 0 || str_field(body, "prompt", &prompt, e) < 0)
+        return -1;
+    const json_t *extra = json_object_get(body, "input_extra");
+    if (extra && !json_is_null(extra) && !json_is_array(extra))
+        return reqerr_set(e, 400, "input_extra", "'input_extra' must be an array of "
+                          "{\"filename\", \"text\"} objects");
+    const lms_sched_params *sp = lms_sched_params_of(x->sched);
+    tokv pre = {0}, suf = {0}, pr = {0}, ex = {0};
+    int rc = toks_text(&pre, m, prefix, strlen(prefix), e) < 0 ||
+                     toks_text(&suf, m, suffix, strlen(suffix), e) < 0 ||
+                     toks_text(&pr, m, prompt, strlen(prompt), e) < 0
+                 ? -1
+                 : 0;
+    if (rc == 0 && f.rep >= 0) {
+        toks_one(&ex, f.rep);
+        rc = toks_text(&ex, m, "myproject\n", 10, e);
+    }
+    size_t i;
+    const json_t *ch;
+    json_array_foreach(json_is_array(extra) ? extra : NULL, i, ch)
+    {
+        if (rc < 0)
+            break;
+        const char *fn = "tmp", *text = "";
+        if (!json_is_object(ch) || (json_object_get(ch, "filename") && str_field(ch, "filename", &fn, e) < 0) ||
+            str_field(ch, "text", &text, e) < 0) {
+            rc = reqerr_set(e, 400, "input_extra", "input_extra[%zu] must be an object with string "
+                            "'filename' and 'text'", i);
+            break;
+        }
+        if (f.sep >= 0) {
+            toks_one(&ex, f.sep);
+            rc = toks_text(&ex, m, fn, strlen(fn), e) < 0 || toks_text(&ex, m, "\n", 1, e) < 0 ? -1 : 0;
+        } else {
+            rc = toks_text(&ex, m, "\n\n--- snippet ---\n\n", 19, e);
+        }
+        if (rc == 0)
+            rc = toks_text(&ex, m, text, strlen(text), e);
+    }
+    if (rc == 0 && f.sep >= 0) {
+        toks_one(&ex, f.sep);
+        rc = toks_text(&ex, m, "filename\n", 9, e);
+    }
+    if (rc == 0) {
+        /* a step's budget: 3/4 for the prefix's end, the rest of a quarter
+         * for the suffix's start; the context's remainder for extra's end */
+        const int32_t nb = sp->n_batch;
+        const int32_t n_pre = pre.n < 3 * (nb / 4) ? pre.n : 3 * (nb / 4);
+        int32_t n_suf = nb / 4 - (2 + pr.n);
+        n_suf = n_suf < 0 ? 0 : (suf.n < n_suf ? suf.n : n_suf);
+        int32_t n_ex = sp->n_ctx - nb - 2 * (n_predict > 0 ? n_predict : 0);
+        n_ex = n_ex < 0 ? 0 : (ex.n < n_ex ? ex.n : n_ex);
+        toks_add(out, ex.v + (ex.n - n_ex), n_ex);
+        if (lms_tokenizer_add_bos(m->tok) && lms_tokenizer_bos(m->tok) >= 0)
+            toks_one(out, lms_tokenizer_bos(m->tok));
+        toks_one(out, f.pre);
+        toks_add(out, pre.v + (pre.n - n_pre), n_pre);
+        toks_add(out, pr.v, pr.n);
+        toks_one(out, f.suf);
+        toks_add(out, suf.v, n_suf);
+        toks_one(out, f.mid);
+        if (out->oom || pre.oom || suf.oom || pr.oom || ex.oom)
+            rc = reqerr_set(e, 503, NULL, "out of memory");
+    }
+    free(pre.v);
+    free(suf.v);
+    free(pr.v);
+    free(ex.v);
+    return rc;
+}
+
+/* ---- the requests ---------------------------------------------------------------- */
+
+static int native_run(conn *c, json_t *body, pick_fn fn, bool infill)
 {
     reqerr e;
-    int picked = pick_expert(c, body, api_native_completion, &e);
+    int picked = pick_expert(c, body, fn, &e);
     if (picked <= 0)
         return picked < 0 ? http_reply_err(c, &e) : 0;
     int rc = 0;
@@ -224,7 +422,11 @@ int api_native_completion(conn *c, json_t *body)
     if (rc == 0 && schema_j && !json_is_null(schema_j) &&
         !(schema = api_compile_schema(schema_j, "json_schema", &e)))
         rc = -1;
-    if (rc == 0) {
+    if (rc == 0 && infill) {
+        tokv t = {0};
+        rc = infill_ids(c->x, body, gp.max_tokens, &t, &e);
+        toks = t.v, n = t.n;
+    } else if (rc == 0) {
         const json_t *p = json_object_get(body, "prompt");
         if (!p || json_is_null(p))
             rc = reqerr_set(&e, 400, "prompt", "'prompt' is required");
@@ -251,8 +453,17 @@ int api_native_completion(conn *c, json_t *body)
     genparams_deinit(&gp);
     if (!t)
         return http_reply_err(c, &e);
-    if (stream) {
+    if (stream)
         http_stream_begin(c, 200, "text/event-stream");
-    }
     return 0;
+}
+
+int api_native_completion(conn *c, json_t *body)
+{
+    return native_run(c, body, api_native_completion, false);
+}
+
+int api_native_infill(conn *c, json_t *body)
+{
+    return native_run(c, body, api_native_infill, true);
 }

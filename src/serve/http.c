@@ -77,6 +77,7 @@ static const route routes[] = {
     {"/v1/embeddings", false, false, NULL, api_embeddings},
     {"/embeddings", false, false, NULL, api_embeddings},
     {"/completion", false, false, NULL, api_native_completion},
+    {"/infill", false, false, NULL, api_native_infill},
     {"/props", false, false, api_props, NULL},
     {"/apply-template", false, false, NULL, api_apply_template},
     {"/tokenize", false, false, NULL, api_tokenize},

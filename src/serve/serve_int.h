@@ -506,8 +506,9 @@ struct lms_jschema *api_compile_schema(const json_t *schema, const char *param, 
 /* api_embeddings.c: Ollama's /api/embed and /api/embeddings */
 int api_ollama_embed(conn *c, json_t *body);
 int api_ollama_embeddings(conn *c, json_t *body);
-/* api_native.c: llama-server's POST /completion */
+/* api_native.c: llama-server's POST /completion and POST /infill */
 int api_native_completion(conn *c, json_t *body);
+int api_native_infill(conn *c, json_t *body);
 /* api_props.c: llama-server's GET /props and POST /apply-template */
 int api_props(conn *c);
 int api_apply_template(conn *c, json_t *body);

@@ -192,6 +192,8 @@ req POST /completion -d '{"prompt":"x","grammar":"root ::= \"a\""}'
 check "completion: grammar refused, naming it" eq "$(code) $(py "$T/out" 'd["error"]["param"]')" "400 grammar"
 req POST /completion -d '{"prompt":"x","json_schema":{"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]},"n_predict":24,"temperature":0}'
 check "completion: json_schema holds the output to an object" eq "$(code) $(py "$T/out" 'd["content"].lstrip().startswith("{")')" "200 True"
+req POST /infill -d '{"input_prefix":"def f(","input_suffix":"):\n"}'
+check "infill on a model without FIM tokens: 400 saying so" eq "$(code) $(py "$T/out" '"fill-in-the-middle" in d["error"]["message"]')" "400 True"
 # ---- prompt log-probabilities (completions: echo + logprobs, max_tokens 0 allowed) ----
 req POST /v1/completions -d '{"prompt":"Once upon a time","max_tokens":0,"echo":true,"logprobs":2}'
 check "echo + logprobs, max_tokens 0: the prompt, nothing generated" eq "$(py "$T/out" '(d["choices"][0]["text"], d["usage"]["completion_tokens"])')" "('Once upon a time', 0)"
@@ -346,6 +348,51 @@ stop_server
 "$LMSERV" serve -m /nonexistent/model.gguf --host 127.0.0.1 --port 0 >"$T/fail" 2>&1
 check "a model that cannot load exits 1" eq "$?" 1
 check "and says which model" grep -q "cannot serve '/nonexistent/model.gguf'" "$T/fail"
+
+# ---- /infill on a model with FIM tokens (a tiny synthetic Qwen2, Qwen2.5's FIM tokens) -----------
+"$LMSERV" synth --shape qwen2-tiny --type Q8_0 "$T/fim.gguf" >/dev/null 2>&1
+check "synth qwen2-tiny" [ -s "$T/fim.gguf" ]
+start_serve -m "$T/fim.gguf" -c 1024 --batch-tokens 256 --parallel 2
+INF='{"input_prefix":"def add(a, b):\n    return ","input_suffix":"\n\nprint(add(1, 2))\n","prompt":"a","n_predict":6,"temperature":0,"ignore_eos":true}'
+req POST /infill -d "$INF"
+check "infill 200, six tokens, the counters of /completion" eq "$(code) $(py "$T/out" '(d["tokens_predicted"], d["stop"], d["stop_type"])')" "200 (6, True, 'limit')"
+py "$T/out" 'd["content"]' >"$T/icontent"
+# the same prompt spelled out: [PRE]prefix prompt [SUF]suffix [MID] as token ids
+req POST /tokenize -d '{"content":"def add(a, b):\n    return "}'
+P=$(py "$T/out" 'json.dumps(d["tokens"])')
+req POST /tokenize -d '{"content":"a"}'
+Q=$(py "$T/out" 'json.dumps(d["tokens"])')
+req POST /tokenize -d '{"content":"\n\nprint(add(1, 2))\n"}'
+S=$(py "$T/out" 'json.dumps(d["tokens"])')
+req POST /tokenize -d '{"content":"<|fim_prefix|><|fim_suffix|><|fim_middle|><|file_sep|><|repo_name|>"}'
+F=$(py "$T/out" 'json.dumps(d["tokens"])')
+IDS=$(python3 -c 'import json,sys; p,q,s,f = (json.loads(a) for a in sys.argv[1:5]); print(json.dumps([f[0]] + p + q + [f[1]] + s + [f[2]]))' "$P" "$Q" "$S" "$F")
+check "the FIM tokens are single special tokens" eq "$(python3 -c 'import json,sys; print(len(json.loads(sys.argv[1])))' "$F")" 5
+req POST /completion -d "{\"prompt\":$IDS,\"n_predict\":6,\"temperature\":0,\"ignore_eos\":true}"
+check "infill = /completion of [PRE]prefix prompt [SUF]suffix [MID] (llama-server's layout)" eq "$(py "$T/out" 'd["content"]')" "$(cat "$T/icontent")"
+check "the same prompt length" eq "$(py "$T/out" 'd["tokens_evaluated"]')" "$(python3 -c 'import json,sys; print(len(json.loads(sys.argv[1])))' "$IDS")"
+req POST /infill -d '{"input_prefix":"x = ","input_suffix":"","input_extra":[{"filename":"a.py","text":"y = 1\n"}],"n_predict":2,"temperature":0}'
+check "infill with extra files: their tokens count in the prompt" eq "$(code) $(py "$T/out" 'd["tokens_evaluated"] > 8')" "200 True"
+py "$T/out" 'd["content"]' >"$T/xcontent"
+EX=$(python3 - "$BASE" <<'EOF2'
+import json, sys, urllib.request
+def tok(s):
+    r = urllib.request.Request(sys.argv[1] + "/tokenize", json.dumps({"content": s}).encode())
+    return json.load(urllib.request.urlopen(r))["tokens"]
+pre, mid, suf, sep, rep = (tok(t)[0] for t in ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|file_sep|>", "<|repo_name|>"))
+ids = [rep] + tok("myproject\n") + [sep] + tok("a.py") + tok("\n") + tok("y = 1\n") + [sep] + tok("filename\n")
+print(json.dumps(ids + [pre] + tok("x = ") + [suf] + [mid]))
+EOF2
+)
+req POST /completion -d "{\"prompt\":$EX,\"n_predict\":2,\"temperature\":0}"
+check "extra files laid out as llama-server: [REP]myproject [SEP]file text ... [SEP]filename, then the FIM part" eq "$(py "$T/out" '(d["tokens_evaluated"], d["content"])')" "$(python3 -c 'import json,sys; print((len(json.loads(sys.argv[1])), open(sys.argv[2]).read()[:-1]))' "$EX" "$T/xcontent")"
+req POST /infill -d '{"input_prefix":"x","input_extra":"a.py"}'
+check "infill: input_extra not an array 400" eq "$(code) $(py "$T/out" 'd["error"]["param"]')" "400 input_extra"
+req POST /infill -d '{"input_prefix":"x","input_extra":[{"filename":3,"text":"y"}]}'
+check "infill: a bad extra chunk 400 naming it" eq "$(code) $(py "$T/out" '"input_extra[0]" in d["error"]["message"]')" "400 True"
+req POST /infill -d '{"input_prefix":7}'
+check "infill: input_prefix not a string 400" eq "$(code)" 400
+stop_server
 
 # ---- API key ------------------------------------------------------------------------------------
 start_server -c 512 --api-key s3cret
