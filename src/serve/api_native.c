@@ -14,7 +14,10 @@
  * prompt_ms, predicted_n, predicted_ms and their per-token and per-second
  * rates). With "stream": true, server-sent events: each piece as
  * {"content", "stop": false, "tokens": [id]}, then that object with
- * "stop": true (no [DONE] line, as llama-server). Sampling fields are read
+ * "stop": true (no [DONE] line, as llama-server). n_probs (up to 20) adds
+ * completion_probabilities: per token {id, token, bytes, logprob,
+ * top_logprobs: [...]} of the model's distribution (prob / top_probs,
+ * the same as probabilities, with post_sampling_probs). Sampling fields are read
  * as by the other endpoints (reqparse_gen); "grammar" is refused (JSON
  * schemas are the structured-output form here). Local models only.
  *
@@ -33,6 +36,7 @@
  * what is left of the last quarter, the extra context to what the context
  * holds besides. A model without PRE/SUF/MID tokens is refused (400).
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +51,9 @@
 
 typedef struct nat_job {
     bool stream;
+    bool post_probs;        /* probabilities rather than log-probabilities */
+    int n_probs;            /* alternatives per token (0: no completion_probabilities) */
+    json_t *probs;          /* not streamed: every token's entry */
     sbuf text;              /* the reply (not streamed) */
     const lms_expert *x;
     const char *stop_word;  /* the request's only stop string, or NULL */
@@ -110,17 +117,51 @@ static json_t *piece_obj(const char *text, size_t n, bool stop)
     return o;
 }
 
+/* "logprob" -> "prob" (its exponential) in an entry and its alternatives */
+static void to_probs(json_t *o)
+{
+    json_t *lp = json_object_get(o, "logprob");
+    if (lp)
+        json_object_set_new(o, "prob", json_real_safe(exp(json_number_value(lp))));
+    json_object_del(o, "logprob");
+    json_t *top = json_object_get(o, "top_logprobs");
+    if (!top)
+        return;
+    json_incref(top);
+    json_object_del(o, "top_logprobs");
+    size_t i;
+    json_t *a;
+    json_array_foreach(top, i, a)
+        to_probs(a);
+    json_object_set_new(o, "top_probs", top);
+}
+
+/* A generated token's completion_probabilities entry (llama-server's). */
+static json_t *prob_entry(const nat_job *j, const lms_event *ev)
+{
+    json_t *o = api_lp_entry(j->x->model, ev, true);
+    if (j->post_probs)
+        to_probs(o);
+    return o;
+}
+
 static void nat_on_event(task *t, const lms_event *ev, double t_ms)
 {
     nat_job *j = t->state;
     conn *c = t->c;
     (void)t_ms;
     if (ev->type == LMS_EV_TOKEN) {
+        /* flushed text at the end carries no token of its own */
+        const bool probs = j->n_probs > 0 && ev->token >= 0 && ev->n_top > 0;
         if (!j->stream) {
             sbuf_add(&j->text, ev->text, ev->text_len);
-        } else if (ev->text_len > 0) {
+            if (probs)
+                json_array_append_new(j->probs, prob_entry(j, ev));
+        } else if (ev->text_len > 0 || probs) {
             json_t *o = piece_obj(ev->text, ev->text_len, false);
             json_object_set_new(o, "tokens", json_pack("[i]", (json_int_t)ev->token));
+            if (probs)
+                json_object_set_new(o, "completion_probabilities", json_pack("[o]", prob_entry(j, ev)));
             sse_obj(c, o);
         }
         return;
@@ -144,6 +185,8 @@ static void nat_on_event(task *t, const lms_event *ev, double t_ms)
     } else {
         json_t *o = piece_obj(j->text.p ? j->text.p : "", j->text.n, true);
         add_final(o, j, &ev->stats);
+        if (j->n_probs > 0)
+            json_object_set(o, "completion_probabilities", j->probs);
         http_reply_json(c, 200, o);
     }
 }
@@ -152,6 +195,7 @@ static void nat_destroy(task *t)
 {
     nat_job *j = t->state;
     sbuf_free(&j->text);
+    json_decref(j->probs);
     free(j->stop_buf);
     free(j);
 }
@@ -412,7 +456,11 @@ static int native_run(conn *c, json_t *body, pick_fn fn, bool infill)
     const json_t *schema_j = json_object_get(body, "json_schema");
     lms_jschema *schema = NULL;
     int32_t *toks = NULL, n = 0;
+    int64_t n_probs = 0;
+    bool post_probs = false;
     if (reqparse_bool(body, "stream", &stream, &e) < 0 || reqparse_gen(body, &gp, &e) < 0 ||
+        reqparse_int(body, "n_probs", 0, LMS_MAX_LOGPROBS, &n_probs, &e) < 0 ||
+        reqparse_bool(body, "post_sampling_probs", &post_probs, &e) < 0 ||
         api_lora_pick(c, body, &gp, &e) < 0)
         rc = -1;
     if (rc == 0 && json_object_get(body, "grammar") &&
@@ -440,10 +488,14 @@ static int native_run(conn *c, json_t *body, pick_fn fn, bool infill)
     if (rc == 0) {
         j->stream = stream;
         j->x = c->x;
+        j->n_probs = (int)n_probs;
+        j->post_probs = post_probs;
+        j->probs = json_array();
         if (gp.n_stop == 1 && (j->stop_buf = strdup(gp.stop[0])))
             j->stop_word = j->stop_buf;
         lms_request r = genparams_request(&gp, toks, n);
         r.schema = schema;
+        r.n_logprobs = (int)n_probs;
         t = task_submit(c, &r, &nat_ops, j, &e);
         if (!t)
             nat_destroy(&(task){.state = j});

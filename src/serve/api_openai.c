@@ -133,11 +133,13 @@ static int token_piece(const lms_model *m, int32_t id, char *buf, size_t cap)
     return n < 0 ? 0 : n;
 }
 
-static json_t *chat_lp_item(const lms_model *m, int32_t id, float lp, bool with_top)
+static json_t *chat_lp_item(const lms_model *m, int32_t id, float lp, bool with_top, bool with_id)
 {
     char piece[512];
     int n = token_piece(m, id, piece, sizeof piece);
     json_t *o = json_object();
+    if (with_id)
+        json_object_set_new(o, "id", json_integer(id));
     json_object_set_new(o, "token", json_string_lossy(piece, (size_t)n));
     json_object_set_new(o, "logprob", json_real_safe(lp));
     json_object_set_new(o, "bytes", piece_bytes(piece, n));
@@ -146,13 +148,19 @@ static json_t *chat_lp_item(const lms_model *m, int32_t id, float lp, bool with_
     return o;
 }
 
-static json_t *chat_lp_entry(const lms_model *m, const lms_event *ev)
+json_t *api_lp_entry(const lms_model *m, const lms_event *ev, bool with_id)
 {
-    json_t *o = chat_lp_item(m, ev->token, ev->logprob, true);
+    json_t *o = chat_lp_item(m, ev->token, ev->logprob, true, with_id);
     json_t *top = json_object_get(o, "top_logprobs");
     for (int i = 0; i < ev->n_top && i < LMS_MAX_LOGPROBS; i++)
-        json_array_append_new(top, chat_lp_item(m, ev->top[i].id, ev->top[i].logprob, false));
+        json_array_append_new(top,
+                              chat_lp_item(m, ev->top[i].id, ev->top[i].logprob, false, with_id));
     return o;
+}
+
+static json_t *chat_lp_entry(const lms_model *m, const lms_event *ev)
+{
+    return api_lp_entry(m, ev, false);
 }
 
 /* Legacy completions logprobs: parallel arrays, appended token by token. */

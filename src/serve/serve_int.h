@@ -506,6 +506,10 @@ struct lms_jschema *api_compile_schema(const json_t *schema, const char *param, 
 /* api_embeddings.c: Ollama's /api/embed and /api/embeddings */
 int api_ollama_embed(conn *c, json_t *body);
 int api_ollama_embeddings(conn *c, json_t *body);
+/* api_openai.c: a generated token's log-probability entry as chat
+ * completions give it ({token, logprob, bytes, top_logprobs: [...]}),
+ * each with the token's "id" too when with_id. */
+json_t *api_lp_entry(const lms_model *m, const lms_event *ev, bool with_id);
 /* api_native.c: llama-server's POST /completion and POST /infill */
 int api_native_completion(conn *c, json_t *body);
 int api_native_infill(conn *c, json_t *body);

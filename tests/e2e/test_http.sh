@@ -182,6 +182,14 @@ ok = ok and ev[-1]["tokens_predicted"] == 8 and text == open(sys.argv[2]).read()
 print(ok)
 EOF2
 )" True
+req POST /completion -d '{"prompt":"Once upon a time","n_predict":4,"temperature":0,"n_probs":3}'
+check "completion n_probs: an entry per token, three alternatives, the greedy pick first" eq "$(py "$T/out" '(lambda p: len(p) == 4 and all(len(e["top_logprobs"]) == 3 and e["id"] == e["top_logprobs"][0]["id"] and e["logprob"] <= 0 and bytes(e["bytes"]).decode("utf-8", "replace") == e["token"] and e["top_logprobs"][0]["logprob"] >= e["top_logprobs"][1]["logprob"] for e in p))(d["completion_probabilities"])')" True
+req POST /completion -d '{"prompt":"Once upon a time","n_predict":4,"temperature":0,"n_probs":2,"post_sampling_probs":true}'
+check "completion post_sampling_probs: prob and top_probs in (0, 1]" eq "$(py "$T/out" 'all(0 < e["prob"] <= 1 and len(e["top_probs"]) == 2 and "logprob" not in e for e in d["completion_probabilities"])')" True
+curl -s -N "$BASE/completion" -d '{"prompt":"Once upon a time","n_predict":4,"temperature":0,"n_probs":2,"stream":true}' >"$T/psse"
+check "completion stream with n_probs: one entry a piece" eq "$(python3 -c 'import json,sys; ev=[json.loads(l[6:]) for l in open(sys.argv[1]).read().split("\n") if l.startswith("data: ")]; print(all(len(e["completion_probabilities"]) == 1 for e in ev[:-1]) and len(ev) >= 2)' "$T/psse")" True
+req POST /completion -d '{"prompt":"x","n_probs":21}'
+check "completion: n_probs over 20 refused" eq "$(code) $(py "$T/out" 'd["error"]["param"]')" "400 n_probs"
 req POST /completion -d '{"prompt":[1,99999]}'
 check "completion: a token id outside the vocabulary 400, naming it" eq "$(code) $(py "$T/out" '"prompt[1]" in d["error"]["message"]')" "400 True"
 req POST /completion -d '{"n_predict":3}'
