@@ -5,12 +5,17 @@
  *   GET  /props           the default model's settings: context per
  *                         sequence, slots (parallel sequences), sampling
  *                         defaults, chat template, BOS/EOS text, model path
+ *   GET  /slots           the model's parallel sequences: id, n_ctx,
+ *                         is_processing and id_task, filled by its client
+ *                         requests in flight oldest first (those past
+ *                         n_parallel wait in the queue); [] while not loaded
  *   POST /apply-template  {"messages": [...], "tools": [...]?,
  *                         "add_generation_prompt": true?, "model": id?}
  *                         -> {"prompt": the rendered text}, no generation
  *
- * /props never loads a model: one not loaded yet says so ("loaded": false)
- * with what the configuration knows. /apply-template loads the model it
+ * /props and /slots take ?model=ID (else the default model) and never load
+ * a model: one not loaded yet says so ("loaded": false) with what the
+ * configuration knows. /apply-template loads the model it
  * names (or the default) like a chat request.
  */
 #include <stdbool.h>
@@ -65,15 +70,31 @@ static json_t *token_text(const lms_model *m, int32_t id)
     return t ? json_string_lossy(t, strlen(t)) : json_null();
 }
 
-int api_props(conn *c)
+/* The expert of a GET: ?model=ID, else the default; NULL with the reply
+ * sent (*rc) when there is none. */
+static lms_expert *get_expert(conn *c, int *rc)
 {
     lms_server *s = c->srv;
     reqerr e;
-    lms_expert *x = server_default_expert(s);
-    if (!x) {
+    char buf[LMS_EXPERT_ID_MAX + 16];
+    const char *id = lws_get_urlarg_by_name(c->wsi, "model=", buf, sizeof buf);
+    lms_expert *x = id && id[0] ? lms_registry_find(s->reg, id) : server_default_expert(s);
+    if (x)
+        return x;
+    if (id && id[0])
+        pick_not_found(s, id, &e);
+    else
         reqerr_set(&e, 503, NULL, "no model is configured");
-        return http_reply_err(c, &e);
-    }
+    *rc = http_reply_err(c, &e);
+    return NULL;
+}
+
+int api_props(conn *c)
+{
+    int rc = 0;
+    lms_expert *x = get_expert(c, &rc);
+    if (!x)
+        return rc;
     json_t *o = json_object();
     json_object_set_new(o, "model", json_string(x->cfg->id));
     if (x->cfg->path)
@@ -98,6 +119,45 @@ int api_props(conn *c)
     }
     json_object_set_new(o, "default_generation_settings", gen);
     return http_reply_json(c, 200, o);
+}
+
+static int cmp_task(const void *a, const void *b)
+{
+    const task *x = *(task *const *)a, *y = *(task *const *)b;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+int api_slots(conn *c)
+{
+    lms_server *s = c->srv;
+    int rc = 0;
+    lms_expert *x = get_expert(c, &rc);
+    if (!x)
+        return rc;
+    json_t *arr = json_array();
+    if (x->state != LMS_EXPERT_READY || !x->sched) /* not loaded: no slots yet */
+        return http_reply_json(c, 200, arr);
+    const lms_sched_params *sp = lms_sched_params_of(x->sched);
+    /* the model's client requests in flight, oldest first, fill the slots */
+    task **live = calloc(s->n_tasks ? s->n_tasks : 1, sizeof *live);
+    size_t n = 0;
+    for (size_t b = 0; live && b < s->tab_cap; b++)
+        for (task *t = s->tab[b]; t && n < s->n_tasks; t = t->h_next)
+            if (t->x == x && !t->internal)
+                live[n++] = t;
+    if (n > 1)
+        qsort(live, n, sizeof *live, cmp_task);
+    for (int32_t i = 0; i < sp->n_parallel; i++) {
+        json_t *o = json_object();
+        json_object_set_new(o, "id", json_integer(i));
+        json_object_set_new(o, "n_ctx", json_integer(sp->n_ctx));
+        json_object_set_new(o, "speculative", json_boolean(sp->spec.mode != 0));
+        json_object_set_new(o, "is_processing", json_boolean((size_t)i < n));
+        json_object_set_new(o, "id_task", json_integer((size_t)i < n ? (json_int_t)live[i]->id : -1));
+        json_array_append_new(arr, o);
+    }
+    free(live);
+    return http_reply_json(c, 200, arr);
 }
 
 int api_apply_template(conn *c, json_t *body)

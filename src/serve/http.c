@@ -79,6 +79,7 @@ static const route routes[] = {
     {"/completion", false, false, NULL, api_native_completion},
     {"/infill", false, false, NULL, api_native_infill},
     {"/props", false, false, api_props, NULL},
+    {"/slots", false, false, api_slots, NULL},
     {"/apply-template", false, false, NULL, api_apply_template},
     {"/tokenize", false, false, NULL, api_tokenize},
     {"/detokenize", false, false, NULL, api_detokenize},

@@ -513,8 +513,9 @@ json_t *api_lp_entry(const lms_model *m, const lms_event *ev, bool with_id);
 /* api_native.c: llama-server's POST /completion and POST /infill */
 int api_native_completion(conn *c, json_t *body);
 int api_native_infill(conn *c, json_t *body);
-/* api_props.c: llama-server's GET /props and POST /apply-template */
+/* api_props.c: llama-server's GET /props, GET /slots and POST /apply-template */
 int api_props(conn *c);
+int api_slots(conn *c);
 int api_apply_template(conn *c, json_t *body);
 /* api_tokens.c */
 int api_tokenize(conn *c, json_t *body);

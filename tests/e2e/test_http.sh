@@ -140,6 +140,14 @@ req GET /props
 check "props 200" eq "$(code)" 200
 check "props: loaded, one slot or more, the context, BOS and EOS" eq "$(py "$T/out" '(d["model"], d["loaded"], d["total_slots"] >= 1, d["default_generation_settings"]["n_ctx"], d["bos_token"], d["eos_token"])')" "('stories260K', True, True, 512, '<s>', '</s>')"
 check "props: the chat template and the sampling defaults" eq "$(py "$T/out" '(len(d["chat_template"]) > 0, d["default_generation_settings"]["params"]["top_k"], d["default_generation_settings"]["params"]["temperature"])')" "(True, 40, 0.8)"
+req GET "/props?model=stories260K"
+check "props ?model= names the model" eq "$(code) $(py "$T/out" 'd["model"]')" "200 stories260K"
+req GET "/props?model=nope"
+check "props ?model= of an unknown model 404" eq "$(code)" 404
+req GET /slots
+check "slots: one per parallel sequence, idle, with the context" eq "$(code) $(py "$T/out" '(len(d), [s["id"] for s in d] == list(range(len(d))), d[0]["n_ctx"], any(s["is_processing"] for s in d), {s["id_task"] for s in d}, d[0]["speculative"])')" "200 (4, True, 512, False, {-1}, False)"
+req GET "/slots?model=nope"
+check "slots ?model= of an unknown model 404" eq "$(code)" 404
 MSGS='[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi there"}]'
 req POST /apply-template -d "{\"messages\":$MSGS}"
 check "apply-template 200" eq "$(code)" 200
