@@ -192,7 +192,8 @@ static int parse(int argc, char **argv, serve_opts *o)
     if (args_spec_finish(&o->spec, "serve") < 0)
         return -1;
     if (o->config && o->spec.draft) {
-        fprintf(stderr, "lmserv serve: --draft goes with -m (one target model)\n");
+        fprintf(stderr, "lmserv serve: --draft goes with -m (one target model); give a "
+                        "config's experts their own \"draft\"\n");
         return -1;
     }
     if (o->kv_type && app_kv_type(o->kv_type) < 0) {

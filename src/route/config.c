@@ -352,6 +352,8 @@ static int parse_remote(cfgp *P, const json_t *x, const char *where, lms_expert_
         rc = check_endpoint(P, field, e->endpoint);
     if (rc == 0 && json_object_get(x, "lora"))
         rc = fail(P, field, "an expert with an endpoint takes no 'lora'");
+    if (rc == 0 && json_object_get(x, "draft"))
+        rc = fail(P, field, "an expert with an endpoint takes no 'draft'");
     if (rc == 0)
         rc = parse_key(P, x, where, e);
     snprintf(field, sizeof field, "%s.remote_model", where);
@@ -369,7 +371,7 @@ static int parse_remote(cfgp *P, const json_t *x, const char *where, lms_expert_
 static int parse_expert(cfgp *P, const json_t *x, int i, lms_route_cfg *c)
 {
     static const char *const keys[] = {"expert_id", "model_path", "domain", "priority",
-                                       "examples", "lora", "endpoint", "api_key",
+                                       "examples", "lora", "draft", "endpoint", "api_key",
                                        "api_key_env", "remote_model", "timeout_s", NULL};
     static const char *const remote_only[] = {"api_key", "api_key_env", "remote_model",
                                               "timeout_s", NULL};
@@ -414,6 +416,10 @@ static int parse_expert(cfgp *P, const json_t *x, int i, lms_route_cfg *c)
         e->priority = (int)prio;
     if (rc == 0)
         rc = parse_examples(P, x, where, e);
+    snprintf(field, sizeof field, "%s.draft", where);
+    if (rc == 0 && !remote &&
+        (rc = get_str(P, x, "draft", field, false, PATH_MAX - 1, &e->draft)) == 0 && e->draft)
+        rc = resolve_path(P, field, &e->draft);
     return rc == 0 && !remote ? parse_loras(P, x, where, e) : rc;
 }
 
@@ -636,6 +642,7 @@ static void expert_free(lms_expert_cfg *e)
     for (int k = 0; k < e->n_examples; k++)
         free(e->examples[k]);
     free(e->examples);
+    free(e->draft);
     for (int k = 0; k < e->n_loras; k++)
         free(e->lora_paths[k]);
     free(e->lora_paths);

@@ -48,6 +48,8 @@ typedef struct lms_expert_cfg {
     int priority;       /* higher wins ties and the warm-up order; default 0 */
     char **examples;    /* [n_examples] texts this expert should answer */
     int n_examples;
+    char *draft;        /* "draft": the draft model of speculative decoding, resolved as
+                         * model_path; NULL = none (local experts only) */
     char **lora_paths;  /* [n_loras] LoRA adapters loaded with the model ("lora"), resolved */
     float *lora_scales; /* their scales for requests that name no adapters (0: loaded only) */
     int n_loras;

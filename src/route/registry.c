@@ -161,7 +161,13 @@ static void run_load(lms_registry *r, job *j)
     if (rc == 0) {
         lms_sched_params sp = r->sp;
         sp.n_ctx = ctx_of(&r->sp, j->model->hp.n_ctx_train);
-        rc = lms_sched_create(j->model, &sp, &j->sched, err, sizeof err);
+        if (j->x->cfg->draft) { /* the expert's own draft model ("draft") */
+            sp.spec.mode = LMS_SPEC_DRAFT;
+            sp.draft_model = j->x->cfg->draft;
+            rc = lms_spec_params_fix(&sp.spec, err, sizeof err);
+        }
+        if (rc == 0)
+            rc = lms_sched_create(j->model, &sp, &j->sched, err, sizeof err);
         j->kv_bytes = kv_bytes_of(&sp, j->model->hp.n_layer,
                                   (int64_t)j->model->hp.n_head_kv * j->model->hp.head_dim,
                                   j->model->hp.n_ctx_train);

@@ -160,6 +160,25 @@ check "over the memory threshold: 503" eq "$(code) $(py "$T/out" "d['error']['co
 check "the reason is given" eq "$(py "$T/out" "'memory_threshold' in d['error']['message']")" True
 stop_server
 
+# --- an expert's own draft model ("draft"): speculative decoding for that expert alone ----------
+printf '{"experts":[{"expert_id":"fast","model_path":"m1.gguf","draft":"m1.gguf"},
+ {"expert_id":"plain","model_path":"m2.gguf"}],"lazy_loading":{"enabled":false}}' >"$T/draft.json"
+start_serve --config "$T/draft.json" -c 256 --draft-p-min 0
+draft_counts() { # expert -> its draft_tokens draft_accepted
+    curl -s "$BASE/stats" | python3 -c 'import json,sys; d=json.load(sys.stdin); s=[m["sched"] for m in d["models"] if m["id"] == sys.argv[1]][0]; print(s["draft_tokens"], s["draft_accepted"])' "$1"
+}
+chat '"model":"plain","temperature":0,' "hello"
+check "plain expert: 200, no guesses" eq "$(code) $(draft_counts plain)" "200 0 0"
+chat '"model":"fast","temperature":0,' "hello"
+check "expert with a draft: 200, guesses made and taken" eq "$(code) $(draft_counts fast | python3 -c 'import sys; a, b = map(int, sys.stdin.read().split()); print(a > 0 and 0 < b <= a)')" "200 True"
+stop_server
+printf '{"experts":[{"expert_id":"a","endpoint":"http://127.0.0.1:9/v1","draft":"m1.gguf"}]}' >"$T/bad3.json"
+"$LMSERV" serve --config "$T/bad3.json" --port 0 >"$T/bad3.out" 2>&1
+check "a remote expert takes no draft" grep -q "takes no 'draft'" "$T/bad3.out"
+printf '{"experts":[{"expert_id":"a","model_path":"m1.gguf","draft":"../x.gguf"}]}' >"$T/bad4.json"
+"$LMSERV" serve --config "$T/bad4.json" --port 0 >"$T/bad4.out" 2>&1
+check "a draft outside the config's folder refused, naming the field" grep -q "experts\[0\].draft" "$T/bad4.out"
+
 # --- a bad config file: exit non-zero, field named ---------------------------------------------
 printf '{"experts":[{"expert_id":"a","model_path":"m1.gguf","priority":"high"}]}' >"$T/bad.json"
 "$LMSERV" serve --config "$T/bad.json" --port 0 >"$T/bad.out" 2>&1
