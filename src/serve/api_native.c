@@ -56,23 +56,8 @@ typedef struct nat_job {
     json_t *probs;          /* not streamed: every token's entry */
     sbuf text;              /* the reply (not streamed) */
     const lms_expert *x;
-    const char *stop_word;  /* the request's only stop string, or NULL */
-    char *stop_buf;
+    char *stop_word;        /* the request's only stop string, or NULL */
 } nat_job;
-
-static int sse_obj(conn *c, json_t *o)
-{
-    size_t n;
-    char *s = json_dump_compact(o, &n);
-    json_decref(o);
-    if (!s)
-        return -1;
-    int rc = http_stream_write(c, "data: ", 6);
-    rc |= http_stream_write(c, s, n);
-    rc |= http_stream_write(c, "\n\n", 2);
-    free(s);
-    return rc;
-}
 
 static json_t *rate(double n, double ms)
 {
@@ -162,7 +147,7 @@ static void nat_on_event(task *t, const lms_event *ev, double t_ms)
             json_object_set_new(o, "tokens", json_pack("[i]", (json_int_t)ev->token));
             if (probs)
                 json_object_set_new(o, "completion_probabilities", json_pack("[o]", prob_entry(j, ev)));
-            sse_obj(c, o);
+            http_sse_json(c, o);
         }
         return;
     }
@@ -178,7 +163,7 @@ static void nat_on_event(task *t, const lms_event *ev, double t_ms)
         json_t *o = failed ? reqerr_json(&e) : piece_obj("", 0, true);
         if (!failed)
             add_final(o, j, &ev->stats);
-        sse_obj(c, o);
+        http_sse_json(c, o);
         http_stream_end(c);
     } else if (failed) {
         http_reply_err(c, &e);
@@ -196,70 +181,79 @@ static void nat_destroy(task *t)
     nat_job *j = t->state;
     sbuf_free(&j->text);
     json_decref(j->probs);
-    free(j->stop_buf);
+    free(j->stop_word);
     free(j);
 }
 
 static const task_ops nat_ops = {nat_on_event, nat_destroy};
 
+/* A growing token list; oom stays set once an append failed. */
+typedef struct tokv {
+    int32_t *v;
+    int32_t n, cap;
+    bool oom;
+} tokv;
+
+static void toks_add(tokv *t, const int32_t *ids, int32_t n)
+{
+    if (t->oom || n <= 0)
+        return;
+    if (t->n + n > t->cap) {
+        int32_t nc = (t->n + n) * 2;
+        int32_t *g = realloc(t->v, (size_t)nc * sizeof *g);
+        if (!g) {
+            t->oom = true;
+            return;
+        }
+        t->v = g, t->cap = nc;
+    }
+    memcpy(t->v + t->n, ids, (size_t)n * sizeof *ids);
+    t->n += n;
+}
+
+static void toks_one(tokv *t, int32_t id)
+{
+    toks_add(t, &id, 1);
+}
+
+/* Text (control tokens not parsed: a user's text is plain text), BOS first
+ * with bos where the vocabulary wants one. */
+static int toks_text(tokv *t, const lms_model *m, const char *s, size_t n, bool bos, reqerr *e)
+{
+    int32_t *ids = NULL, k = 0;
+    if (chatfmt_text_tokens(m, s, n, bos, &ids, &k, e) < 0)
+        return -1;
+    toks_add(t, ids, k);
+    free(ids);
+    return 0;
+}
+
 /* "prompt": a text, or an array of token ids and texts, in that order. */
-static int prompt_ids(const lms_model *m, const json_t *p, int32_t **out, int32_t *n_out,
-                      reqerr *e)
+static int prompt_ids(const lms_model *m, const json_t *p, tokv *out, reqerr *e)
 {
     if (json_is_string(p))
-        return chatfmt_text_tokens(m, json_string_value(p), json_string_length(p), true, out,
-                                   n_out, e);
+        return toks_text(out, m, json_string_value(p), json_string_length(p), true, e);
     if (!json_is_array(p) || json_array_size(p) == 0)
         return reqerr_set(e, 400, "prompt",
                           "'prompt' must be a string or a non-empty array of token ids and texts");
     const int32_t n_vocab = lms_tokenizer_n_vocab(m->tok);
-    int32_t *ids = NULL, n = 0, cap = 0;
     size_t i;
     const json_t *v;
     json_array_foreach(p, i, v)
     {
-        int32_t *part = NULL, k = 0;
-        int32_t one;
         if (json_is_integer(v)) {
-            json_int_t id = json_integer_value(v);
-            if (id < 0 || id >= n_vocab) {
-                free(ids);
+            const json_int_t id = json_integer_value(v);
+            if (id < 0 || id >= n_vocab)
                 return reqerr_set(e, 400, "prompt", "prompt[%zu] = %lld is not in the vocabulary "
                                   "(0..%d)", i, (long long)id, n_vocab - 1);
-            }
-            one = (int32_t)id;
-            part = &one;
-            k = 1;
-        } else if (json_is_string(v)) {
-            /* BOS only before a leading text, as one string prompt would get */
-            if (chatfmt_text_tokens(m, json_string_value(v), json_string_length(v), i == 0, &part,
-                                    &k, e) < 0) {
-                free(ids);
-                return -1;
-            }
-        } else {
-            free(ids);
+            toks_one(out, (int32_t)id);
+        } else if (!json_is_string(v)) {
             return reqerr_set(e, 400, "prompt", "prompt[%zu] must be a token id or a text", i);
+        } else if (toks_text(out, m, json_string_value(v), json_string_length(v), i == 0, e) < 0) {
+            return -1; /* BOS only before a leading text, as one string prompt would get */
         }
-        if (n + k > cap) {
-            int32_t nc = (n + k) * 2;
-            int32_t *g = realloc(ids, (size_t)nc * sizeof *g);
-            if (!g) {
-                if (part != &one)
-                    free(part);
-                free(ids);
-                return reqerr_set(e, 503, NULL, "out of memory");
-            }
-            ids = g, cap = nc;
-        }
-        memcpy(ids + n, part, (size_t)k * sizeof *ids);
-        n += k;
-        if (part != &one)
-            free(part);
     }
-    *out = ids;
-    *n_out = n;
-    return 0;
+    return out->oom ? reqerr_set(e, 503, NULL, "out of memory") : 0;
 }
 
 /* ---- fill in the middle --------------------------------------------------------- */
@@ -308,46 +302,6 @@ static fim_ids fim_of(const lms_model *m)
     };
 }
 
-/* A growing token list; oom stays set once an append failed. */
-typedef struct tokv {
-    int32_t *v;
-    int32_t n, cap;
-    bool oom;
-} tokv;
-
-static void toks_add(tokv *t, const int32_t *ids, int32_t n)
-{
-    if (t->oom || n <= 0)
-        return;
-    if (t->n + n > t->cap) {
-        int32_t nc = (t->n + n) * 2;
-        int32_t *g = realloc(t->v, (size_t)nc * sizeof *g);
-        if (!g) {
-            t->oom = true;
-            return;
-        }
-        t->v = g, t->cap = nc;
-    }
-    memcpy(t->v + t->n, ids, (size_t)n * sizeof *ids);
-    t->n += n;
-}
-
-static void toks_one(tokv *t, int32_t id)
-{
-    toks_add(t, &id, 1);
-}
-
-/* Text (no BOS, control tokens not parsed: the user's code is plain text). */
-static int toks_text(tokv *t, const lms_model *m, const char *s, size_t n, reqerr *e)
-{
-    int32_t *ids = NULL, k = 0;
-    if (chatfmt_text_tokens(m, s, n, false, &ids, &k, e) < 0)
-        return -1;
-    toks_add(t, ids, k);
-    free(ids);
-    return 0;
-}
-
 static int str_field(const json_t *o, const char *key, const char **out, reqerr *e)
 {
     *out = "";
@@ -378,14 +332,14 @@ static int infill_ids(const lms_expert *x, const json_t *body, int32_t n_predict
                           "{\"filename\", \"text\"} objects");
     const lms_sched_params *sp = lms_sched_params_of(x->sched);
     tokv pre = {0}, suf = {0}, pr = {0}, ex = {0};
-    int rc = toks_text(&pre, m, prefix, strlen(prefix), e) < 0 ||
-                     toks_text(&suf, m, suffix, strlen(suffix), e) < 0 ||
-                     toks_text(&pr, m, prompt, strlen(prompt), e) < 0
+    int rc = toks_text(&pre, m, prefix, strlen(prefix), false, e) < 0 ||
+                     toks_text(&suf, m, suffix, strlen(suffix), false, e) < 0 ||
+                     toks_text(&pr, m, prompt, strlen(prompt), false, e) < 0
                  ? -1
                  : 0;
     if (rc == 0 && f.rep >= 0) {
         toks_one(&ex, f.rep);
-        rc = toks_text(&ex, m, "myproject\n", 10, e);
+        rc = toks_text(&ex, m, "myproject\n", 10, false, e);
     }
     size_t i;
     const json_t *ch;
@@ -402,16 +356,16 @@ static int infill_ids(const lms_expert *x, const json_t *body, int32_t n_predict
         }
         if (f.sep >= 0) {
             toks_one(&ex, f.sep);
-            rc = toks_text(&ex, m, fn, strlen(fn), e) < 0 || toks_text(&ex, m, "\n", 1, e) < 0 ? -1 : 0;
+            rc = toks_text(&ex, m, fn, strlen(fn), false, e) < 0 || toks_text(&ex, m, "\n", 1, false, e) < 0 ? -1 : 0;
         } else {
-            rc = toks_text(&ex, m, "\n\n--- snippet ---\n\n", 19, e);
+            rc = toks_text(&ex, m, "\n\n--- snippet ---\n\n", 19, false, e);
         }
         if (rc == 0)
-            rc = toks_text(&ex, m, text, strlen(text), e);
+            rc = toks_text(&ex, m, text, strlen(text), false, e);
     }
     if (rc == 0 && f.sep >= 0) {
         toks_one(&ex, f.sep);
-        rc = toks_text(&ex, m, "filename\n", 9, e);
+        rc = toks_text(&ex, m, "filename\n", 9, false, e);
     }
     if (rc == 0) {
         /* a step's budget: 3/4 for the prefix's end, the rest of a quarter
@@ -455,7 +409,6 @@ static int native_run(conn *c, json_t *body, pick_fn fn, bool infill)
     genparams_init(&gp, server_rand(c->srv));
     const json_t *schema_j = json_object_get(body, "json_schema");
     lms_jschema *schema = NULL;
-    int32_t *toks = NULL, n = 0;
     int64_t n_probs = 0;
     bool post_probs = false;
     if (reqparse_bool(body, "stream", &stream, &e) < 0 || reqparse_gen(body, &gp, &e) < 0 ||
@@ -470,17 +423,14 @@ static int native_run(conn *c, json_t *body, pick_fn fn, bool infill)
     if (rc == 0 && schema_j && !json_is_null(schema_j) &&
         !(schema = api_compile_schema(schema_j, "json_schema", &e)))
         rc = -1;
-    if (rc == 0 && infill) {
-        tokv t = {0};
-        rc = infill_ids(c->x, body, gp.max_tokens, &t, &e);
-        toks = t.v, n = t.n;
-    } else if (rc == 0) {
-        const json_t *p = json_object_get(body, "prompt");
-        if (!p || json_is_null(p))
-            rc = reqerr_set(&e, 400, "prompt", "'prompt' is required");
-        else
-            rc = prompt_ids(c->x->model, p, &toks, &n, &e);
-    }
+    tokv pt = {0};
+    const json_t *p = json_object_get(body, "prompt");
+    if (rc == 0 && infill)
+        rc = infill_ids(c->x, body, gp.max_tokens, &pt, &e);
+    else if (rc == 0 && (!p || json_is_null(p)))
+        rc = reqerr_set(&e, 400, "prompt", "'prompt' is required");
+    else if (rc == 0)
+        rc = prompt_ids(c->x->model, p, &pt, &e);
     nat_job *j = rc == 0 ? calloc(1, sizeof *j) : NULL;
     if (rc == 0 && !j)
         rc = reqerr_set(&e, 503, NULL, "out of memory");
@@ -491,16 +441,16 @@ static int native_run(conn *c, json_t *body, pick_fn fn, bool infill)
         j->n_probs = (int)n_probs;
         j->post_probs = post_probs;
         j->probs = json_array();
-        if (gp.n_stop == 1 && (j->stop_buf = strdup(gp.stop[0])))
-            j->stop_word = j->stop_buf;
-        lms_request r = genparams_request(&gp, toks, n);
+        if (gp.n_stop == 1)
+            j->stop_word = strdup(gp.stop[0]); /* (none on failure: "" is reported) */
+        lms_request r = genparams_request(&gp, pt.v, pt.n);
         r.schema = schema;
         r.n_logprobs = (int)n_probs;
         t = task_submit(c, &r, &nat_ops, j, &e);
         if (!t)
             nat_destroy(&(task){.state = j});
     }
-    free(toks);
+    free(pt.v);
     free(schema); /* the scheduler made its copy */
     genparams_deinit(&gp);
     if (!t)

@@ -264,30 +264,13 @@ static json_t *chunk_choice(const gen_job *j, const char *text, size_t n, const 
     return ch;
 }
 
-static int sse_send(conn *c, json_t *j)
-{
-    size_t n;
-    char *s = j ? json_dump_compact(j, &n) : NULL;
-    json_decref(j);
-    if (!s)
-        return -1;
-    sbuf b = {0};
-    sbuf_adds(&b, "data: ");
-    sbuf_add(&b, s, n);
-    sbuf_adds(&b, "\n\n");
-    free(s);
-    int rc = b.oom ? -1 : http_stream_write(c, b.p, b.n);
-    sbuf_free(&b);
-    return rc;
-}
-
 static int sse_choice(conn *c, const gen_job *j, json_t *choice)
 {
     json_t *o = chunk_new(j->r);
     json_t *arr = json_array();
     json_array_append_new(arr, choice);
     json_object_set_new(o, "choices", arr);
-    return sse_send(c, o);
+    return http_sse_json(c, o);
 }
 
 /* The response's usage: every choice's generated tokens, each prompt's
@@ -498,7 +481,7 @@ static void resp_fail(conn *c, gen_job *j, const reqerr *e)
     gen_resp *r = j->r;
     r->failed = true;
     if (r->stream && r->begun) {
-        sse_send(c, reqerr_json(e));
+        http_sse_json(c, reqerr_json(e));
         http_stream_write(c, "data: [DONE]\n\n", 14);
         http_stream_end(c);
     } else {
@@ -551,7 +534,7 @@ static void gen_on_event(task *t, const lms_event *ev, double t_ms)
             json_t *o = chunk_new(r);
             json_object_set_new(o, "choices", json_array());
             json_object_set_new(o, "usage", usage_json(r));
-            sse_send(t->c, o);
+            http_sse_json(t->c, o);
         }
         http_stream_write(t->c, "data: [DONE]\n\n", 14);
         http_stream_end(t->c);

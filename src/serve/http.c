@@ -215,6 +215,24 @@ int http_stream_write(conn *c, const char *p, size_t n)
     return conn_out_raw(c, "\x0d\x0a", 2);
 }
 
+/* One server-sent event: "data: " and j's compact JSON (steals j). */
+int http_sse_json(conn *c, json_t *j)
+{
+    size_t n;
+    char *s = j ? json_dump_compact(j, &n) : NULL;
+    json_decref(j);
+    if (!s)
+        return -1;
+    sbuf b = {0};
+    sbuf_adds(&b, "data: ");
+    sbuf_add(&b, s, n);
+    sbuf_adds(&b, "\n\n");
+    free(s);
+    int rc = b.oom ? -1 : http_stream_write(c, b.p, b.n);
+    sbuf_free(&b);
+    return rc;
+}
+
 int http_stream_end(conn *c)
 {
     if (c->txn.state != TXN_STREAM)

@@ -483,6 +483,7 @@ int http_reply_json(conn *c, int status, json_t *j);  /* steals j */
 int http_reply_err(conn *c, const reqerr *e);
 int http_stream_begin(conn *c, int status, const char *ctype);
 int http_stream_write(conn *c, const char *p, size_t n);
+int http_sse_json(conn *c, json_t *j); /* one "data: JSON" event of a stream; steals j */
 int http_stream_end(conn *c);
 
 /* ---- endpoints ------------------------------------------------------------------------ */

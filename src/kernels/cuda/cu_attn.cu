@@ -725,10 +725,15 @@ static void attn_launch(lcu *g, bool gem, dim3 grid, const lcu_batch *b, const l
                n_split);
 }
 
+/* gemma's extras (query scale, score cap, window): kernels built with them */
+static bool shape_gem(const lcu_attn_shape *s)
+{
+    return s->q_scale != 0.0f || s->softcap != 0.0f || s->n_swa > 0;
+}
+
 extern "C" bool lcu_attn_dec_takes(const lcu *g, const lcu_attn_shape *s)
 {
-    const bool gem = s->q_scale != 0.0f || s->softcap != 0.0f || s->n_swa > 0;
-    return g->att_dec && g->attn_cnt && !gem && (s->head_dim == 64 || s->head_dim == 128) &&
+    return g->att_dec && g->attn_cnt && !shape_gem(s) && (s->head_dim == 64 || s->head_dim == 128) &&
            s->n_head_kv > 0 && s->n_head % s->n_head_kv == 0 && s->n_head / s->n_head_kv <= ATT_G;
 }
 
@@ -745,7 +750,7 @@ extern "C" void lcu_attention(lcu *g, const lcu_batch *b, const lcu_attn_shape *
         return;
     const int64_t n_q = (int64_t)s->n_head * s->head_dim;
     /* gemma's extras: chosen here, per launch, never tested by the llama kernels */
-    const bool gem = s->q_scale != 0.0f || s->softcap != 0.0f || s->n_swa > 0;
+    const bool gem = shape_gem(s);
     if (g->fa && b->n_tok > LCU_MATVEC_MAX && (s->head_dim == 64 || s->head_dim == 128)) {
         if (s->head_dim == 64 && gem)
             fa_launch<64, true>(g, b, s, q, kc, vc, out);
