@@ -36,6 +36,7 @@
 #include "base/timeutil.h"
 #include "engine/encoder.h"
 #include "engine/forward.h"
+#include "engine/gbnf.h"
 #include "engine/jsonschema.h"
 #include "kernels/kernels.h"
 #include "model/tokenizer.h"
@@ -76,6 +77,9 @@ typedef struct sreq {
     uint64_t *jc_bits;       /* JSON mode: allowed tokens of the last JC_N states, a bit each */
     lms_jschk jc_key[4];
     int jc_n, jc_next;
+    lms_gbnf *grammar;       /* GBNF mode: the request's grammar (a copy), or NULL */
+    lms_gbnf_chk *gf;        /* GBNF mode: the text so far, checked */
+    lms_gbnf_chk *gc_key;    /* GBNF mode: the states of jc_bits [JC_N] */
     const char *done;        /* finish reason once decided this step */
     /* speculative decoding (spec.h) */
     int32_t spec_max, spec_min; /* this request's proposals a step (spec_max 0: none) */
@@ -196,6 +200,9 @@ static void sreq_free(lms_sched *s, sreq *q)
     free(q->masked);
     free(q->jc_bits);
     free(q->schema);
+    free(q->grammar);
+    free(q->gf);
+    free(q->gc_key);
     free(q);
 }
 
@@ -318,6 +325,17 @@ static int check_request(const lms_sched *s, const lms_request *r, char *err, si
                             r->tokens[i], i, n_vocab);
     if (r->n_stop < 0 || r->n_stop > LMS_MAX_STOP)
         return lms_errf(err, errsz, LMS_ERR_LIMIT, "at most %d stop strings", LMS_MAX_STOP);
+    if (r->grammar && (r->json || r->schema))
+        return lms_errf(err, errsz, LMS_ERR_INVAL, "a grammar and JSON mode cannot be used together");
+    if (r->grammar) {
+        lms_gbnf_chk *c = malloc(sizeof *c);
+        const bool ok = c && lms_gbnf_init(c, r->grammar);
+        free(c);
+        if (!ok)
+            return lms_errf(err, errsz, LMS_ERR_LIMIT,
+                            "the grammar's start has more than %d ways to read the text",
+                            LMS_GBNF_STACKS);
+    }
     if (r->n_logprobs < 0 || r->n_logprobs > LMS_MAX_LOGPROBS)
         return lms_errf(err, errsz, LMS_ERR_INVAL, "logprobs must be in [0, %d]", LMS_MAX_LOGPROBS);
     if (r->n_loras < 0 || r->n_loras > LMS_LORA_MAX || (r->n_loras > 0 && !r->loras))
@@ -369,6 +387,13 @@ static sreq *sreq_new(const lms_sched *s, const lms_request *r, const lms_lora_s
         q->r.json = true;
     }
     q->r.schema = q->schema;
+    if (ok && r->grammar && !r->json && !r->schema) {
+        const size_t n = lms_gbnf_size(r->grammar);
+        ok = (q->grammar = malloc(n)) != NULL;
+        if (ok)
+            memcpy(q->grammar, r->grammar, n);
+    }
+    q->r.grammar = q->grammar;
     for (int i = 0; i < r->n_stop && ok; i++)
         ok = (q->stops[i] = strdup(r->stop[i])) != NULL;
     if (!ok) {
@@ -377,6 +402,7 @@ static sreq *sreq_new(const lms_sched *s, const lms_request *r, const lms_lora_s
         free(q->tokens);
         free(q->final);
         free(q->schema);
+        free(q->grammar);
         free(q);
         return NULL;
     }
@@ -525,16 +551,24 @@ static int make_token_texts(lms_sched *s)
     return 0;
 }
 
+/* Whether the output is held to a JSON object or a grammar. */
+static bool constrained(const sreq *q)
+{
+    return q->r.json || q->grammar;
+}
+
 /* Token id may come next: an end-of-generation token once the object is
- * closed; a token without text never (a control token); any other if its
- * text continues the JSON. */
+ * closed (the grammar's text may end); a token without text never (a
+ * control token); any other if its text continues the JSON (the grammar). */
 static bool json_allows(const lms_sched *s, const sreq *q, int32_t id)
 {
     if (s->tt_eog[id])
-        return lms_jschk_done(&q->jf);
+        return q->grammar ? lms_gbnf_done(q->gf) : lms_jschk_done(&q->jf);
     const uint32_t a = s->tt_off[id], b = s->tt_off[id + 1];
     if (a == b)
         return false;
+    if (q->grammar)
+        return lms_gbnf_allows(q->gf, (const char *)s->tt_bytes + a, b - a);
     lms_jschk k;
     lms_jschk_copy(&k, &q->jf);
     return lms_jschk_feed(&k, s->tt_bytes + a, b - a);
@@ -554,12 +588,15 @@ static const uint64_t *json_allowed_bits(const lms_sched *s, sreq *q)
 {
     const size_t nw = jc_words(s);
     for (int k = 0; k < q->jc_n; k++)
-        if (lms_jschk_same(&q->jc_key[k], &q->jf))
+        if (q->grammar ? lms_gbnf_same(&q->gc_key[k], q->gf) : lms_jschk_same(&q->jc_key[k], &q->jf))
             return q->jc_bits + (size_t)k * nw;
     const int k = q->jc_next;
     q->jc_next = (k + 1) % JC_N;
     q->jc_n = q->jc_n < JC_N ? q->jc_n + 1 : JC_N;
-    lms_jschk_copy(&q->jc_key[k], &q->jf);
+    if (q->grammar)
+        lms_gbnf_copy(&q->gc_key[k], q->gf);
+    else
+        lms_jschk_copy(&q->jc_key[k], &q->jf);
     uint64_t *bits = q->jc_bits + (size_t)k * nw;
     memset(bits, 0, nw * sizeof *bits);
     for (int32_t i = 0; i < s->m->hp.n_vocab; i++)
@@ -575,7 +612,7 @@ static const uint64_t *json_allowed_bits(const lms_sched *s, sreq *q)
 static int32_t sample_row(const lms_sched *s, sreq *q, const float *logits, float *prob)
 {
     int32_t tok = lms_sampler_sample(q->smp, logits, prob);
-    if (!q->r.json || json_allows(s, q, tok))
+    if (!constrained(q) || json_allows(s, q, tok))
         return tok;
     const uint64_t *bits = json_allowed_bits(s, q);
     bool any = false;
@@ -688,8 +725,17 @@ static int start_request(lms_sched *s, sreq *q)
         if (!(q->prop = malloc((size_t)q->spec_max * sizeof *q->prop)))
             return LMS_ERR_NOMEM;
     }
-    if (q->r.json) {
-        lms_jschk_init(&q->jf, q->schema);
+    if (q->grammar) {
+        q->gf = malloc(sizeof *q->gf);
+        q->gc_key = malloc(JC_N * sizeof *q->gc_key);
+        if (!q->gf || !q->gc_key)
+            return LMS_ERR_NOMEM;
+        if (!lms_gbnf_init(q->gf, q->grammar))
+            return LMS_ERR_LIMIT;
+    }
+    if (constrained(q)) {
+        if (q->r.json)
+            lms_jschk_init(&q->jf, q->schema);
         q->masked = malloc((size_t)s->m->hp.n_vocab * sizeof *q->masked);
         q->jc_bits = malloc(JC_N * jc_words(s) * sizeof *q->jc_bits);
         if (!q->masked || !q->jc_bits || make_token_texts(s) < 0)
@@ -904,7 +950,10 @@ static const char *handle_token(lms_sched *s, sreq *q, int32_t tok, float prob)
 {
     lms_event *ev = new_event(q, LMS_EV_TOKEN);
     lms_sampler_accept(q->smp, tok);
-    if (q->r.json && !s->tt_eog[tok]) /* allowed, so it feeds */
+    if (q->grammar && !s->tt_eog[tok]) /* allowed, so it feeds */
+        lms_gbnf_feed(q->gf, (const char *)s->tt_bytes + s->tt_off[tok],
+                      s->tt_off[tok + 1] - s->tt_off[tok]);
+    else if (q->r.json && !s->tt_eog[tok])
         lms_jschk_feed(&q->jf, s->tt_bytes + s->tt_off[tok], s->tt_off[tok + 1] - s->tt_off[tok]);
     if (q->n_gen++ == 0)
         q->t_first = lms_now_ms();

@@ -139,6 +139,10 @@ typedef struct lms_request {
                                 * only once it is closed */
     const struct lms_jschema *schema; /* JSON mode held to this compiled schema
                                 * (engine/jsonschema.h), copied; implies json */
+    const struct lms_gbnf *grammar; /* the output held to this compiled GBNF
+                                * grammar (engine/gbnf.h), copied; the
+                                * end-of-generation token only where the
+                                * grammar's text may end; not with json */
     int n_logprobs;            /* 0..LMS_MAX_LOGPROBS alternatives per token */
     bool prompt_logprobs;      /* LMS_EV_PROMPT for every prompt token after the first; the
                                 * prompt is computed whole (no prefix cache); max_tokens

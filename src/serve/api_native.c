@@ -18,8 +18,8 @@
  * completion_probabilities: per token {id, token, bytes, logprob,
  * top_logprobs: [...]} of the model's distribution (prob / top_probs,
  * the same as probabilities, with post_sampling_probs). Sampling fields are read
- * as by the other endpoints (reqparse_gen); "grammar" is refused (JSON
- * schemas are the structured-output form here). Local models only.
+ * as by the other endpoints (reqparse_gen), "grammar" (GBNF, engine/gbnf.h)
+ * among them; it and json_schema exclude each other. Local models only.
  *
  * POST /infill (fill-in-the-middle, for editor plugins): input_prefix,
  * input_suffix, input_extra ([{"filename", "text"}], other files as
@@ -416,10 +416,8 @@ static int native_run(conn *c, json_t *body, pick_fn fn, bool infill)
         reqparse_bool(body, "post_sampling_probs", &post_probs, &e) < 0 ||
         api_lora_pick(c, body, &gp, &e) < 0)
         rc = -1;
-    if (rc == 0 && json_object_get(body, "grammar") &&
-        !json_is_null(json_object_get(body, "grammar")))
-        rc = reqerr_set(&e, 400, "grammar", "GBNF grammars are not supported: give the output's "
-                        "shape as 'json_schema'");
+    if (rc == 0 && gp.grammar && schema_j && !json_is_null(schema_j))
+        rc = reqerr_set(&e, 400, "grammar", "give 'grammar' or 'json_schema', not both");
     if (rc == 0 && schema_j && !json_is_null(schema_j) &&
         !(schema = api_compile_schema(schema_j, "json_schema", &e)))
         rc = -1;

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "base/err.h"
+#include "engine/gbnf.h"
 #include "engine/jsonschema.h"
 #include "serve/serve_int.h"
 
@@ -226,6 +227,8 @@ void genparams_deinit(genparams *gp)
     for (int i = 0; i < gp->n_stop; i++)
         free(gp->stop[i]);
     gp->n_stop = 0;
+    free(gp->grammar);
+    gp->grammar = NULL;
 }
 
 json_t *reqparse_upstream(const json_t *o)
@@ -233,7 +236,8 @@ json_t *reqparse_upstream(const json_t *o)
     static const char *const same[] = {"temperature", "top_p", "top_k", "min_p", "typical_p",
                                        "mirostat", "mirostat_tau", "mirostat_eta",
                                        "repeat_penalty", "presence_penalty", "frequency_penalty",
-                                       "seed", "stop", "ignore_eos", "logit_bias", NULL};
+                                       "seed", "stop", "ignore_eos", "logit_bias", "grammar",
+                                       NULL};
     static const char *const max[] = {"max_tokens", "max_completion_tokens", "n_predict", NULL};
     json_t *u = json_object();
     if (!u || !json_is_object(o))
@@ -264,11 +268,33 @@ lms_request genparams_request(const genparams *gp, const int32_t *toks, int32_t 
         .ignore_eos = gp->ignore_eos, .timeout_ms = gp->timeout_ms,
         .loras = gp->n_loras ? gp->loras : NULL, .n_loras = gp->n_loras,
         .spec_n_max = gp->spec_n_max, .spec_n_min = gp->spec_n_min, .spec_p_min = gp->spec_p_min,
+        .grammar = gp->grammar,
     };
     return r;
 }
 
 #define MAX_STOP_BYTES 1024
+
+/* "grammar": GBNF text compiled (engine/gbnf.h); null or "" for none */
+static int parse_grammar(const json_t *o, genparams *gp, reqerr *e)
+{
+    const json_t *g = json_object_get(o, "grammar");
+    if (!g || json_is_null(g))
+        return 0;
+    if (!json_is_string(g))
+        return reqerr_set(e, 400, "grammar", "'grammar' must be a string (GBNF text)");
+    const size_t n = json_string_length(g);
+    if (n == 0)
+        return 0;
+    if (n > API_GRAMMAR_BYTES)
+        return reqerr_set(e, 400, "grammar", "'grammar' has %zu bytes; at most %d are taken", n,
+                          API_GRAMMAR_BYTES);
+    char err[256];
+    free(gp->grammar);
+    if (!(gp->grammar = lms_gbnf_compile(json_string_value(g), n, err, sizeof err)))
+        return reqerr_set(e, 400, "grammar", "%s", err);
+    return 0;
+}
 
 static int add_stop(genparams *gp, const json_t *s, reqerr *e)
 {
@@ -431,7 +457,7 @@ int reqparse_gen(const json_t *o, genparams *gp, reqerr *e)
     if (reqparse_num(o, "timeout", 0.001, 86400, &tmo, e) < 0)
         return -1;
     gp->timeout_ms = tmo * 1000.0;
-    return parse_stop(o, gp, e);
+    return parse_grammar(o, gp, e) < 0 ? -1 : parse_stop(o, gp, e);
 }
 
 int reqparse_token_ids(const json_t *a, const char *field, int32_t **out, int32_t *n_out,

@@ -118,14 +118,17 @@ typedef struct genparams {
     int n_loras;
     int32_t spec_n_max, spec_n_min; /* "speculative.n_max" / "n_min" / "p_min", as lms_request */
     float spec_p_min;
+    struct lms_gbnf *grammar;    /* "grammar" (GBNF text), compiled; owned */
 } genparams;
 
 /* Reads temperature (or `temp`), top_k, top_p, min_p, typical_p, mirostat
  * (with mirostat_tau, mirostat_eta), repeat_penalty,
  * repeat_last_n, presence_penalty, frequency_penalty, seed, max_tokens (or
- * max_completion_tokens, n_predict), stop, ignore_eos, logit_bias and
+ * max_completion_tokens, n_predict), stop, ignore_eos, logit_bias,
+ * grammar (llama-server's GBNF text, at most API_GRAMMAR_BYTES; "" none) and
  * timeout (seconds, the request's deadline) from o. Unknown
  * fields are ignored. gp must be initialized with genparams_init. */
+#define API_GRAMMAR_BYTES (64 * 1024)
 int reqparse_gen(const json_t *o, genparams *gp, reqerr *e);
 void genparams_init(genparams *gp, uint64_t seed);
 /* The generation fields of o (as reqparse_gen reads them, already checked)

@@ -204,8 +204,8 @@ req POST /completion -d '{"n_predict":3}'
 check "completion: no prompt 400" eq "$(code) $(py "$T/out" 'd["error"]["param"]')" "400 prompt"
 req POST /completion -d '{"prompt":[1,2.5]}'
 check "completion: a prompt item neither id nor text 400" eq "$(code)" 400
-req POST /completion -d '{"prompt":"x","grammar":"root ::= \"a\""}'
-check "completion: grammar refused, naming it" eq "$(code) $(py "$T/out" 'd["error"]["param"]')" "400 grammar"
+req POST /completion -d '{"prompt":"x","grammar":"root ::= \"a\"","n_predict":8}'
+check "completion: a grammar of one text gives that text" eq "$(code) $(py "$T/out" '(d["content"], d["stop_type"])')" "200 ('a', 'eos')"
 req POST /completion -d '{"prompt":"x","json_schema":{"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]},"n_predict":24,"temperature":0}'
 check "completion: json_schema holds the output to an object" eq "$(code) $(py "$T/out" 'd["content"].lstrip().startswith("{")')" "200 True"
 req POST /infill -d '{"input_prefix":"def f(","input_suffix":"):\n"}'
@@ -264,6 +264,31 @@ req POST /api/generate -d "{\"prompt\":\"Once\",\"format\":$SCHEMA,\"stream\":fa
 check "Ollama format schema: the first key" eq "$(py "$T/out" '__import__("re").sub(r"\s", "", d["response"])[:5]')" '{"a":'
 req POST /api/generate -d '{"prompt":"Once","format":{"type":"string"},"stream":false}'
 check "Ollama format schema of a non-object refused" eq "$(code)" 400
+
+# ---- GBNF grammars (llama-server's "grammar"), on every generation endpoint ------------
+YN='root ::= (\"yes\" | \"no\") \" \" [0-9]{3}\n'
+for seed in 1 2 3 4; do
+    req POST /completion -d "{\"prompt\":\"Once upon a time\",\"n_predict\":30,\"temperature\":1.5,\"seed\":$seed,\"grammar\":\"$YN\"}"
+    check "grammar (seed $seed): the text is one the grammar makes" eq "$(py "$T/out" 'bool(__import__("re").fullmatch("(yes|no) [0-9]{3}", d["content"]))')" True
+    check "grammar (seed $seed): closed, then the end token" eq "$(py "$T/out" 'd["stop_type"]')" eos
+done
+LIST='root ::= \"[\" item (\", \" item)* \"]\"\nitem ::= [a-z]+'
+req POST /v1/completions -d "{\"prompt\":\"Once upon a time\",\"max_tokens\":24,\"seed\":5,\"grammar\":\"$LIST\"}"
+check "grammar on /v1/completions: a prefix of a list" eq "$(py "$T/out" 'bool(__import__("re").fullmatch(r"\[[a-z]+(, [a-z]+)*(, [a-z]*)?\]?|\[[a-z]*", d["choices"][0]["text"]))')" True
+curl -sN "$BASE/v1/chat/completions" -d "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":30,\"stream\":true,\"seed\":7,\"grammar\":\"root ::= [0-9]{1,4} \\\".\\\"\"}" >"$T/sse"
+check "grammar on streamed chat: the pieces make a number and a dot" eq "$(python3 -c 'import json,sys,re; t="".join((json.loads(l[6:])["choices"][0]["delta"].get("content") or "") for l in open(sys.argv[1]) if l.startswith("data: {") and json.loads(l[6:])["choices"]); print(bool(re.fullmatch(r"[0-9]{1,4}\.", t)))' "$T/sse")" True
+req POST /completion -d '{"prompt":"Once","n_predict":4,"grammar":""}'
+check "an empty grammar is no grammar" eq "$(code)" 200
+req POST /completion -d '{"prompt":"Once","grammar":"root ::= item\n"}'
+check "a grammar naming an undefined rule: 400 with line and column" eq "$(code) $(py "$T/out" '(d["error"]["param"], d["error"]["message"])')" "400 ('grammar', \"grammar: line 1, column 10: rule 'item' is never defined\")"
+req POST /completion -d '{"prompt":"Once","grammar":"root ::= root \"a\""}'
+check "a left-recursive grammar refused" eq "$(code) $(py "$T/out" '"left recursion" in d["error"]["message"]')" "400 True"
+req POST /completion -d '{"prompt":"Once","grammar":["root"]}'
+check "a grammar that is not a string refused" eq "$(code) $(py "$T/out" 'd["error"]["param"]')" "400 grammar"
+req POST /completion -d '{"prompt":"Once","grammar":"root ::= \"a\"","json_schema":{"type":"object"}}'
+check "grammar and json_schema together refused" eq "$(code) $(py "$T/out" 'd["error"]["param"]')" "400 grammar"
+req POST /v1/chat/completions -d '{"messages":[{"role":"user","content":"x"}],"grammar":"root ::= \"a\"","response_format":{"type":"json_object"}}'
+check "grammar and JSON mode together refused" eq "$(code)" 400
 
 req POST /detokenize -d '{"tokens":[1,99999]}'
 check "detokenize refuses an id outside the vocabulary" eq "$(py "$T/out" 'd["error"]["param"]')" tokens
