@@ -32,6 +32,10 @@
 enum { GB_END, GB_RULE_END, GB_CHAR, GB_REF };
 #define GB_NEG 0x80000000u
 #define GB_EXPAND_DEPTH 1024 /* nested expansions of one stack before it reads */
+/* expansions of one step (a character, or the start): ambiguous grammars
+ * (a ::= b | b, b ::= c | c, ...) reach the same stacks along exponentially
+ * many paths; past this the step fails as on too many stacks */
+#define GB_EXPAND_BUDGET 20000
 
 typedef struct gb_el {
     uint32_t type, a, b;
@@ -634,7 +638,8 @@ lms_gbnf *lms_gbnf_compile(const char *text, size_t n, char *err, size_t errsz)
 
 typedef struct gb_out {
     lms_gbnf_chk *d;
-    bool full; /* a stack did not fit */
+    bool full;      /* a stack did not fit, or the expansions ran out */
+    uint32_t spent; /* expansions so far */
 } gb_out;
 
 /* Adds stack st[0..n) to the set unless it is there already. */
@@ -660,7 +665,7 @@ static void expand(const lms_gbnf *g, gb_out *o, uint32_t *st, uint32_t n, int d
 {
     if (o->full)
         return;
-    if (depth > GB_EXPAND_DEPTH) {
+    if (depth > GB_EXPAND_DEPTH || ++o->spent > GB_EXPAND_BUDGET) {
         o->full = true;
         return;
     }
@@ -736,7 +741,7 @@ static bool step(const lms_gbnf_chk *src, uint32_t c, lms_gbnf_chk *dst)
 {
     const lms_gbnf *g = src->g;
     chk_clear(dst, g);
-    gb_out o = {dst, false};
+    gb_out o = {dst, false, 0};
     uint32_t st[LMS_GBNF_POOL];
     for (uint32_t i = 0; i < src->n && !o.full; i++) {
         const uint32_t n = src->off[i + 1] - src->off[i];
@@ -755,7 +760,7 @@ static bool step(const lms_gbnf_chk *src, uint32_t c, lms_gbnf_chk *dst)
 bool lms_gbnf_init(lms_gbnf_chk *c, const lms_gbnf *g)
 {
     chk_clear(c, g);
-    gb_out o = {c, false};
+    gb_out o = {c, false, 0};
     uint32_t st[LMS_GBNF_POOL];
     for (uint32_t a = g->root; g->el[a].type != GB_RULE_END;) {
         st[0] = a;

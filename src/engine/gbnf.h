@@ -22,8 +22,9 @@
  *
  * The checker follows every way the text so far can be read (a set of
  * stacks of grammar positions, as llama.cpp's sampler does), at most
- * LMS_GBNF_STACKS of them with LMS_GBNF_POOL positions in all: a text that
- * would need more is refused (the generation then ends, as on a dead end).
+ * LMS_GBNF_STACKS of them with LMS_GBNF_POOL positions in all, found with a
+ * bounded amount of work per character: a text that would need more is
+ * refused (the generation then ends, as on a dead end).
  */
 #ifndef LMS_GBNF_H
 #define LMS_GBNF_H

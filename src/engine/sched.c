@@ -333,7 +333,8 @@ static int check_request(const lms_sched *s, const lms_request *r, char *err, si
         free(c);
         if (!ok)
             return lms_errf(err, errsz, LMS_ERR_LIMIT,
-                            "the grammar's start has more than %d ways to read the text",
+                            "the grammar is too ambiguous at its start (more than %d ways "
+                            "to read the text, or too much work to find them)",
                             LMS_GBNF_STACKS);
     }
     if (r->n_logprobs < 0 || r->n_logprobs > LMS_MAX_LOGPROBS)

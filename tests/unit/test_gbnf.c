@@ -175,6 +175,23 @@ static void test_rules_and_recursion(void **state)
     no(g, "hi bo", 3);
     free(g);
 
+    /* ambiguity: 2^24 ways to the same stack; the start gives up (bounded
+     * work) instead of walking them */
+    char amb[1024] = "root ::= r0\n";
+    for (int i = 0; i < 24; i++)
+        snprintf(amb + strlen(amb), sizeof amb - strlen(amb), "r%d ::= r%d | r%d\n", i, i + 1,
+                 i + 1);
+    strcat(amb, "r24 ::= \"a\"\n");
+    g = compile_ok(amb);
+    lms_gbnf_chk *c = malloc(sizeof *c);
+    assert_false(lms_gbnf_init(c, g));
+    free(c);
+    free(g);
+    /* a few levels of it are fine */
+    g = compile_ok("root ::= r0\nr0 ::= r1 | r1\nr1 ::= r2 | r2\nr2 ::= \"a\" | \"a\"\n");
+    yes(g, "a");
+    free(g);
+
     /* right recursion deeper than any fixed stack: taken in constant depth */
     g = compile_ok("root ::= \"a\" root | \"\"\n");
     char text[3001];
