@@ -68,10 +68,16 @@ static void print_encoder(const lms_model *m)
 {
     const lms_hparams *hp = &m->hp;
     static const char *const pool[] = {"?", "mean", "cls", "last"};
-    printf("model: %s\n  arch %s (embedding model: bidirectional attention, %s pooling, "
-           "L2-normalized), n_vocab %d, n_embd %d, n_layer %d, n_head %d, head_dim %d, n_ff %d, "
-           "at most %d tokens an input\n  positions %s, LayerNorm eps %g, no output head\n",
-           m->name, hp->arch, hp->pooling >= 1 && hp->pooling <= 3 ? pool[hp->pooling] : "?",
+    char kind[96];
+    if (hp->pooling == LMS_POOLING_RANK)
+        snprintf(kind, sizeof kind, "a reranker: [CLS] through its classification head, %d "
+                 "score%s", hp->n_cls_out, hp->n_cls_out == 1 ? "" : "s");
+    else
+        snprintf(kind, sizeof kind, "embedding model: bidirectional attention, %s pooling, "
+                 "L2-normalized", hp->pooling >= 1 && hp->pooling <= 3 ? pool[hp->pooling] : "?");
+    printf("model: %s\n  arch %s (%s), n_vocab %d, n_embd %d, n_layer %d, n_head %d, head_dim %d, "
+           "n_ff %d, at most %d tokens an input\n  positions %s, LayerNorm eps %g, no output head\n",
+           m->name, hp->arch, kind,
            hp->n_vocab, hp->n_embd, hp->n_layer, hp->n_head, hp->head_dim, hp->n_ff,
            hp->n_ctx_train, hp->encoder_rope ? "by NeoX RoPE" : "learned (position_embd)",
            hp->norm_eps);

@@ -352,6 +352,31 @@ static void layer(lms_encoder *enc, const lms_layer *l, int32_t n)
     add_layer_norm(enc->x, enc->q, &l->ffn_norm, &l->ffn_norm_b, n, e, hp->norm_eps);
 }
 
+/* A reranker's scores (hp.n_cls_out of them) from the [CLS] state, as
+ * llama.cpp's rank pooling: tanh(cls x + cls_b), then cls_out . + cls_out_b
+ * (either step skipped where the file has no such matrix); not normalized. */
+static void rank_head(lms_encoder *enc, float *out)
+{
+    const lms_model *m = enc->m;
+    const int64_t e = m->hp.n_embd;
+    float *y = enc->x; /* the [CLS] row, row 0 */
+    if (m->cls.data) {
+        const lms_mat w = as_mat(&m->cls);
+        lms_matmul(&w, y, 1, enc->q, enc->mscratch);
+        add_bias(enc->q, &m->cls_b, 1, e);
+        for (int64_t i = 0; i < e; i++)
+            enc->q[i] = tanhf(enc->q[i]);
+        y = enc->q;
+    }
+    if (m->cls_out.data) {
+        const lms_mat w = as_mat(&m->cls_out);
+        lms_matmul(&w, y, 1, enc->a, enc->mscratch);
+        add_bias(enc->a, &m->cls_out_b, 1, m->hp.n_cls_out);
+        y = enc->a;
+    }
+    memcpy(out, y, (size_t)m->hp.n_cls_out * sizeof *out);
+}
+
 /* ---- the pass ------------------------------------------------------------------ */
 
 int lms_encode(lms_encoder *enc, const int32_t *tokens, int32_t n, float *out, char *err,
@@ -393,6 +418,10 @@ int lms_encode(lms_encoder *enc, const int32_t *tokens, int32_t n, float *out, c
     for (int il = 0; il < hp->n_layer; il++)
         layer(enc, &m->layers[il], n);
 
+    if (hp->pooling == LMS_POOLING_RANK) {
+        rank_head(enc, out);
+        return 0;
+    }
     double norm = 0;
     for (int64_t i = 0; i < e; i++) {
         float p;

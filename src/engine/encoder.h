@@ -13,6 +13,7 @@
  *     x       = LayerNorm(Wdown gelu(Wup x + bup) + bdown + x) (layer_output_norm)
  *   pooled   = mean of x's rows, or x[0] (cls), or x[n-1] (last): the
  *              file's pooling_type; then divided by its L2 norm
+ *   rank     = (rerankers) cls_out tanh(cls x[0] + cls_b) + cls_out_b
  *
  * GELU is the tanh approximation with the input and output rounded to f16,
  * as ggml's CPU path computes it (llama.cpp's bert uses that GELU).
@@ -43,7 +44,8 @@ void lms_encoder_destroy(lms_encoder *e);
 int32_t lms_encoder_max_tokens(const lms_encoder *e);
 
 /* Encodes tokens[0..n) (already with [CLS] ... [SEP]) into out[n_embd]:
- * pooled and of unit length (all zero if the pooled vector is zero).
+ * pooled and of unit length (all zero if the pooled vector is zero); a
+ * reranker (rank pooling) writes its hp.n_cls_out scores instead.
  * Errors (n out of range, a token id outside the vocabulary) are named in
  * err; out is untouched then. */
 int lms_encode(lms_encoder *e, const int32_t *tokens, int32_t n, float *out, char *err,

@@ -301,7 +301,7 @@ static void encode_next(lms_sched *s)
     }
     q->t_first = lms_now_ms();
     ev->embd = v;
-    ev->n_embd = e;
+    ev->n_embd = s->m->hp.pooling == LMS_POOLING_RANK ? s->m->hp.n_cls_out : e; /* scores */
     q->r.cb(q->r.user, ev);
     finish(s, q, "stop", 0, NULL);
 }

@@ -475,8 +475,10 @@ const float *lms_model_rope_factors(const lms_model *m, int32_t n_ctx)
  * Its MoE variant (moe_every_n_layers > 0) is refused.
  *
  * Keys: bert.attention.layer_norm_epsilon (required), bert.pooling_type
- * (1 mean, the default; 2 cls; 3 last), bert.attention.causal (must be
- * false when present).
+ * (1 mean, the default; 2 cls; 3 last; 4 rank: a reranker, whose head is
+ * cls.weight [n_embd, n_embd] with cls.bias, then cls.output.weight [n_embd,
+ * n_out] with cls.output.bias, either part optional as in llama.cpp),
+ * bert.attention.causal (must be false when present).
  */
 static int read_bert(loader *L)
 {
@@ -495,9 +497,10 @@ static int read_bert(loader *L)
     int rc = gguf_get_i64(L->m->gguf, key, &v);
     if (rc < 0 && rc != LMS_ERR_NOTFOUND)
         return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT, "model: '%s' is not an integer", key);
-    if (v != LMS_POOLING_MEAN && v != LMS_POOLING_CLS && v != LMS_POOLING_LAST)
+    if (v != LMS_POOLING_MEAN && v != LMS_POOLING_CLS && v != LMS_POOLING_LAST &&
+        v != LMS_POOLING_RANK)
         return lms_errf(L->err, L->errsz, LMS_ERR_UNSUPPORTED,
-                        "model: '%s' = %lld is not supported (1 mean, 2 cls, 3 last)", key,
+                        "model: '%s' = %lld is not supported (1 mean, 2 cls, 3 last, 4 rank)", key,
                         (long long)v);
     hp->pooling = (int)v;
     bool causal = false;
@@ -531,6 +534,28 @@ static int bind_rows(loader *L, lms_weight *w, const char *name, int64_t ne0, in
     return bind(L, w, name, ne0, t ? t->ne[1] : min_rows, required);
 }
 
+/* A reranker's classification head (rank pooling), see read_bert. */
+static int bind_rank_head(loader *L)
+{
+    lms_model *m = L->m;
+    const int64_t e = m->hp.n_embd;
+    int rc;
+    if ((rc = bind(L, &m->cls, "cls.weight", e, e, false)) < 0 ||
+        (rc = bind(L, &m->cls_b, "cls.bias", e, 0, false)) < 0 ||
+        (rc = bind_rows(L, &m->cls_out, "cls.output.weight", e, 1, false)) < 0)
+        return rc;
+    if (!m->cls.data && !m->cls_out.data)
+        return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT,
+                        "model: pooling_type 4 (rank) needs a classification head: neither "
+                        "'cls.weight' nor 'cls.output.weight' is in the file");
+    m->hp.n_cls_out = m->cls_out.data ? (int32_t)m->cls_out.ne[1] : (int32_t)e;
+    if (m->hp.n_cls_out > e)
+        return lms_errf(L->err, L->errsz, LMS_ERR_UNSUPPORTED,
+                        "model: 'cls.output.weight' has %d outputs; at most n_embd (%lld) are "
+                        "supported", m->hp.n_cls_out, (long long)e);
+    return bind(L, &m->cls_out_b, "cls.output.bias", m->hp.n_cls_out, 0, false);
+}
+
 static int bind_bert(loader *L)
 {
     lms_model *m = L->m;
@@ -544,6 +569,8 @@ static int bind_bert(loader *L)
         (rc = bind_rows(L, &m->type_embd, "token_types.weight", e, 1, false)) < 0 ||
         (rc = bind(L, &m->tok_norm, "token_embd_norm.weight", e, 0, true)) < 0 ||
         (rc = bind(L, &m->tok_norm_b, "token_embd_norm.bias", e, 0, true)) < 0)
+        return rc;
+    if (hp->pooling == LMS_POOLING_RANK && (rc = bind_rank_head(L)) < 0)
         return rc;
     const int64_t qkv_rows[3] = {e, e, e};
     for (int il = 0; il < hp->n_layer; il++) {

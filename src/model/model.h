@@ -96,6 +96,7 @@ typedef struct lms_hparams {
     int pooling;           /* enum lms_pooling_type (the file's pooling_type) */
     bool encoder_rope;     /* nomic-bert: RoPE of q, k instead of position_embd */
     float norm_eps;
+    int32_t n_cls_out;     /* rank pooling: the head's outputs (scores), <= n_embd */
 } lms_hparams;
 
 /* GGUF's <arch>.pooling_type values (the ones the encoder computes). */
@@ -103,6 +104,7 @@ enum lms_pooling_type {
     LMS_POOLING_MEAN = 1, /* mean of every token's final state */
     LMS_POOLING_CLS = 2,  /* the first token's ([CLS]) */
     LMS_POOLING_LAST = 3, /* the last token's */
+    LMS_POOLING_RANK = 4, /* a reranker: the [CLS] state through the classification head */
 };
 
 typedef struct lms_model {
@@ -118,6 +120,9 @@ typedef struct lms_model {
     /* bert: learned absolute positions [n_embd, n_ctx_train], token type 0's
      * row (optional; token types are always 0), the embeddings' LayerNorm */
     lms_weight pos_embd, type_embd, tok_norm, tok_norm_b;
+    /* rerankers (rank pooling): [CLS] -> tanh(cls x + cls_b) -> cls_out . + cls_out_b;
+     * either matrix may be absent (then that step is skipped) */
+    lms_weight cls, cls_b, cls_out, cls_out_b;
     lms_layer *layers;      /* [n_layer] */
     lms_tokenizer *tok;
     size_t weight_bytes;    /* bytes of every tensor the forward pass reads */

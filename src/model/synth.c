@@ -84,6 +84,10 @@ static const shape_row shapes[] = {
      NO_EXTRA},
     {{"bert-tiny", "bert", 128, 3, 4, 4, 32, 512, 512, 128, 10000.0f, 1e-12f, 1, 0},
      {0, 0.0f, 0.0f, 0.08f}},
+    /* a reranker of that shape (rank pooling, a classification head of one
+     * output: bge-reranker's form) */
+    {{"bert-rerank-tiny", "bert", 128, 3, 4, 4, 32, 512, 512, 128, 10000.0f, 1e-12f, 1, 0},
+     {0, 0.0f, 0.0f, 0.08f}},
     /* nomic-embed-text's form (RoPE base 1000, fused attn_qkv, SwiGLU, no biases) */
     {{"nomic-tiny", "nomic-bert", 128, 3, 4, 4, 32, 384, 512, 256, 1000.0f, 1e-12f, 1, 0},
      {0, 0.0f, 0.0f, 0.08f}},
@@ -126,7 +130,7 @@ const char *lms_synth_names(void)
 {
     return "tiny llama-3.2-1b llama-3.2-3b llama-3-8b qwen3-0.6b qwen2.5-0.5b qwen2-tiny gemma2-2b gemma3-1b "
            "gemma2-tiny gemma3-tiny phi3-mini phi3.5-mini phi3-tiny phi3-tiny-128k bge-small "
-           "bert-tiny nomic-tiny";
+           "bert-tiny bert-rerank-tiny nomic-tiny";
 }
 
 /* ---- random numbers ------------------------------------------------------ */
@@ -230,6 +234,12 @@ static bool is_encoder(const char *arch)
     return !strcmp(arch, "bert") || !strcmp(arch, "nomic-bert");
 }
 
+/* A reranker (a bert shape named so): rank pooling and its head */
+static bool is_rerank(const lms_synth_shape *s)
+{
+    return !strcmp(s->arch, "bert") && strstr(s->name, "rerank") != NULL;
+}
+
 static int build_vocab(const lms_synth_shape *s, vocab *v)
 {
     if (is_encoder(s->arch))
@@ -326,7 +336,7 @@ static int write_meta(gguf_writer *w, const lms_synth_shape *s, const lms_synth_
     }
     if (is_encoder(a)) {
         rc |= SET_F32("attention.layer_norm_epsilon", s->rms_eps);
-        rc |= SET_U32("pooling_type", 1); /* mean */
+        rc |= SET_U32("pooling_type", is_rerank(s) ? 4 : 1); /* rank, else mean */
         rc |= (snprintf(key, sizeof key, "%s.attention.causal", a),
                gguf_writer_set_bool(w, key, false));
     }
@@ -501,6 +511,14 @@ static int add_bert(synth_ctx *c)
         rc = add(c, "token_embd_norm.bias", s->n_embd, 0, 0.0f);
     for (int il = 0; il < s->n_layer && rc == 0; il++)
         rc = add_layer_bert(c, il);
+    if (rc == 0 && is_rerank(s))
+        rc = add(c, "cls.weight", s->n_embd, s->n_embd, 0.0f);
+    if (rc == 0 && is_rerank(s))
+        rc = add(c, "cls.bias", s->n_embd, 0, 0.0f);
+    if (rc == 0 && is_rerank(s))
+        rc = add(c, "cls.output.weight", s->n_embd, 1, 0.0f);
+    if (rc == 0 && is_rerank(s))
+        rc = add(c, "cls.output.bias", 1, 0, 0.0f);
     return rc;
 }
 

@@ -1,7 +1,9 @@
 /*
  * api_embeddings.c - POST /v1/embeddings, and Ollama's POST /api/embed
  * and (older) /api/embeddings: one scheduler task per input (embedding =
- * true, mean pooling, unit length), one response when all are in.
+ * true, mean pooling, unit length), one response when all are in. And
+ * reranking (POST /v1/rerank and its aliases, api_rerank below): a task per
+ * document on a reranker model, the documents ordered by score.
  *
  * Ollama's shapes: /api/embed takes `input` (a string or an array of
  * strings) and answers {"model", "embeddings": [[...]], "total_duration",
@@ -17,15 +19,17 @@
  * An input that fails fails the whole request; the other tasks are left to
  * finish (their results are dropped) rather than tracked for abort.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/timeutil.h"
+#include "model/tokenizer.h"
 #include "serve/serve_int.h"
 
 #define MAX_INPUTS 256
 
-enum { EMBD_OPENAI, EMBD_OLLAMA, EMBD_OLLAMA_LEGACY };
+enum { EMBD_OPENAI, EMBD_OLLAMA, EMBD_OLLAMA_LEGACY, EMBD_RERANK, EMBD_TEI };
 
 typedef struct embd_job {
     int shape;                 /* EMBD_*: the request's API */
@@ -40,6 +44,10 @@ typedef struct embd_job {
     int32_t n_embd;
     int32_t *n_tok;            /* [n_in] prompt tokens */
     const lms_expert *x;       /* the expert computing them */
+    /* rerank: the documents (for return_documents), results kept, with text */
+    json_t *docs;
+    int top_n;
+    bool with_text;
 } embd_job;
 
 static void job_unref(embd_job *j)
@@ -51,6 +59,7 @@ static void job_unref(embd_job *j)
     free(j->vec);
     free(j->ids);
     free(j->n_tok);
+    json_decref(j->docs);
     free(j);
 }
 
@@ -86,7 +95,7 @@ static json_t *vector_json(const embd_job *j, const float *v)
 
 static int reply_err(conn *c, int shape, const reqerr *e)
 {
-    if (shape == EMBD_OPENAI)
+    if (shape == EMBD_OPENAI || shape == EMBD_RERANK || shape == EMBD_TEI)
         return http_reply_err(c, e);
     return http_reply_json(c, e->status, json_pack("{s:s}", "error", e->msg));
 }
@@ -114,11 +123,81 @@ static void reply_ollama(conn *c, embd_job *j)
     http_reply_json(c, 200, o);
 }
 
+/* A document's text: a string, or Cohere's {"text": ...} */
+static const char *doc_text(const json_t *d, size_t *n)
+{
+    const json_t *t = json_is_object(d) ? json_object_get(d, "text") : d;
+    *n = json_string_length(t);
+    return json_string_value(t);
+}
+
+/* Rerank results, best first (the first score of each document: a
+ * reranker's head has one output), top_n of them: llama-server's (Jina's,
+ * Cohere's) {"results": [{"index", "relevance_score", "document"?}], ...}
+ * or TEI's [{"index", "score", "text"?}]. */
+static void reply_rerank(conn *c, embd_job *j)
+{
+    int *order = malloc((size_t)j->n_in * sizeof *order);
+    if (!order) {
+        reqerr e;
+        reqerr_set(&e, 503, NULL, "out of memory");
+        http_reply_err(c, &e);
+        return;
+    }
+    int64_t n_tok = 0;
+    for (int i = 0; i < j->n_in; i++) {
+        int k = i; /* insertion by score, stable: ties keep the documents' order */
+        while (k > 0 && j->vec[order[k - 1]][0] < j->vec[i][0]) {
+            order[k] = order[k - 1];
+            k--;
+        }
+        order[k] = i;
+        n_tok += j->n_tok[i];
+    }
+    const bool tei = j->shape == EMBD_TEI;
+    json_t *results = json_array();
+    for (int r = 0; r < j->n_in && r < j->top_n; r++) {
+        const int i = order[r];
+        json_t *o = json_object();
+        json_object_set_new(o, "index", json_integer(i));
+        json_object_set_new(o, tei ? "score" : "relevance_score", json_real(j->vec[i][0]));
+        if (j->with_text) {
+            size_t n;
+            const char *t = doc_text(json_array_get(j->docs, (size_t)i), &n);
+            json_t *text = json_stringn(t, n);
+            json_object_set_new(o, tei ? "text" : "document",
+                                tei ? text : json_pack("{s:o}", "text", text));
+        }
+        json_array_append_new(results, o);
+    }
+    free(order);
+    if (tei) {
+        http_reply_json(c, 200, results);
+        return;
+    }
+    json_t *o = json_object();
+    char id[48];
+    snprintf(id, sizeof id, "rerank-%016llx", (unsigned long long)server_rand(c->srv));
+    json_object_set_new(o, "id", json_string(id));
+    json_object_set_new(o, "object", json_string("list"));
+    json_object_set_new(o, "model", xid_json(j->x));
+    json_object_set_new(o, "results", results);
+    json_t *u = json_object();
+    json_object_set_new(u, "prompt_tokens", json_integer(n_tok));
+    json_object_set_new(u, "total_tokens", json_integer(n_tok));
+    json_object_set_new(o, "usage", u);
+    http_reply_json(c, 200, o);
+}
+
 static void reply(conn *c, embd_job *j)
 {
     j->replied = true;
     if (j->failed) {
         reply_err(c, j->shape, &j->err);
+        return;
+    }
+    if (j->shape == EMBD_RERANK || j->shape == EMBD_TEI) {
+        reply_rerank(c, j);
         return;
     }
     if (j->shape != EMBD_OPENAI) {
@@ -283,18 +362,25 @@ static int parse_format(const json_t *body, const lms_model *m, embd_job *j, int
     return 0;
 }
 
+/* (Re)sizes j's per-input arrays for n inputs (none submitted yet). */
+static int job_size(embd_job *j, int n)
+{
+    free(j->ids), free(j->vec), free(j->n_tok);
+    j->n_in = n;
+    j->ids = calloc((size_t)(n ? n : 1), sizeof *j->ids);
+    j->vec = calloc((size_t)(n ? n : 1), sizeof *j->vec);
+    j->n_tok = calloc((size_t)(n ? n : 1), sizeof *j->n_tok);
+    return j->ids && j->vec && j->n_tok ? 0 : -1;
+}
+
 static embd_job *job_new(int n, int32_t n_embd)
 {
     embd_job *j = calloc(1, sizeof *j);
     if (!j)
         return NULL;
     j->refs = 1;
-    j->n_in = n;
     j->n_embd = n_embd;
-    j->ids = calloc((size_t)n, sizeof *j->ids);
-    j->vec = calloc((size_t)n, sizeof *j->vec);
-    j->n_tok = calloc((size_t)n, sizeof *j->n_tok);
-    if (!j->ids || !j->vec || !j->n_tok) {
+    if (job_size(j, n) < 0) {
         job_unref(j);
         return NULL;
     }
@@ -341,6 +427,11 @@ static int embed(conn *c, json_t *body, int shape, const char *key)
     int picked = pick_expert(c, body, again, &e);
     if (picked <= 0)
         return picked < 0 ? reply_err(c, shape, &e) : 0;
+    if (c->x->model && c->x->model->hp.is_encoder && c->x->model->hp.pooling == LMS_POOLING_RANK) {
+        reqerr_set(&e, 400, "model", "model '%s' is a reranker: its scores come from /v1/rerank",
+                   c->x->model->name);
+        return reply_err(c, shape, &e);
+    }
     json_t *items = input_items(body, key, &e);
     if (!items)
         return reply_err(c, shape, &e);
@@ -381,4 +472,143 @@ int api_ollama_embed(conn *c, json_t *body)
 int api_ollama_embeddings(conn *c, json_t *body)
 {
     return embed(c, body, EMBD_OLLAMA_LEGACY, "prompt");
+}
+
+/* ---- rerank ------------------------------------------------------------------------ */
+
+/* Tokens of (query, document) as llama-server lays them out for a
+ * reranker: [BOS] query [EOS or SEP] document [EOS]; BERT's vocabulary
+ * (BOS = [CLS], EOS = [SEP], which llama.cpp adds as its separator) gives
+ * [CLS] query [SEP] document, the others their BOS and EOS where the
+ * vocabulary adds them. */
+static int pair_tokens(const lms_model *m, const char *q, size_t qn, const char *d, size_t dn,
+                       int32_t **out, int32_t *n_out, reqerr *e)
+{
+    int32_t *qt = NULL, *dt = NULL, nq = 0, nd = 0;
+    if (chatfmt_text_tokens(m, q, qn, false, &qt, &nq, e) < 0)
+        return -1;
+    if (chatfmt_text_tokens(m, d, dn, false, &dt, &nd, e) < 0) {
+        free(qt);
+        return -1;
+    }
+    const lms_tokenizer *t = m->tok;
+    const bool wpm = !strcmp(lms_tokenizer_model(t), "bert");
+    const int32_t bos = lms_tokenizer_add_bos(t) ? lms_tokenizer_bos(t) : -1;
+    const int32_t eos = lms_tokenizer_add_eos(t) ? lms_tokenizer_eos(t) : -1;
+    int32_t *v = malloc(((size_t)nq + (size_t)nd + 3) * sizeof *v);
+    int32_t n = 0;
+    if (v) {
+        if (bos >= 0)
+            v[n++] = bos;
+        memcpy(v + n, qt, (size_t)nq * sizeof *v);
+        n += nq;
+        if (eos >= 0)
+            v[n++] = eos;
+        memcpy(v + n, dt, (size_t)nd * sizeof *v);
+        n += nd;
+        if (eos >= 0 && !wpm)
+            v[n++] = eos;
+    }
+    free(qt);
+    free(dt);
+    if (!v)
+        return reqerr_set(e, 503, NULL, "out of memory");
+    *out = v;
+    *n_out = n;
+    return 0;
+}
+
+/* Reads query, documents (or TEI's texts), top_n and return_documents (TEI:
+ * return_text) into j; the documents' array in *docs. */
+static int rerank_args(const json_t *body, embd_job *j, const char **q, size_t *qn, reqerr *e)
+{
+    const json_t *query = json_object_get(body, "query");
+    if (!json_is_string(query) || json_string_length(query) == 0)
+        return reqerr_set(e, 400, "query", "'query' must be a non-empty string");
+    *q = json_string_value(query);
+    *qn = json_string_length(query);
+    const char *key = j->shape == EMBD_TEI ? "texts" : "documents";
+    const json_t *docs = json_object_get(body, key);
+    if (!json_is_array(docs) || json_array_size(docs) == 0)
+        return reqerr_set(e, 400, key, "'%s' must be a non-empty array of strings", key);
+    if (json_array_size(docs) > MAX_INPUTS)
+        return reqerr_set(e, 400, key, "at most %d documents per request", MAX_INPUTS);
+    size_t k;
+    const json_t *d;
+    json_array_foreach(docs, k, d)
+    {
+        size_t n;
+        if (!doc_text(d, &n))
+            return reqerr_set(e, 400, key, "%s[%zu] must be a string%s", key, k,
+                              j->shape == EMBD_TEI ? "" : " or an object with a \"text\" string");
+    }
+    j->docs = json_incref((json_t *)docs);
+    int64_t top = json_array_size(docs);
+    if (reqparse_int(body, "top_n", 1, INT32_MAX, &top, e) < 0)
+        return -1;
+    j->top_n = (int)(top < (int64_t)json_array_size(docs) ? top : (int64_t)json_array_size(docs));
+    return reqparse_bool(body, j->shape == EMBD_TEI ? "return_text" : "return_documents",
+                         &j->with_text, e) < 0 ? -1 : 0;
+}
+
+/* POST /v1/rerank, /rerank, /v1/reranking, /reranking: a reranker model
+ * (pooling_type rank) scores each document against the query, one
+ * scheduler task per document. */
+int api_rerank(conn *c, json_t *body)
+{
+    reqerr e;
+    const int shape = json_object_get(body, "texts") && !json_object_get(body, "documents")
+                          ? EMBD_TEI
+                          : EMBD_RERANK;
+    int picked = pick_expert(c, body, api_rerank, &e);
+    if (picked <= 0)
+        return picked < 0 ? reply_err(c, shape, &e) : 0;
+    const lms_model *m = c->x->model;
+    if (c->x->remote || !m || !m->hp.is_encoder || m->hp.pooling != LMS_POOLING_RANK) {
+        reqerr_set(&e, 400, "model", "model '%s' is not a reranker (a bert model whose "
+                   "pooling_type is rank, with its classification head)", c->x->cfg->id);
+        return reply_err(c, shape, &e);
+    }
+    embd_job *j = job_new(0, m->hp.n_cls_out);
+    if (!j) {
+        reqerr_set(&e, 503, NULL, "out of memory");
+        return reply_err(c, shape, &e);
+    }
+    j->shape = shape;
+    j->x = c->x;
+    j->t0 = lms_now_ms();
+    const char *q = NULL;
+    size_t qn = 0;
+    int rc = rerank_args(body, j, &q, &qn, &e);
+    const int n = rc == 0 ? (int)json_array_size(j->docs) : 0;
+    if (rc == 0 && job_size(j, n) < 0)
+        rc = reqerr_set(&e, 503, NULL, "out of memory");
+    task *first = c->tasks;
+    for (int k = 0; k < n && rc == 0; k++) {
+        size_t dn;
+        const char *d = doc_text(json_array_get(j->docs, (size_t)k), &dn);
+        int32_t *toks = NULL, nt = 0;
+        if (pair_tokens(m, q, qn, d, dn, &toks, &nt, &e) < 0 ||
+            (c->x->sched && check_encoder_len(c, (size_t)k, nt, &e) < 0)) {
+            free(toks);
+            rc = -1;
+            break;
+        }
+        lms_request r = {.tokens = toks, .n_tokens = nt, .sp = lms_sampler_defaults(),
+                         .embedding = true};
+        j->refs++;
+        task *t = task_submit(c, &r, &embd_ops, j, &e);
+        free(toks);
+        if (!t) {
+            j->refs--;
+            rc = -1;
+            break;
+        }
+        j->ids[k] = t->id;
+    }
+    if (rc < 0)
+        while (c->tasks && c->tasks != first)
+            task_cancel(c->tasks);
+    job_unref(j);
+    return rc < 0 ? reply_err(c, shape, &e) : 0;
 }

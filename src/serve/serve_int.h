@@ -497,6 +497,7 @@ int api_completions(conn *c, json_t *body);
 int api_models(conn *c, const char *id);
 /* api_embeddings.c */
 int api_embeddings(conn *c, json_t *body);
+int api_rerank(conn *c, json_t *body);
 /* api_ollama.c */
 int api_ollama_chat(conn *c, json_t *body);
 int api_ollama_generate(conn *c, json_t *body);

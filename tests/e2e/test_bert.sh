@@ -4,6 +4,8 @@
 # /api/embed and /api/embeddings give the same unit vectors; text requests
 # and `lmserv run` are refused as "an embedding model"; an input longer
 # than the context gets a 400 naming the limit; --gpu-layers is refused.
+# A reranker (bert-rerank-tiny): /v1/rerank, /rerank (and TEI's form)
+# order the documents by score, top_n, return_documents; errors by field.
 . "$(dirname "$0")/lib.sh" || exit 1
 command -v python3 >/dev/null || skip "python3 is not installed"
 
@@ -37,6 +39,40 @@ req POST /v1/chat/completions -d '{"messages":[{"role":"user","content":"hi"}]}'
 check "chat: 400, an embedding model" eq "$(code) $(py "$T/out" '"is an embedding model" in d["error"]["message"]')" "400 True"
 req POST /api/generate -d '{"prompt":"hi"}'
 check "ollama generate: 400" eq "$(code)" 400
+req POST /v1/rerank -d '{"query":"q","documents":["a"]}'
+check "rerank on an embedding model: 400 naming the model field" eq "$(code) $(py "$T/out" 'd["error"]["param"]')" "400 model"
+stop_server
+
+# ---- a reranker (synth bert-rerank-tiny: rank pooling, a one-score head) ------------------
+"$LMSERV" synth --shape bert-rerank-tiny --type F32 "$T/rr.gguf" >/dev/null || die "synth failed"
+"$LMSERV" info "$T/rr.gguf" >"$T/rinfo.out" 2>&1
+check "info: a reranker with one score" eq "$(grep -c 'a reranker: \[CLS\] through its classification head, 1 score' "$T/rinfo.out")" 1
+start_serve -m "$T/rr.gguf"
+DOCS='["hello world","the cats are here","dog","a world of cats and dogs"]'
+echo "$DOCS" >"$T/docs"
+req POST /v1/rerank -d "{\"query\":\"the cats\",\"documents\":$DOCS}"
+check "rerank 200" eq "$(code)" 200
+check "every document once, best first" eq "$(py "$T/out" '(sorted(r["index"] for r in d["results"]), all(a["relevance_score"] >= b["relevance_score"] for a, b in zip(d["results"], d["results"][1:])))')" "([0, 1, 2, 3], True)"
+check "usage: the pairs' tokens" eq "$(py "$T/out" 'd["usage"]["prompt_tokens"] > 4 * 4')" True
+python3 -c 'import json,sys; print(json.dumps({r["index"]: r["relevance_score"] for r in json.load(open(sys.argv[1]))["results"]}))' "$T/out" >"$T/scores"
+req POST /v1/rerank -d "{\"query\":\"the cats\",\"documents\":$DOCS,\"top_n\":2,\"return_documents\":true}"
+check "top_n 2 with documents: the same two best" eq "$(py "$T/out" '[(r["index"], r["document"]["text"]) for r in d["results"]] == [(int(k), json.load(open(sys.argv[1][:-3] + "docs"))[int(k)]) for k, v in sorted(json.load(open(sys.argv[1][:-3] + "scores")).items(), key=lambda kv: -kv[1])[:2]]')" True
+# one document alone scores as it did among the others
+req POST /rerank -d '{"query":"the cats","documents":["dog"]}'
+check "a document's score does not depend on the others" eq "$(py "$T/out" 'abs(d["results"][0]["relevance_score"] - json.load(open(sys.argv[1][:-3] + "scores"))["2"]) < 1e-6')" True
+req POST /rerank -d "{\"query\":\"the cats\",\"texts\":$DOCS,\"return_text\":true}"
+check "TEI's form: [{index, score, text}] best first" eq "$(py "$T/out" '[(r["index"], round(r["score"], 6)) for r in d] == [(int(k), round(v, 6)) for k, v in sorted(json.load(open(sys.argv[1][:-3] + "scores")).items(), key=lambda kv: -kv[1])] and d[0]["text"] in json.load(open(sys.argv[1][:-3] + "docs"))')" True
+req POST /v1/embeddings -d '{"input":"hi"}'
+check "embeddings from a reranker: 400" eq "$(code) $(py "$T/out" '"is a reranker" in d["error"]["message"]')" "400 True"
+req POST /v1/rerank -d '{"query":"","documents":["a"]}'
+check "an empty query: 400 naming it" eq "$(code) $(py "$T/out" 'd["error"]["param"]')" "400 query"
+req POST /v1/rerank -d '{"query":"q","documents":["a",7]}'
+check "a document that is not text: 400 naming it" eq "$(code) $(py "$T/out" '"documents[1]" in d["error"]["message"]')" "400 True"
+req POST /v1/rerank -d '{"query":"q","documents":["a"],"top_n":0}'
+check "top_n 0 refused" eq "$(code)" 400
+LONG=$(python3 -c 'print(" ".join(["cats"] * 200))')
+req POST /v1/rerank -d "{\"query\":\"q\",\"documents\":[\"$LONG\"]}"
+check "a pair longer than the context: 400 naming the limit" eq "$(code) $(py "$T/out" 'd["error"]["code"]')" "400 context_length_exceeded"
 stop_server
 
 "$LMSERV" run -m "$T/bert.gguf" -p hi -n 2 >"$T/run.out" 2>&1
