@@ -130,11 +130,14 @@ int cmd_chat(int argc, char **argv)
     int64_t n_ctx = 0, threads = 0, n_predict = 512;
     lms_gen_params gp = {.sp = lms_sampler_defaults(), .cancel = &interrupted};
     app_lora_opts lo = {0};
+    app_shape_opts shape = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         double d;
         bool ok = true;
-        const int g = app_lora_arg(argc, argv, &i, &lo);
+        int g = app_lora_arg(argc, argv, &i, &lo);
+        if (g == 0)
+            g = app_shape_arg(argc, argv, &i, &shape);
         if (g != 0)
             ok = g > 0;
         else if (i + 1 >= argc)
@@ -159,7 +162,8 @@ int cmd_chat(int argc, char **argv)
             ok = false;
         if (!ok) {
             fprintf(stderr, "usage: lmserv chat -m MODEL [--system TEXT] [--template NAME|FILE] "
-                            "[-c CTX] [-t N] [-n N] [--temp T] [--seed S] " APP_LORA_USAGE "\n");
+                            "[-c CTX] [-t N] [-n N] [--temp T] [--seed S] " APP_LORA_USAGE " "
+                            APP_SHAPE_USAGE "\n");
             return 2;
         }
     }
@@ -168,10 +172,16 @@ int cmd_chat(int argc, char **argv)
         return 2;
     }
     gp.n_predict = (int32_t)n_predict;
+    if (app_shape_compile(&shape, &gp) < 0) { /* each reply held to it */
+        app_shape_free(&shape);
+        return 2;
+    }
     lms_model *m;
     lms_ctx *c;
-    if (app_load(model, (int32_t)n_ctx, 512, (int32_t)threads, &m, &c) < 0)
+    if (app_load(model, (int32_t)n_ctx, 512, (int32_t)threads, &m, &c) < 0) {
+        app_shape_free(&shape);
         return 1;
+    }
     char err[512];
     lms_lora_set lora;
     char *tpl = NULL;
@@ -179,6 +189,7 @@ int cmd_chat(int argc, char **argv)
         !(tpl = app_chat_template(m, tpl_name, err, sizeof err)))
         fprintf(stderr, "lmserv chat: %s\n", err);
     if (!tpl) { /* (app_lora_load prints its own error) */
+        app_shape_free(&shape);
         app_lora_release(&lo);
         lms_ctx_destroy(c);
         lms_model_free(m);
@@ -226,6 +237,7 @@ int cmd_chat(int argc, char **argv)
     free(tpl);
     lms_session_deinit(&s);
     app_lora_release(&lo);
+    app_shape_free(&shape);
     lms_ctx_destroy(c);
     lms_model_free(m);
     return 0;

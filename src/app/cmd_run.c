@@ -28,6 +28,7 @@ typedef struct run_opts {
     app_gpu_opts gpu;
     app_lora_opts lora;
     args_spec_opts spec;
+    app_shape_opts shape;
 } run_opts;
 
 static volatile sig_atomic_t interrupted;
@@ -89,6 +90,8 @@ static int parse(int argc, char **argv, run_opts *o)
             g = app_lora_arg(argc, argv, &i, &o->lora);
         if (g == 0)
             g = args_spec(argc, argv, &i, &o->spec);
+        if (g == 0)
+            g = app_shape_arg(argc, argv, &i, &o->shape);
         if (g != 0) {
             if (g < 0)
                 return -1;
@@ -131,7 +134,7 @@ static int parse(int argc, char **argv, run_opts *o)
         fprintf(stderr, "usage: lmserv run -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] "
                         "[--top-p P] [--min-p P] [--typical P] [--mirostat 0|1|2] [--mirostat-ent TAU] "
                         "[--mirostat-lr ETA] [--seed S] [--repeat-penalty R] [--chat] "
-                        APP_GPU_USAGE " " APP_LORA_USAGE " " ARGS_SPEC_USAGE "\n");
+                        APP_GPU_USAGE " " APP_LORA_USAGE " " ARGS_SPEC_USAGE " " APP_SHAPE_USAGE "\n");
         return -1;
     }
     return args_spec_finish(&o->spec, "run");
@@ -150,15 +153,23 @@ int cmd_run(int argc, char **argv)
     run_opts o = {0};
     if (parse(argc, argv, &o) < 0)
         return 2;
+    lms_gen_params shape = {0}; /* its json, schema, grammar */
+    if (app_shape_compile(&o.shape, &shape) < 0) {
+        app_shape_free(&o.shape);
+        return 2;
+    }
     lms_model *m;
     lms_ctx *c;
-    if (app_load_gpu(o.model, (int32_t)o.n_ctx, 512, (int32_t)o.threads, &o.gpu, &m, &c) < 0)
+    if (app_load_gpu(o.model, (int32_t)o.n_ctx, 512, (int32_t)o.threads, &o.gpu, &m, &c) < 0) {
+        app_shape_free(&o.shape);
         return 1;
+    }
     int32_t *toks = NULL, n = 0;
     char err[512] = "";
     lms_lora_set lora;
     int rc = app_lora_load(&o.lora, m, c, &lora);
     if (rc < 0) {
+        app_shape_free(&o.shape);
         lms_ctx_destroy(c);
         lms_model_free(m);
         return 1;
@@ -176,7 +187,8 @@ int cmd_run(int argc, char **argv)
         lms_session_set_lora(&s, &lora);
         lms_gen_params gp = {.sp = o.sp, .n_predict = (int32_t)o.n_predict, .stop = o.stop,
                              .n_stop = o.n_stop, .ignore_eos = o.ignore_eos, .cancel = &interrupted,
-                             .spec = o.spec.spec, .drafter = drafter, .draft_seq = &ds};
+                             .spec = o.spec.spec, .drafter = drafter, .draft_seq = &ds,
+                             .json = shape.json, .schema = shape.schema, .grammar = shape.grammar};
         lms_gen_stats st;
         signal(SIGINT, on_sigint);
         rc = lms_session_generate(&s, toks, n, &gp, print_piece, NULL, &st, err, sizeof err);
@@ -200,6 +212,7 @@ int cmd_run(int argc, char **argv)
     lms_draft_seq_release(drafter, &ds);
     lms_drafter_destroy(drafter);
     app_lora_release(&o.lora);
+    app_shape_free(&o.shape);
     lms_ctx_destroy(c);
     lms_model_free(m);
     return rc < 0 ? 1 : 0;

@@ -12,6 +12,9 @@
 
 #include "app/args.h"
 #include "base/err.h"
+#include "engine/gbnf.h"
+#include "engine/generate.h"
+#include "engine/jsonschema.h"
 #include "kernels/kernels.h"
 
 int app_kv_type(const char *name)
@@ -205,4 +208,92 @@ int app_parse_tokens(const char *s, int32_t **out, int32_t *n_out)
     *out = v;
     *n_out = n;
     return 0;
+}
+
+/* ---- the output's shape ------------------------------------------------------------ */
+
+int app_shape_arg(int argc, char **argv, int *i, app_shape_opts *o)
+{
+    const char *a = argv[*i];
+    const char **slot = !strcmp(a, "--grammar")                               ? &o->grammar
+                        : !strcmp(a, "--grammar-file")                        ? &o->grammar_file
+                        : !strcmp(a, "-j") || !strcmp(a, "--json-schema")     ? &o->schema
+                        : !strcmp(a, "--json-schema-file")                    ? &o->schema_file
+                                                                              : NULL;
+    if (!strcmp(a, "--json")) {
+        o->json = true;
+        return 1;
+    }
+    if (!slot)
+        return 0;
+    return (*slot = args_value(argc, argv, i)) ? 1 : -1;
+}
+
+/* A whole text file (at most 1 MiB), NUL-terminated; NULL with errno set. */
+static char *read_small_file(const char *path, size_t *n_out)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *buf = malloc((1u << 20) + 1);
+    size_t n = buf ? fread(buf, 1, (1u << 20) + 1, f) : 0;
+    const bool big = n > (1u << 20);
+    fclose(f);
+    if (!buf || big) {
+        free(buf);
+        errno = buf ? EFBIG : ENOMEM;
+        return NULL;
+    }
+    buf[n] = '\0';
+    *n_out = n;
+    return buf;
+}
+
+int app_shape_compile(app_shape_opts *o, lms_gen_params *gp)
+{
+    const int given = (o->grammar != NULL) + (o->grammar_file != NULL) + (o->schema != NULL) +
+                      (o->schema_file != NULL) + o->json;
+    if (given > 1) {
+        fprintf(stderr, "lmserv: give one of --grammar, --grammar-file, --json-schema, "
+                        "--json-schema-file and --json\n");
+        return -1;
+    }
+    const char *file = o->grammar_file ? o->grammar_file : o->schema_file;
+    char *text = NULL, err[256];
+    size_t n = 0;
+    if (file && !(text = read_small_file(file, &n))) {
+        fprintf(stderr, "lmserv: cannot read '%s': %s\n", file, strerror(errno));
+        return -1;
+    }
+    const char *src = text ? text : o->grammar ? o->grammar : o->schema;
+    if (src && !text)
+        n = strlen(src);
+    int rc = 0;
+    if (o->grammar || o->grammar_file) {
+        if (!(o->compiled_grammar = lms_gbnf_compile(src, n, err, sizeof err))) {
+            fprintf(stderr, "lmserv: %s%s%s\n", file ? file : "", file ? ": " : "", err);
+            rc = -1;
+        }
+        gp->grammar = o->compiled_grammar;
+    } else if (o->schema || o->schema_file) {
+        if (!(o->compiled_schema = lms_jschema_compile(src, n, err, sizeof err))) {
+            fprintf(stderr, "lmserv: the JSON schema%s%s: %s\n", file ? " in " : "",
+                    file ? file : "", err);
+            rc = -1;
+        }
+        gp->json = true;
+        gp->schema = o->compiled_schema;
+    } else {
+        gp->json = o->json;
+    }
+    free(text);
+    return rc;
+}
+
+void app_shape_free(app_shape_opts *o)
+{
+    free(o->compiled_grammar);
+    free(o->compiled_schema);
+    o->compiled_grammar = NULL;
+    o->compiled_schema = NULL;
 }

@@ -49,6 +49,30 @@ void app_gpu_apply(const app_gpu_opts *o, lms_ctx_params *p);
 int app_load_gpu(const char *path, int32_t n_ctx, int32_t n_batch, int32_t n_threads,
                  const app_gpu_opts *gpu, lms_model **m, lms_ctx **c);
 
+/* The output's shape on the command line (run, chat), as llama.cpp's flags:
+ *   --grammar TEXT  --grammar-file FILE     a GBNF grammar (engine/gbnf.h)
+ *   -j / --json-schema TEXT  --json-schema-file FILE   a JSON schema
+ *   --json                                  any one JSON object
+ * At most one of them; app_shape_compile turns it into generation params. */
+typedef struct app_shape_opts {
+    const char *grammar, *grammar_file, *schema, *schema_file;
+    bool json;
+    struct lms_gbnf *compiled_grammar;     /* app_shape_compile's, freed by app_shape_free */
+    struct lms_jschema *compiled_schema;
+} app_shape_opts;
+
+#define APP_SHAPE_USAGE \
+    "[--grammar GBNF | --grammar-file F | -j SCHEMA | --json-schema-file F | --json]"
+
+/* As app_gpu_arg, for the shape options. */
+int app_shape_arg(int argc, char **argv, int *i, app_shape_opts *o);
+/* Compiles the chosen shape (files read) and sets json / schema / grammar
+ * of gp. Prints the error (the grammar's line and column, the schema's
+ * keyword) and returns < 0 on failure. */
+struct lms_gen_params;
+int app_shape_compile(app_shape_opts *o, struct lms_gen_params *gp);
+void app_shape_free(app_shape_opts *o);
+
 /* LoRA adapters on the command line (run, eval), as llama.cpp's flags:
  *   --lora FILE               scale 1
  *   --lora-scaled FILE SCALE

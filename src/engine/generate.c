@@ -11,6 +11,7 @@
 
 #include "base/err.h"
 #include "base/timeutil.h"
+#include "engine/constrain.h"
 #include "model/tokenizer.h"
 
 void lms_session_init(lms_session *s, lms_ctx *ctx)
@@ -182,6 +183,17 @@ static int decode_loop(lms_session *s, const lms_gen_params *gp, float *logits, 
     lms_sampler *smp = lms_sampler_create(&gp->sp, m->hp.n_vocab);
     if (!smp)
         return LMS_ERR_NOMEM;
+    lms_toktexts *tt = NULL;
+    lms_constraint *cons = NULL;
+    if (gp->json || gp->schema || gp->grammar) {
+        tt = lms_toktexts_create(m->tok);
+        cons = tt ? lms_constraint_create(tt, gp->schema, gp->grammar) : NULL;
+        if (!cons) {
+            lms_toktexts_destroy(tt);
+            lms_sampler_destroy(smp);
+            return gp->grammar && tt ? LMS_ERR_LIMIT : LMS_ERR_NOMEM;
+        }
+    }
     for (int32_t i = 0; i < s->n_toks; i++)
         lms_sampler_accept(smp, s->toks[i]);
     int32_t k_max = gp->spec.mode == LMS_SPEC_NONE ? 0 : gp->spec.n_max;
@@ -197,8 +209,15 @@ static int decode_loop(lms_session *s, const lms_gen_params *gp, float *logits, 
     st->finish = "length";
     while (s->n_toks < n_total) {
         float prob;
-        int32_t tok = lms_sampler_sample(smp, logits + (size_t)cur * nv, &prob);
+        int32_t tok = cons ? lms_constraint_sample(cons, smp, logits + (size_t)cur * nv, &prob)
+                           : lms_sampler_sample(smp, logits + (size_t)cur * nv, &prob);
+        if (tok < 0) { /* the JSON or grammar allows no token here */
+            st->finish = "stop";
+            break;
+        }
         lms_sampler_accept(smp, tok);
+        if (cons)
+            lms_constraint_accept(cons, tok);
         if (st->n_gen++ == 0)
             t_first = lms_now_ms();
         if (cur > 0)
@@ -246,6 +265,8 @@ static int decode_loop(lms_session *s, const lms_gen_params *gp, float *logits, 
     double t1 = lms_now_ms();
     st->gen_tps = st->n_gen > 1 && t1 > t_first ? (st->n_gen - 1) * 1000.0 / (t1 - t_first) : 0;
     lms_sampler_destroy(smp);
+    lms_constraint_destroy(cons);
+    lms_toktexts_destroy(tt);
     return rc;
 }
 

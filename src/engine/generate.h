@@ -41,6 +41,12 @@ typedef struct lms_gen_params {
     lms_spec_params spec;
     lms_drafter *drafter;
     lms_draft_seq *draft_seq;
+    /* The output held to one JSON object (json; schema: to that schema) or
+     * to a GBNF grammar (constrain.h); both borrowed. A generation that can
+     * go no further in it ends with finish "stop". */
+    bool json;
+    const struct lms_jschema *schema;
+    const struct lms_gbnf *grammar;
 } lms_gen_params;
 
 /* Called with each piece of text ready to show; return false to stop. */

@@ -36,6 +36,7 @@
 #include "base/timeutil.h"
 #include "engine/encoder.h"
 #include "engine/forward.h"
+#include "engine/constrain.h"
 #include "engine/gbnf.h"
 #include "engine/jsonschema.h"
 #include "kernels/kernels.h"
@@ -71,15 +72,9 @@ typedef struct sreq {
     double t_submit, t_sched, t_first;
     float *embd;             /* pooled embedding accumulator [n_embd] */
     int32_t n_embd_rows;
-    lms_jschk jf;            /* JSON mode: the text so far, checked */
     lms_jschema *schema;     /* JSON mode: the request's schema (a copy), or NULL */
-    float *masked;           /* JSON mode: logits of the allowed tokens [n_vocab] */
-    uint64_t *jc_bits;       /* JSON mode: allowed tokens of the last JC_N states, a bit each */
-    lms_jschk jc_key[4];
-    int jc_n, jc_next;
     lms_gbnf *grammar;       /* GBNF mode: the request's grammar (a copy), or NULL */
-    lms_gbnf_chk *gf;        /* GBNF mode: the text so far, checked */
-    lms_gbnf_chk *gc_key;    /* GBNF mode: the states of jc_bits [JC_N] */
+    lms_constraint *cons;    /* JSON or GBNF mode: the text so far, checked (constrain.h) */
     const char *done;        /* finish reason once decided this step */
     /* speculative decoding (spec.h) */
     int32_t spec_max, spec_min; /* this request's proposals a step (spec_max 0: none) */
@@ -136,9 +131,7 @@ struct lms_sched {
     sreq **job_owner;        /* [n_parallel] */
     /* JSON mode: every token's text (lms_token_to_piece), made at the first
      * JSON-mode request; scheduler thread */
-    char *tt_bytes;          /* the pieces back to back */
-    uint32_t *tt_off;        /* [n_vocab + 1] token i: [tt_off[i], tt_off[i + 1]) */
-    bool *tt_eog;            /* [n_vocab] */
+    lms_toktexts *tt;        /* every token's text, made at the first constrained request */
 };
 
 /* ---- events -------------------------------------------------------------- */
@@ -197,12 +190,9 @@ static void sreq_free(lms_sched *s, sreq *q)
     free(q->tokens);
     free(q->piece);
     free(q->embd);
-    free(q->masked);
-    free(q->jc_bits);
+    lms_constraint_destroy(q->cons);
     free(q->schema);
     free(q->grammar);
-    free(q->gf);
-    free(q->gc_key);
     free(q);
 }
 
@@ -502,55 +492,7 @@ static void apply_aborts(lms_sched *s)
     }
 }
 
-/* ---- JSON mode ----------------------------------------------------------- */
-
-static void free_token_texts(lms_sched *s)
-{
-    free(s->tt_bytes);
-    free(s->tt_off);
-    free(s->tt_eog);
-    s->tt_bytes = NULL;
-    s->tt_off = NULL;
-    s->tt_eog = NULL;
-}
-
-/* Every token's text, once (a failure leaves none, to be tried again). */
-static int make_token_texts(lms_sched *s)
-{
-    if (s->tt_off)
-        return 0;
-    const lms_tokenizer *tok = s->m->tok;
-    const int32_t nv = s->m->hp.n_vocab;
-    char piece[256];
-    size_t cap = (size_t)nv * 4 + 256, at = 0; /* grown as needed */
-    s->tt_bytes = malloc(cap);
-    s->tt_off = malloc(((size_t)nv + 1) * sizeof *s->tt_off);
-    s->tt_eog = malloc((size_t)nv * sizeof *s->tt_eog);
-    if (!s->tt_bytes || !s->tt_off || !s->tt_eog) {
-        free_token_texts(s);
-        return LMS_ERR_NOMEM;
-    }
-    for (int32_t i = 0; i < nv; i++) {
-        int n = lms_token_to_piece(tok, i, false, piece, sizeof piece);
-        s->tt_off[i] = (uint32_t)at;
-        s->tt_eog[i] = lms_token_is_eog(tok, i);
-        if (n <= 0)
-            continue;
-        if (at + (size_t)n > cap) {
-            char *b = at + (size_t)n <= UINT32_MAX ? realloc(s->tt_bytes, cap * 2) : NULL;
-            if (!b) {
-                free_token_texts(s);
-                return LMS_ERR_NOMEM;
-            }
-            s->tt_bytes = b;
-            cap *= 2;
-        }
-        memcpy(s->tt_bytes + at, piece, (size_t)n);
-        at += (size_t)n;
-    }
-    s->tt_off[nv] = (uint32_t)at;
-    return 0;
-}
+/* ---- JSON and GBNF modes (constrain.h) --------------------------------------- */
 
 /* Whether the output is held to a JSON object or a grammar. */
 static bool constrained(const sreq *q)
@@ -558,71 +500,12 @@ static bool constrained(const sreq *q)
     return q->r.json || q->grammar;
 }
 
-/* Token id may come next: an end-of-generation token once the object is
- * closed (the grammar's text may end); a token without text never (a
- * control token); any other if its text continues the JSON (the grammar). */
-static bool json_allows(const lms_sched *s, const sreq *q, int32_t id)
+/* The next token of q from its logits row; -1 when its JSON or grammar
+ * allows none. */
+static int32_t sample_row(sreq *q, const float *logits, float *prob)
 {
-    if (s->tt_eog[id])
-        return q->grammar ? lms_gbnf_done(q->gf) : lms_jschk_done(&q->jf);
-    const uint32_t a = s->tt_off[id], b = s->tt_off[id + 1];
-    if (a == b)
-        return false;
-    if (q->grammar)
-        return lms_gbnf_allows(q->gf, (const char *)s->tt_bytes + a, b - a);
-    lms_jschk k;
-    lms_jschk_copy(&k, &q->jf);
-    return lms_jschk_feed(&k, s->tt_bytes + a, b - a);
-}
-
-#define JC_N 4 /* checker states whose allowed tokens are kept */
-
-static size_t jc_words(const lms_sched *s)
-{
-    return ((size_t)s->m->hp.n_vocab + 63) / 64;
-}
-
-/* The allowed tokens in q's checker state, a bit each: kept for the last
- * JC_N states, since one state recurs token after token (inside a string,
- * after a comma); a vocabulary pass costs ~8 ms at 151k tokens. */
-static const uint64_t *json_allowed_bits(const lms_sched *s, sreq *q)
-{
-    const size_t nw = jc_words(s);
-    for (int k = 0; k < q->jc_n; k++)
-        if (q->grammar ? lms_gbnf_same(&q->gc_key[k], q->gf) : lms_jschk_same(&q->jc_key[k], &q->jf))
-            return q->jc_bits + (size_t)k * nw;
-    const int k = q->jc_next;
-    q->jc_next = (k + 1) % JC_N;
-    q->jc_n = q->jc_n < JC_N ? q->jc_n + 1 : JC_N;
-    if (q->grammar)
-        lms_gbnf_copy(&q->gc_key[k], q->gf);
-    else
-        lms_jschk_copy(&q->jc_key[k], &q->jf);
-    uint64_t *bits = q->jc_bits + (size_t)k * nw;
-    memset(bits, 0, nw * sizeof *bits);
-    for (int32_t i = 0; i < s->m->hp.n_vocab; i++)
-        if (json_allows(s, q, i))
-            bits[i >> 6] |= (uint64_t)1 << (i & 63);
-    return bits;
-}
-
-/* The next token of q from its logits row. JSON mode: a draw that breaks
- * the JSON is drawn again among the tokens that keep it (the chain run
- * over the row with every other token masked; llama.cpp's grammar
- * sampling does the same), -1 when none can. */
-static int32_t sample_row(const lms_sched *s, sreq *q, const float *logits, float *prob)
-{
-    int32_t tok = lms_sampler_sample(q->smp, logits, prob);
-    if (!constrained(q) || json_allows(s, q, tok))
-        return tok;
-    const uint64_t *bits = json_allowed_bits(s, q);
-    bool any = false;
-    for (int32_t i = 0; i < s->m->hp.n_vocab; i++) {
-        const bool ok = (bits[i >> 6] >> (i & 63)) & 1;
-        q->masked[i] = ok ? logits[i] : -INFINITY;
-        any |= ok;
-    }
-    return any ? lms_sampler_sample(q->smp, q->masked, prob) : -1;
+    return q->cons ? lms_constraint_sample(q->cons, q->smp, logits, prob)
+                   : lms_sampler_sample(q->smp, logits, prob);
 }
 
 /* ---- prompt log-probabilities ---------------------------------------------- */
@@ -726,20 +609,10 @@ static int start_request(lms_sched *s, sreq *q)
         if (!(q->prop = malloc((size_t)q->spec_max * sizeof *q->prop)))
             return LMS_ERR_NOMEM;
     }
-    if (q->grammar) {
-        q->gf = malloc(sizeof *q->gf);
-        q->gc_key = malloc(JC_N * sizeof *q->gc_key);
-        if (!q->gf || !q->gc_key)
-            return LMS_ERR_NOMEM;
-        if (!lms_gbnf_init(q->gf, q->grammar))
-            return LMS_ERR_LIMIT;
-    }
     if (constrained(q)) {
-        if (q->r.json)
-            lms_jschk_init(&q->jf, q->schema);
-        q->masked = malloc((size_t)s->m->hp.n_vocab * sizeof *q->masked);
-        q->jc_bits = malloc(JC_N * jc_words(s) * sizeof *q->jc_bits);
-        if (!q->masked || !q->jc_bits || make_token_texts(s) < 0)
+        if (!s->tt && !(s->tt = lms_toktexts_create(s->m->tok)))
+            return LMS_ERR_NOMEM;
+        if (!(q->cons = lms_constraint_create(s->tt, q->schema, q->grammar)))
             return LMS_ERR_NOMEM;
     }
     lms_detok_init(&q->detok, tok, false);
@@ -951,11 +824,8 @@ static const char *handle_token(lms_sched *s, sreq *q, int32_t tok, float prob)
 {
     lms_event *ev = new_event(q, LMS_EV_TOKEN);
     lms_sampler_accept(q->smp, tok);
-    if (q->grammar && !s->tt_eog[tok]) /* allowed, so it feeds */
-        lms_gbnf_feed(q->gf, (const char *)s->tt_bytes + s->tt_off[tok],
-                      s->tt_off[tok + 1] - s->tt_off[tok]);
-    else if (q->r.json && !s->tt_eog[tok])
-        lms_jschk_feed(&q->jf, s->tt_bytes + s->tt_off[tok], s->tt_off[tok + 1] - s->tt_off[tok]);
+    if (q->cons) /* allowed, so it feeds */
+        lms_constraint_accept(q->cons, tok);
     if (q->n_gen++ == 0)
         q->t_first = lms_now_ms();
     q->tokens[q->n_tokens++] = tok;
@@ -1044,7 +914,7 @@ static void after_forward(lms_sched *s, int32_t n_rows)
 #pragma omp parallel for schedule(dynamic, 1) if (n_lg >= 2)
     for (int32_t i = 0; i < n_lg; i++)
         if (!s->lg_plp[i] && !s->lg_spec[i])
-            s->lg_tok[i] = sample_row(s, s->lg_owner[i], s->logits + (size_t)i * nv, &s->lg_prob[i]);
+            s->lg_tok[i] = sample_row(s->lg_owner[i], s->logits + (size_t)i * nv, &s->lg_prob[i]);
     int32_t lg_row = 0, out_row = 0;
     for (int32_t r = 0; r < n_rows; r++) {
         sreq *q = s->b_owner[r];
@@ -1056,7 +926,7 @@ static void after_forward(lms_sched *s, int32_t n_rows)
                 float prob;
                 q->n_past = s->b_pos[r] + 1;
                 q->n_accepted++;
-                const int32_t tok = sample_row(s, q, s->logits + (size_t)lg_row * nv, &prob);
+                const int32_t tok = sample_row(q, s->logits + (size_t)lg_row * nv, &prob);
                 q->done = tok < 0 ? "stop" : handle_token(s, q, tok, prob);
                 q->spec_live = !q->done && j < q->n_prop && tok == q->prop[j];
             }
@@ -1441,7 +1311,7 @@ static void free_all(lms_sched *s)
     if (s->wdc)
         lms_watchdog_unregister(s->wdc);
     free_buffers(s);
-    free_token_texts(s);
+    lms_toktexts_destroy(s->tt);
     lms_drafter_destroy(s->drafter);
     lms_encoder_destroy(s->enc);
     lms_ctx_destroy(s->ctx);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The command line end to end: run/eval/tokenize/info/quantize/synth/bench/
-# template on the shared test models, and bad input (truncated file,
+# template on the shared test models, run and chat held to a grammar or a
+# JSON schema, and bad input (truncated file,
 # out-of-range token ids, empty and non-UTF-8 prompts) giving clear errors.
 set -euo pipefail
 : "${LMSERV:?}" "${LMS_TESTDATA:?}"
@@ -18,6 +19,33 @@ out=$("$LMSERV" run -m "$M/stories260K.gguf" -p "Once upon a time" -n 32 --temp 
 grep -q "prompt 5 tokens" "$TMP/err" || fail "run stats line: $(cat "$TMP/err")"
 grep -q "t/s" "$TMP/err" || fail "run stats tokens/s"
 ok "run greedy matches llama.cpp"
+
+# the output held to a GBNF grammar or a JSON schema (llama.cpp's --grammar,
+# --grammar-file, -j, --json-schema-file), also in chat
+for seed in 1 2 3; do
+    out=$("$LMSERV" run -m "$M/stories260K.gguf" -p "Once upon a time" -n 30 --temp 1.5 --seed $seed \
+        --grammar 'root ::= ("yes" | "no") " " [0-9]{3}' 2>"$TMP/err")
+    [[ "$out" =~ ^(yes|no)\ [0-9]{3}$ ]] || fail "run --grammar (seed $seed): '$out'"
+    grep -q "finish stop" "$TMP/err" || fail "run --grammar: the end token after the grammar's text"
+done
+printf 'root ::= item ("," item)*\nitem ::= [a-z]+ # words\n' >"$TMP/list.gbnf"
+out=$("$LMSERV" run -m "$M/stories260K.gguf" -p "Once" -n 16 --seed 4 --grammar-file "$TMP/list.gbnf" 2>/dev/null)
+[[ "$out" =~ ^[a-z]+(,[a-z]+)*,?$ ]] || fail "run --grammar-file: '$out'"
+printf '{"type":"object","properties":{"ok":{"type":"boolean"}},"required":["ok"]}' >"$TMP/s.json"
+out=$("$LMSERV" run -m "$M/stories260K.gguf" -p "Once" -n 60 --seed 2 --json-schema-file "$TMP/s.json" 2>/dev/null)
+python3 -c 'import json,re,sys; t=sys.argv[1]; sys.exit(0 if re.fullmatch(r"\s*\{\s*\"ok\"\s*:\s*(t(r(ue?)?)?|f(a(l(se?)?)?)?)?\s*(\}\s*)?", t) or json.loads(t) in ({"ok": True}, {"ok": False}) else 1)' "$out" ||
+    fail "run --json-schema-file: '$out'"
+if "$LMSERV" run -m "$M/stories260K.gguf" -p hi --grammar 'root ::= item' 2>"$TMP/err"; then fail "bad grammar accepted"; fi
+grep -q "grammar: line 1, column 10: rule 'item' is never defined" "$TMP/err" || fail "bad grammar message: $(cat "$TMP/err")"
+if "$LMSERV" run -m "$M/stories260K.gguf" -p hi --grammar 'root ::= "a"' --json 2>"$TMP/err"; then fail "two shapes accepted"; fi
+grep -q "give one of --grammar" "$TMP/err" || fail "two shapes message"
+if "$LMSERV" run -m "$M/stories260K.gguf" -p hi -j '{"type":"object","properties":{"n":{"type":"number","multipleOf":2}}}' 2>"$TMP/err"; then fail "bad schema accepted"; fi
+grep -q "multipleOf" "$TMP/err" || fail "bad schema message: $(cat "$TMP/err")"
+out=$(printf 'hello\n/quit\n' | "$LMSERV" chat -m "$M/stories260K.gguf" -n 20 --grammar 'root ::= "Sure, " [a-z ]+ "."' 2>/dev/null)
+out=${out%%$'\n'*} # the first reply's line
+re='^> Sure, [a-z ]+[.]?$'
+[[ "$out" =~ $re ]] || fail "chat --grammar: '$out'"
+ok "run and chat held to a grammar or a JSON schema; bad ones refused by line or keyword"
 
 # sampling with a seed is reproducible
 a=$("$LMSERV" run -m "$M/stories260K.gguf" -p "The dog" -n 24 --temp 0.9 --top-k 40 --top-p 0.95 --min-p 0.05 --seed 7 --repeat-penalty 1.1 2>/dev/null)
