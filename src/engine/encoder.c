@@ -2,10 +2,13 @@
  * encoder.c - BERT's forward pass (see encoder.h for the data flow).
  *
  * Apart from the decoder on purpose: an encoder sees its whole input in one
- * call and every token attends to every other, so there is no cache, no
- * batch of sequences and no positions to track. The weight products go
- * through lms_matmul (any weight type, OpenMP team); the rest is plain loops,
- * the attention split over (head, query) pairs.
+ * call and every token attends to every other token of its input, so there
+ * is no cache. Several inputs may go in one pass (lms_encode_batch): their
+ * rows one after another, each input's positions from 0 and its attention
+ * over its own rows only, so the weight products run over all of their
+ * rows at once. The weight products go through lms_matmul (any weight
+ * type, OpenMP team); the rest is plain loops, the attention split over
+ * (head, query) pairs.
  */
 #include "engine/encoder.h"
 
@@ -36,6 +39,9 @@ struct lms_encoder {
     float *rope_cs;    /* [n_max][n_rot/2][2] cos, sin (nomic-bert), else NULL */
     float *scores;     /* [n_threads][n_max] */
     void *mscratch;    /* lms_matmul scratch, LMS_MATMUL_MAX conversions */
+    int32_t *pos;      /* [n_max] each row's position within its input */
+    int32_t *start;    /* [n_max] the first row of each row's input */
+    int32_t *len;      /* [n_max] the rows of each row's input */
 };
 
 /* GELU, tanh approximation, with ggml's CPU rounding (encoder.h): the
@@ -96,7 +102,8 @@ static void rope_table(const lms_hparams *hp, int32_t n_max, float *cs)
     }
 }
 
-/* NeoX RoPE of n rows of n_head heads: in each head, pairs (i, i + n_rot/2). */
+/* NeoX RoPE of n rows of n_head heads (each at its position within its
+ * input): in each head, pairs (i, i + n_rot/2). */
 static void rope_rows(const lms_encoder *enc, float *x, int32_t n)
 {
     const lms_hparams *hp = &enc->m->hp;
@@ -104,7 +111,7 @@ static void rope_rows(const lms_encoder *enc, float *x, int32_t n)
     for (int32_t t = 0; t < n; t++)
         for (int32_t h = 0; h < hp->n_head; h++) {
             float *r = x + (size_t)t * hp->n_embd + (size_t)h * hp->head_dim;
-            const float *cs = enc->rope_cs + (size_t)t * half * 2;
+            const float *cs = enc->rope_cs + (size_t)enc->pos[t] * half * 2;
             for (int32_t i = 0; i < half; i++) {
                 const float x0 = r[i], x1 = r[i + half], c = cs[2 * i], sn = cs[2 * i + 1];
                 r[i] = x0 * c - x1 * sn;
@@ -152,8 +159,12 @@ int lms_encoder_create(const lms_model *m, int32_t n_threads, lms_encoder **out,
     e->scores = alloc_f32((size_t)e->n_threads * (size_t)e->n_max);
     e->mscratch = aligned_alloc(64, ((size_t)LMS_MATMUL_MAX * scratch_bytes(m, e->n_max) + 63) /
                                         64 * 64 + 64);
+    e->pos = malloc((size_t)e->n_max * sizeof *e->pos);
+    e->start = malloc((size_t)e->n_max * sizeof *e->start);
+    e->len = malloc((size_t)e->n_max * sizeof *e->len);
     if (!e->x || !e->q || !e->k || !e->v || !e->kt || !e->vt || !e->a || !e->ff || !e->scores ||
-        !e->mscratch || (swiglu && !e->gate) || (hp->encoder_rope && !e->rope_cs)) {
+        !e->mscratch || (swiglu && !e->gate) || (hp->encoder_rope && !e->rope_cs) || !e->pos ||
+        !e->start || !e->len) {
         lms_encoder_destroy(e);
         return lms_errf(err, errsz, LMS_ERR_NOMEM,
                         "encoder: out of memory for %d tokens of model '%s'", hp->n_ctx_train,
@@ -181,12 +192,21 @@ void lms_encoder_destroy(lms_encoder *e)
     free(e->rope_cs);
     free(e->scores);
     free(e->mscratch);
+    free(e->pos);
+    free(e->start);
+    free(e->len);
     free(e);
 }
 
 int32_t lms_encoder_max_tokens(const lms_encoder *e)
 {
     return e->n_max;
+}
+
+int32_t lms_encoder_n_out(const lms_encoder *e)
+{
+    const lms_hparams *hp = &e->m->hp;
+    return hp->pooling == LMS_POOLING_RANK ? hp->n_cls_out : hp->n_embd;
 }
 
 /* ---- pieces ------------------------------------------------------------------ */
@@ -258,14 +278,15 @@ static void transpose_kv(lms_encoder *enc, int32_t n)
 #endif
 
 /* One query row of one head: ai[hd] = softmax(qi . kt * scale) vt over the
- * n keys; kt, vt are the head's [hd][n], sc is [n] scratch. */
+ * n keys; kt, vt are the head's [hd] rows of its input's keys, `stride`
+ * apart; sc is [n] scratch. */
 ENC_CLONES static void attend_row(const float *qi, const float *kt, const float *vt, int32_t n,
-                                  int64_t hd, float scale, float *sc, float *ai)
+                                  int64_t stride, int64_t hd, float scale, float *sc, float *ai)
 {
     for (int32_t j = 0; j < n; j++)
         sc[j] = 0.0f;
     for (int64_t d = 0; d < hd; d++) {
-        const float qd = qi[d] * scale, *kr = kt + d * n;
+        const float qd = qi[d] * scale, *kr = kt + d * stride;
 #pragma omp simd
         for (int32_t j = 0; j < n; j++)
             sc[j] += qd * kr[j];
@@ -280,7 +301,7 @@ ENC_CLONES static void attend_row(const float *qi, const float *kt, const float 
         sum += sc[j];
     }
     for (int64_t d = 0; d < hd; d++) {
-        const float *vr = vt + d * n;
+        const float *vr = vt + d * stride;
         float s = 0.0f;
 #pragma omp simd reduction(+ : s)
         for (int32_t j = 0; j < n; j++)
@@ -289,7 +310,8 @@ ENC_CLONES static void attend_row(const float *qi, const float *kt, const float 
     }
 }
 
-/* a = softmax(q k^T * scale) v for every head and query, every key. */
+/* a = softmax(q k^T * scale) v for every head and query, over the keys of
+ * the query's input. */
 static void attention(lms_encoder *enc, int32_t n)
 {
     const lms_hparams *hp = &enc->m->hp;
@@ -304,9 +326,9 @@ static void attention(lms_encoder *enc, int32_t n)
 #else
         float *sc = enc->scores;
 #endif
-        const int64_t h = pi / n, i = pi % n;
-        attend_row(enc->q + i * e + h * hd, enc->kt + h * hd * n, enc->vt + h * hd * n, n, hd,
-                   scale, sc, enc->a + i * e + h * hd);
+        const int64_t h = pi / n, i = pi % n, s0 = enc->start[i];
+        attend_row(enc->q + i * e + h * hd, enc->kt + h * hd * n + s0, enc->vt + h * hd * n + s0,
+                   enc->len[i], n, hd, scale, sc, enc->a + i * e + h * hd);
     }
 }
 
@@ -355,11 +377,11 @@ static void layer(lms_encoder *enc, const lms_layer *l, int32_t n)
 /* A reranker's scores (hp.n_cls_out of them) from the [CLS] state, as
  * llama.cpp's rank pooling: tanh(cls x + cls_b), then cls_out . + cls_out_b
  * (either step skipped where the file has no such matrix); not normalized. */
-static void rank_head(lms_encoder *enc, float *out)
+static void rank_head(lms_encoder *enc, const float *cls, float *out)
 {
     const lms_model *m = enc->m;
     const int64_t e = m->hp.n_embd;
-    float *y = enc->x; /* the [CLS] row, row 0 */
+    const float *y = cls; /* the input's first row */
     if (m->cls.data) {
         const lms_mat w = as_mat(&m->cls);
         lms_matmul(&w, y, 1, enc->q, enc->mscratch);
@@ -379,21 +401,66 @@ static void rank_head(lms_encoder *enc, float *out)
 
 /* ---- the pass ------------------------------------------------------------------ */
 
-int lms_encode(lms_encoder *enc, const int32_t *tokens, int32_t n, float *out, char *err,
-               size_t errsz)
+/* Input k's output (rows [s0, s0 + n) of enc->x) into out: pooled and of
+ * unit length, or a reranker's scores. Uses enc->q (and enc->a). */
+static void pool(lms_encoder *enc, int32_t s0, int32_t n, float *out)
+{
+    const lms_hparams *hp = &enc->m->hp;
+    const int64_t e = hp->n_embd;
+    const float *x = enc->x + (size_t)s0 * e;
+    if (hp->pooling == LMS_POOLING_RANK) {
+        rank_head(enc, x, out);
+        return;
+    }
+    double norm = 0;
+    for (int64_t i = 0; i < e; i++) {
+        float p;
+        if (hp->pooling == LMS_POOLING_CLS || hp->pooling == LMS_POOLING_LAST) {
+            p = x[(size_t)(hp->pooling == LMS_POOLING_CLS ? 0 : n - 1) * e + i];
+        } else {
+            double s = 0;
+            for (int32_t t = 0; t < n; t++)
+                s += x[(size_t)t * e + i];
+            p = (float)(s / n);
+        }
+        enc->q[i] = p;
+        norm += (double)p * p;
+    }
+    const float inv = norm > 0 ? (float)(1.0 / sqrt(norm)) : 0.0f;
+    for (int64_t i = 0; i < e; i++)
+        out[i] = enc->q[i] * inv;
+}
+
+int lms_encode_batch(lms_encoder *enc, const int32_t *tokens, const int32_t *lens,
+                     int32_t n_in, float *out, char *err, size_t errsz)
 {
     const lms_model *m = enc->m;
     const lms_hparams *hp = &m->hp;
     const int64_t e = hp->n_embd;
-    if (n <= 0 || n > enc->n_max)
+    int64_t n64 = 0;
+    for (int32_t k = 0; k < n_in; k++) {
+        if (lens[k] <= 0 || lens[k] > enc->n_max)
+            return lms_errf(err, errsz, LMS_ERR_LIMIT,
+                            "the input has %d tokens; model '%s' takes 1 to %d (its context)",
+                            lens[k], m->name, enc->n_max);
+        n64 += lens[k];
+    }
+    if (n_in <= 0 || n64 > enc->n_max)
         return lms_errf(err, errsz, LMS_ERR_LIMIT,
-                        "the input has %d tokens; model '%s' takes 1 to %d (its context)", n,
-                        m->name, enc->n_max);
+                        "%d inputs of %lld tokens in all: one pass of model '%s' takes 1 to %d",
+                        n_in, (long long)n64, m->name, enc->n_max);
+    const int32_t n = (int32_t)n64;
     for (int32_t t = 0; t < n; t++)
         if (tokens[t] < 0 || tokens[t] >= hp->n_vocab)
             return lms_errf(err, errsz, LMS_ERR_RANGE,
                             "token id %d at position %d is not in [0, %d)", tokens[t], t,
                             hp->n_vocab);
+    for (int32_t k = 0, s0 = 0; k < n_in; s0 += lens[k++])
+        for (int32_t t = 0; t < lens[k]; t++) {
+            enc->pos[s0 + t] = t;
+            enc->start[s0 + t] = s0;
+            enc->len[s0 + t] = lens[k];
+        }
 #ifdef _OPENMP
     omp_set_num_threads(enc->n_threads); /* the team size is per calling thread */
 #endif
@@ -404,7 +471,7 @@ int lms_encode(lms_encoder *enc, const int32_t *tokens, int32_t n, float *out, c
         float *x = enc->x + (size_t)t * e;
         lms_mat_get_row(&te, tokens[t], x);
         if (m->pos_embd.data) { /* bert; nomic-bert rotates q and k instead */
-            lms_mat_get_row(&pe, t, row);
+            lms_mat_get_row(&pe, enc->pos[t], row);
             for (int64_t i = 0; i < e; i++)
                 x[i] += row[i];
         }
@@ -417,27 +484,14 @@ int lms_encode(lms_encoder *enc, const int32_t *tokens, int32_t n, float *out, c
     add_layer_norm(enc->x, NULL, &m->tok_norm, &m->tok_norm_b, n, e, hp->norm_eps);
     for (int il = 0; il < hp->n_layer; il++)
         layer(enc, &m->layers[il], n);
-
-    if (hp->pooling == LMS_POOLING_RANK) {
-        rank_head(enc, out);
-        return 0;
-    }
-    double norm = 0;
-    for (int64_t i = 0; i < e; i++) {
-        float p;
-        if (hp->pooling == LMS_POOLING_CLS || hp->pooling == LMS_POOLING_LAST) {
-            p = enc->x[(size_t)(hp->pooling == LMS_POOLING_CLS ? 0 : n - 1) * e + i];
-        } else {
-            double s = 0;
-            for (int32_t t = 0; t < n; t++)
-                s += enc->x[(size_t)t * e + i];
-            p = (float)(s / n);
-        }
-        enc->q[i] = p;
-        norm += (double)p * p;
-    }
-    const float inv = norm > 0 ? (float)(1.0 / sqrt(norm)) : 0.0f;
-    for (int64_t i = 0; i < e; i++)
-        out[i] = enc->q[i] * inv;
+    const int32_t n_out = lms_encoder_n_out(enc);
+    for (int32_t k = 0, s0 = 0; k < n_in; s0 += lens[k++])
+        pool(enc, s0, lens[k], out + (size_t)k * n_out);
     return 0;
+}
+
+int lms_encode(lms_encoder *enc, const int32_t *tokens, int32_t n, float *out, char *err,
+               size_t errsz)
+{
+    return lms_encode_batch(enc, tokens, &n, 1, out, err, errsz);
 }

@@ -51,4 +51,15 @@ int32_t lms_encoder_max_tokens(const lms_encoder *e);
 int lms_encode(lms_encoder *e, const int32_t *tokens, int32_t n, float *out, char *err,
                size_t errsz);
 
+/* Encodes n_in inputs in one pass: tokens holds them one after another
+ * (input k has lens[k] tokens), lens summing to at most the model's
+ * context; each input attends to its own tokens, at positions from 0, and
+ * gets what lms_encode gives it alone (up to the rounding of the weight
+ * products over more rows). out: [n_in][lms_encoder_n_out]. */
+int lms_encode_batch(lms_encoder *e, const int32_t *tokens, const int32_t *lens, int32_t n_in,
+                     float *out, char *err, size_t errsz);
+
+/* Values lms_encode writes per input: n_embd, or a reranker's n_cls_out. */
+int32_t lms_encoder_n_out(const lms_encoder *e);
+
 #endif

@@ -100,6 +100,8 @@ struct lms_sched {
     bool abandoned;          /* the owner gave up on this scheduler */
     lms_watchdog_comp *wdc;
     lms_encoder *enc;        /* an embedding model's (bert): requests go to encode_next */
+    int enc_batch;           /* requests an encoder pass takes at most (ENC_BATCH;
+                              * LMS_ENC_BATCH=N for A/B timings) */
     /* protected by mu */
     sreq *q_head, *q_tail;
     int32_t n_queued;
@@ -235,7 +237,9 @@ static void finish(lms_sched *s, sreq *q, const char *reason, int err, const cha
  * engine never reuses the id of a request that is still being reported. */
 static uint64_t g_next_id;
 
-/* ---- embedding models (bert): one whole input per step, engine/encoder.c ---- */
+/* ---- embedding models (bert): whole inputs, several a pass, engine/encoder.c ---- */
+
+#define ENC_BATCH 64 /* requests an encoder pass takes at most */
 
 static int check_encoder_request(const lms_sched *s, const lms_request *r, char *err,
                                  size_t errsz)
@@ -252,48 +256,74 @@ static int check_encoder_request(const lms_sched *s, const lms_request *r, char 
     return 0;
 }
 
-/* Takes the first queued request and encodes it: its embedding event, then
- * its end. It is in run[] meanwhile, so that an abandon sees it. */
+/* Takes the queued requests (oldest first, up to ENC_BATCH of them and the
+ * model's context in tokens) and encodes them in one pass: each its
+ * embedding event, then its end. They are in run[] meanwhile, so that an
+ * abandon sees them. */
 static void encode_next(lms_sched *s)
 {
+    const int32_t n_max = lms_encoder_max_tokens(s->enc), n_out = lms_encoder_n_out(s->enc);
+    sreq *take[ENC_BATCH];
+    int n = 0;
+    int64_t n_tok = 0;
     pthread_mutex_lock(&s->mu);
-    sreq *q = s->q_head;
-    if (q) {
+    while (s->q_head && n < s->enc_batch && n_tok + s->q_head->n_prompt <= n_max) {
+        sreq *q = s->q_head;
         s->q_head = q->next;
         if (!s->q_head)
             s->q_tail = NULL;
         s->n_queued--;
+        q->next = NULL;
+        n_tok += q->n_prompt;
+        take[n++] = q;
     }
     pthread_mutex_unlock(&s->mu);
-    if (!q)
-        return;
-    q->next = NULL;
-    if (q->abort) {
-        finish(s, q, "abort", 0, NULL);
-        return;
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        if (take[i]->abort) {
+            finish(s, take[i], "abort", 0, NULL);
+            continue;
+        }
+        take[i]->t_sched = lms_now_ms();
+        take[m++] = take[i];
     }
-    q->t_sched = lms_now_ms();
-    s->run[s->n_run++] = q;
-    const int32_t e = s->m->hp.n_embd;
-    float *v = malloc((size_t)e * sizeof *v);
+    if (m == 0)
+        return;
+    int32_t *toks = malloc((size_t)n_tok * sizeof *toks), lens[ENC_BATCH];
+    float *v = malloc((size_t)m * (size_t)n_out * sizeof *v);
     char msg[256] = "out of memory";
-    int rc = v ? lms_encode(s->enc, q->tokens, q->n_prompt, v, msg, sizeof msg) : LMS_ERR_NOMEM;
+    int rc = toks && v ? 0 : LMS_ERR_NOMEM;
+    for (int i = 0, at = 0; i < m && rc == 0; at += lens[i++]) {
+        lens[i] = take[i]->n_prompt;
+        memcpy(toks + at, take[i]->tokens, (size_t)lens[i] * sizeof *toks);
+    }
+    for (int i = 0; i < m; i++)
+        s->run[s->n_run++] = take[i];
+    if (rc == 0)
+        rc = lms_encode_batch(s->enc, toks, lens, m, v, msg, sizeof msg);
+    free(toks);
     if (s->abandoned) {
         free(v);
         return;
     }
-    s->n_run--; /* q is the last (and only) one */
-    lms_event *ev = rc < 0 ? NULL : new_event(q, LMS_EV_EMBD);
-    if (!ev) {
-        free(v);
-        finish(s, q, "error", rc < 0 ? rc : LMS_ERR_NOMEM, msg);
-        return;
+    s->n_run -= m; /* they are the only ones */
+    for (int i = 0; i < m; i++) {
+        sreq *q = take[i];
+        lms_event *ev = rc < 0 ? NULL : new_event(q, LMS_EV_EMBD);
+        float *mine = ev ? malloc((size_t)n_out * sizeof *mine) : NULL;
+        if (!mine) {
+            lms_event_free(ev);
+            finish(s, q, "error", rc < 0 ? rc : LMS_ERR_NOMEM, msg);
+            continue;
+        }
+        memcpy(mine, v + (size_t)i * n_out, (size_t)n_out * sizeof *mine);
+        q->t_first = lms_now_ms();
+        ev->embd = mine;
+        ev->n_embd = n_out; /* a reranker's: its scores */
+        q->r.cb(q->r.user, ev);
+        finish(s, q, "stop", 0, NULL);
     }
-    q->t_first = lms_now_ms();
-    ev->embd = v;
-    ev->n_embd = s->m->hp.pooling == LMS_POOLING_RANK ? s->m->hp.n_cls_out : e; /* scores */
-    q->r.cb(q->r.user, ev);
-    finish(s, q, "stop", 0, NULL);
+    free(v);
 }
 
 static int check_request(const lms_sched *s, const lms_request *r, char *err, size_t errsz)
@@ -1180,7 +1210,10 @@ static void on_stall(void *ud, const char *name, double stalled_ms)
 static int alloc_buffers(lms_sched *s)
 {
     size_t nb = (size_t)s->p.n_batch;
-    s->run = calloc((size_t)s->p.n_parallel, sizeof *s->run);
+    /* an embedding model's pass takes up to ENC_BATCH requests */
+    const int32_t n_run = s->m->hp.is_encoder && s->p.n_parallel < ENC_BATCH ? ENC_BATCH
+                                                                            : s->p.n_parallel;
+    s->run = calloc((size_t)n_run, sizeof *s->run);
     s->b_tok = malloc(nb * sizeof *s->b_tok);
     s->b_pos = malloc(nb * sizeof *s->b_pos);
     s->b_seq = malloc(nb * sizeof *s->b_seq);
@@ -1268,8 +1301,11 @@ int lms_sched_create(lms_model *m, const lms_sched_params *p, lms_sched **out, c
         cp.gpu_layers = 0;
     }
     rc = lms_ctx_create(m, &cp, &s->ctx, err, errsz);
-    if (rc == 0 && m->hp.is_encoder)
+    if (rc == 0 && m->hp.is_encoder) {
         rc = lms_encoder_create(m, p->n_threads, &s->enc, err, errsz);
+        const char *eb = getenv("LMS_ENC_BATCH");
+        s->enc_batch = eb && atoi(eb) >= 1 && atoi(eb) <= ENC_BATCH ? atoi(eb) : ENC_BATCH;
+    }
     if (rc == 0 && s->p.spec.mode == LMS_SPEC_DRAFT)
         /* as many positions as the target's pool: a sequence reserves the
          * same number in both */
