@@ -321,7 +321,8 @@ static int infill_ids(const lms_expert *x, const json_t *body, int32_t n_predict
     const fim_ids f = fim_of(m);
     if (f.pre < 0 || f.suf < 0 || f.mid < 0)
         return reqerr_set(e, 400, NULL, "model '%s' has no fill-in-the-middle tokens (prefix, "
-                          "suffix, middle): /infill needs a code model trained for it", x->cfg->id);
+                          "suffix, middle): filling in text (/infill, a 'suffix') needs a code "
+                          "model trained for it", x->cfg->id);
     const char *prefix, *suffix, *prompt;
     if (str_field(body, "input_prefix", &prefix, e) < 0 ||
         str_field(body, "input_suffix", &suffix, e) < 0 || str_field(body, "prompt", &prompt, e) < 0)
@@ -393,6 +394,22 @@ static int infill_ids(const lms_expert *x, const json_t *body, int32_t n_predict
     free(pr.v);
     free(ex.v);
     return rc;
+}
+
+int api_fim_prompt(const lms_expert *x, const char *prefix, const char *suffix,
+                   int32_t n_predict, int32_t **toks, int32_t *n, reqerr *e)
+{
+    json_t *body = json_pack("{s:s, s:s}", "input_prefix", prefix, "input_suffix", suffix);
+    tokv t = {0};
+    int rc = body ? infill_ids(x, body, n_predict, &t, e) : reqerr_set(e, 503, NULL, "out of memory");
+    json_decref(body);
+    if (rc < 0) {
+        free(t.v);
+        return -1;
+    }
+    *toks = t.v;
+    *n = t.n;
+    return 0;
 }
 
 /* ---- the requests ---------------------------------------------------------------- */

@@ -230,8 +230,8 @@ static json_t *generate_messages(const char *system, const char *prompt)
     return m;
 }
 
-static int prompt_tokens(conn *c, const json_t *body, bool chat, int32_t **toks, int32_t *n,
-                         reqerr *e)
+static int prompt_tokens(conn *c, const json_t *body, bool chat, int32_t max_tokens,
+                         int32_t **toks, int32_t *n, reqerr *e)
 {
     const lms_expert *x = c->x;
     const json_t *tools = json_object_get(body, "tools");
@@ -246,6 +246,11 @@ static int prompt_tokens(conn *c, const json_t *body, bool chat, int32_t **toks,
         if (reqparse_str(body, "prompt", &prompt, e) < 0 ||
             reqparse_str(body, "system", &system, e) < 0 || reqparse_bool(body, "raw", &raw, e) < 0)
             return -1;
+        const char *suffix = NULL;
+        if (reqparse_str(body, "suffix", &suffix, e) < 0)
+            return -1;
+        if (suffix && suffix[0]) /* fill in the middle: the prompt is the text before */
+            return api_fim_prompt(x, prompt ? prompt : "", suffix, max_tokens, toks, n, e);
         if (!prompt || !prompt[0])
             return reqerr_set(e, 400, "prompt", "'prompt' must be a non-empty string");
         if (raw)
@@ -373,7 +378,7 @@ static int generate(conn *c, json_t *body, bool chat)
         return rc;
     }
     if (rc == 0)
-        rc = prompt_tokens(c, body, chat, &toks, &n, &e);
+        rc = prompt_tokens(c, body, chat, gp.max_tokens, &toks, &n, &e);
     oll_job *j = rc == 0 ? calloc(1, sizeof *j) : NULL;
     if (rc == 0 && !j)
         rc = reqerr_set(&e, 503, NULL, "out of memory");

@@ -712,9 +712,18 @@ static int parse_chat(conn *c, const json_t *body, gen_resp *r, gen_prompt *pr, 
     return rc;
 }
 
-/* One prompt: a string or an array of token ids. */
-static int parse_one_prompt(conn *c, const json_t *p, bool echo, gen_prompt *pr, reqerr *e)
+/* One prompt: a string or an array of token ids. With a suffix (not
+ * empty), a string is the text before it, filled in between. */
+static int parse_one_prompt(conn *c, const json_t *p, bool echo, const char *suffix,
+                            int32_t max_tokens, gen_prompt *pr, reqerr *e)
 {
+    if (json_is_string(p) && suffix && suffix[0]) {
+        if (echo)
+            return reqerr_set(e, 400, "echo", "'echo' cannot be used with 'suffix'");
+        return api_fim_prompt(c->x, json_string_value(p), suffix, max_tokens, &pr->toks, &pr->n, e);
+    }
+    if (suffix && suffix[0])
+        return reqerr_set(e, 400, "suffix", "'suffix' needs a prompt given as text");
     if (json_is_string(p)) {
         if (echo && !(pr->echo = strdup(json_string_value(p))))
             return reqerr_set(e, 503, NULL, "out of memory");
@@ -740,13 +749,16 @@ static int parse_one_prompt(conn *c, const json_t *p, bool echo, gen_prompt *pr,
 
 /* prompt: a string, an array of ids, or an array of several of those. */
 static int parse_prompts(conn *c, const json_t *body, bool echo, int n, gen_prompt *pr,
-                         int *n_pr, reqerr *e)
+                         int *n_pr, int32_t max_tokens, reqerr *e)
 {
     const json_t *p = json_object_get(body, "prompt");
+    const char *suffix = NULL;
+    if (reqparse_str(body, "suffix", &suffix, e) < 0)
+        return -1;
     const json_t *first = json_array_get(p, 0); /* NULL unless a non-empty array */
     if (!json_is_string(first) && !json_is_array(first)) {
         *n_pr = 1;
-        return parse_one_prompt(c, p, echo, &pr[0], e);
+        return parse_one_prompt(c, p, echo, suffix, max_tokens, &pr[0], e);
     }
     size_t k = json_array_size(p);
     if (k * (size_t)n > MAX_CHOICES)
@@ -754,7 +766,7 @@ static int parse_prompts(conn *c, const json_t *body, bool echo, int n, gen_prom
                           MAX_CHOICES);
     for (size_t i = 0; i < k; i++) {
         *n_pr = (int)i + 1;
-        if (parse_one_prompt(c, json_array_get(p, i), echo, &pr[i], e) < 0)
+        if (parse_one_prompt(c, json_array_get(p, i), echo, suffix, max_tokens, &pr[i], e) < 0)
             return -1;
     }
     return 0;
@@ -772,7 +784,7 @@ static int parse_completion(conn *c, const json_t *body, gen_resp *r, gen_prompt
     r->prompt_lp = echo && r->logprobs >= 0;
     if (r->prompt_lp && r->stream)
         return reqerr_set(e, 400, "echo", "'echo' with 'logprobs' is not supported when streaming");
-    return parse_prompts(c, body, echo, r->n, pr, n_pr, e);
+    return parse_prompts(c, body, echo, r->n, pr, n_pr, r->gp.max_tokens, e);
 }
 
 /* A request for a remote expert: checked here (what only the local engine

@@ -495,6 +495,11 @@ int http_stream_end(conn *c);
 int api_chat(conn *c, json_t *body);
 int api_completions(conn *c, json_t *body);
 int api_models(conn *c, const char *id);
+/* api_native.c: the fill-in-the-middle prompt of (prefix, suffix) with the
+ * model's FIM tokens, laid out as /infill lays it (for Ollama's and
+ * OpenAI's `suffix`); a 400 for a model without them. */
+int api_fim_prompt(const lms_expert *x, const char *prefix, const char *suffix,
+                   int32_t n_predict, int32_t **toks, int32_t *n, reqerr *e);
 /* api_embeddings.c */
 int api_embeddings(conn *c, json_t *body);
 int api_rerank(conn *c, json_t *body);

@@ -210,6 +210,8 @@ req POST /completion -d '{"prompt":"x","json_schema":{"type":"object","propertie
 check "completion: json_schema holds the output to an object" eq "$(code) $(py "$T/out" 'd["content"].lstrip().startswith("{")')" "200 True"
 req POST /infill -d '{"input_prefix":"def f(","input_suffix":"):\n"}'
 check "infill on a model without FIM tokens: 400 saying so" eq "$(code) $(py "$T/out" '"fill-in-the-middle" in d["error"]["message"]')" "400 True"
+req POST /api/generate -d '{"prompt":"def f(","suffix":"):\n","stream":false}'
+check "ollama generate with a suffix on a model without FIM tokens: 400 saying so" eq "$(code) $(py "$T/out" '"fill-in-the-middle" in d["error"]')" "400 True"
 # ---- prompt log-probabilities (completions: echo + logprobs, max_tokens 0 allowed) ----
 req POST /v1/completions -d '{"prompt":"Once upon a time","max_tokens":0,"echo":true,"logprobs":2}'
 check "echo + logprobs, max_tokens 0: the prompt, nothing generated" eq "$(py "$T/out" '(d["choices"][0]["text"], d["usage"]["completion_tokens"])')" "('Once upon a time', 0)"
@@ -427,6 +429,15 @@ EOF2
 )
 req POST /completion -d "{\"prompt\":$EX,\"n_predict\":2,\"temperature\":0}"
 check "extra files laid out as llama-server: [REP]myproject [SEP]file text ... [SEP]filename, then the FIM part" eq "$(py "$T/out" '(d["tokens_evaluated"], d["content"])')" "$(python3 -c 'import json,sys; print((len(json.loads(sys.argv[1])), open(sys.argv[2]).read()[:-1]))' "$EX" "$T/xcontent")"
+# Ollama's and OpenAI's "suffix": the prompt is the text before it, laid out as /infill
+req POST /infill -d '{"input_prefix":"def add(a, b):\n    return ","input_suffix":"\n\nprint(add(1, 2))\n","n_predict":6,"temperature":0,"ignore_eos":true}'
+py "$T/out" 'd["content"]' >"$T/scontent"
+req POST /api/generate -d '{"prompt":"def add(a, b):\n    return ","suffix":"\n\nprint(add(1, 2))\n","stream":false,"options":{"num_predict":6,"temperature":0,"ignore_eos":true}}'
+check "ollama generate with a suffix = /infill of that prefix and suffix" eq "$(code) $(py "$T/out" 'd["response"]')" "200 $(cat "$T/scontent")"
+req POST /v1/completions -d '{"prompt":"def add(a, b):\n    return ","suffix":"\n\nprint(add(1, 2))\n","max_tokens":6,"temperature":0,"ignore_eos":true}'
+check "completions with a suffix = /infill of that prefix and suffix" eq "$(code) $(py "$T/out" 'd["choices"][0]["text"]')" "200 $(cat "$T/scontent")"
+req POST /v1/completions -d '{"prompt":[1,2,3],"suffix":"x"}'
+check "completions: a suffix with a token-id prompt 400" eq "$(code) $(py "$T/out" 'd["error"]["param"]')" "400 suffix"
 req POST /infill -d '{"input_prefix":"x","input_extra":"a.py"}'
 check "infill: input_extra not an array 400" eq "$(code) $(py "$T/out" 'd["error"]["param"]')" "400 input_extra"
 req POST /infill -d '{"input_prefix":"x","input_extra":[{"filename":3,"text":"y"}]}'
