@@ -510,3 +510,48 @@ int api_ollama_show(conn *c, json_t *body)
     json_object_set_new(o, "model_info", info);
     return http_reply_json(c, 200, o);
 }
+
+/* ---- model management ---------------------------------------------------------------
+ * lmserv serves the models of its command line or --config; it neither
+ * downloads nor writes model files. /api/pull of a model it serves answers
+ * as Ollama does for one already present ({"status": "success"}, one NDJSON
+ * line when streamed), so clients that pull before use go on; of another
+ * model a 404 saying where models come from. /api/push, /api/create and
+ * /api/copy get a 501 saying so. */
+
+int api_ollama_pull(conn *c, json_t *body)
+{
+    reqerr e;
+    const char *model = NULL;
+    bool stream = true;
+    if (reqparse_str(body, "model", &model, &e) < 0 || reqparse_bool(body, "stream", &stream, &e) < 0)
+        return reply_err(c, &e);
+    if (!model || !model[0])
+        reqparse_str(body, "name", &model, &e); /* older clients */
+    if (!model || !model[0]) {
+        reqerr_set(&e, 400, "model", "'model' is required");
+        return reply_err(c, &e);
+    }
+    if (!lms_registry_find(c->srv->reg, model)) {
+        reqerr_set(&e, 404, "model",
+                   "model '%.200s' is not served here, and lmserv does not download models: it "
+                   "serves the files of its command line (-m) or --config", model);
+        return reply_err(c, &e);
+    }
+    json_t *ok = json_pack("{s:s}", "status", "success");
+    if (!stream)
+        return http_reply_json(c, 200, ok);
+    http_stream_begin(c, 200, "application/x-ndjson");
+    send_line(c, ok);
+    return http_stream_end(c);
+}
+
+int api_ollama_unsupported(conn *c, json_t *body)
+{
+    (void)body;
+    reqerr e;
+    reqerr_set(&e, 501, NULL, "%s is not supported: lmserv serves the model files of its "
+               "command line (-m) or --config and does not create, copy or upload models",
+               c->txn.path);
+    return reply_err(c, &e);
+}

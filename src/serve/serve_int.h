@@ -510,6 +510,8 @@ int api_ollama_show(conn *c, json_t *body);
 int api_ollama_tags(conn *c);
 int api_ollama_ps(conn *c);
 int api_ollama_version(conn *c);
+int api_ollama_pull(conn *c, json_t *body);
+int api_ollama_unsupported(conn *c, json_t *body); /* /api/push, /api/create, /api/copy */
 /* reqparse.c: a request's JSON schema compiled for JSON mode, or NULL with
  * a 400 naming param */
 struct lms_jschema *api_compile_schema(const json_t *schema, const char *param, reqerr *e);

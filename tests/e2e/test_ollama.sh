@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_ollama.sh - the Ollama API with curl: version, tags, ps, show,
-# embed, chat and generate streamed as NDJSON and not, options, format
-# "json", errors.
+# pull (and the model management lmserv leaves out), embed, chat and
+# generate streamed as NDJSON and not, options, format "json", errors.
 . "$(dirname "$0")/lib.sh" || exit 1
 command -v python3 >/dev/null || skip "python3 is not installed"
 
@@ -18,6 +18,17 @@ req GET /api/ps
 check "ps lists the loaded model" eq "$(py "$T/out" 'len(d["models"])')" 1
 req POST /api/show -d '{"model":"stories260K:latest"}'
 check "show gives the context length" eq "$(py "$T/out" 'd["model_info"]["llama.context_length"]')" 128
+# model management: pull of a served model succeeds as for one already present
+req POST /api/pull -d '{"model":"stories260K:latest","stream":false}'
+check "pull of a served model: success" eq "$(code) $(py "$T/out" 'd["status"]')" "200 success"
+req POST /api/pull -d '{"model":"stories260K"}'
+check "pull streamed: one NDJSON success line" eq "$(code) $(python3 -c 'import json,sys; print([json.loads(l)["status"] for l in open(sys.argv[1])])' "$T/out")" "200 ['success']"
+req POST /api/pull -d '{"model":"llama3.2:1b","stream":false}'
+check "pull of another model: 404 saying lmserv does not download" eq "$(code) $(py "$T/out" '"does not download" in d["error"]')" "404 True"
+for ep in push create copy; do
+    req POST /api/$ep -d '{"model":"x"}'
+    check "/api/$ep: 501 with Ollama's error shape" eq "$(code) $(py "$T/out" '"is not supported" in d["error"]')" "501 True"
+done
 
 # embeddings: /api/embed (a string or a list) and the older /api/embeddings
 req POST /api/embed -d '{"model":"stories260K","input":["a cat","a dog"]}'
