@@ -6,9 +6,11 @@
  *                         sequence, slots (parallel sequences), sampling
  *                         defaults, chat template, BOS/EOS text, model path
  *   GET  /slots           the model's parallel sequences: id, n_ctx,
- *                         is_processing and id_task, filled by its client
- *                         requests in flight oldest first (those past
- *                         n_parallel wait in the queue); [] while not loaded
+ *                         is_processing and id_task, n_prompt_tokens and
+ *                         next_token [{has_next_token, n_decoded, n_remain}],
+ *                         filled by its client requests in flight oldest
+ *                         first (those past n_parallel wait in the queue);
+ *                         [] while not loaded
  *   POST /apply-template  {"messages": [...], "tools": [...]?,
  *                         "add_generation_prompt": true?, "model": id?}
  *                         -> {"prompt": the rendered text}, no generation
@@ -154,6 +156,14 @@ int api_slots(conn *c)
         json_object_set_new(o, "speculative", json_boolean(sp->spec.mode != 0));
         json_object_set_new(o, "is_processing", json_boolean((size_t)i < n));
         json_object_set_new(o, "id_task", json_integer((size_t)i < n ? (json_int_t)live[i]->id : -1));
+        /* progress, as llama-server's next_token: tokens made, tokens left */
+        const task *t = (size_t)i < n ? live[i] : NULL;
+        const int32_t limit = !t ? 0 : t->max_tokens >= 0 ? t->max_tokens : sp->n_ctx - t->n_prompt;
+        json_object_set_new(o, "n_prompt_tokens", json_integer(t ? t->n_prompt : 0));
+        json_object_set_new(o, "next_token",
+                            json_pack("[{s:b, s:i, s:i}]", "has_next_token", t != NULL, "n_decoded",
+                                      t ? t->n_decoded : 0, "n_remain",
+                                      t && limit > t->n_decoded ? limit - t->n_decoded : 0));
         json_array_append_new(arr, o);
     }
     free(live);

@@ -335,6 +335,9 @@ struct task {
     const task_ops *ops;
     void *state;
     double t_last_tok;         /* inter-token latency */
+    int32_t n_prompt;          /* prompt tokens (local requests) */
+    int32_t n_decoded;         /* tokens generated so far */
+    int32_t max_tokens;        /* the request's limit (< 0: the context) */
     char peer[64];             /* client address, for the request log */
     task *c_next, *c_prev;     /* the connection's tasks */
     task *h_next;              /* hash chain */

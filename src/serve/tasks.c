@@ -187,6 +187,8 @@ task *task_submit(conn *c, lms_request *r, const task_ops *ops, void *state, req
         return NULL;
     }
     task_link(c, x, id, ops, state, t);
+    t->n_prompt = r->n_tokens;
+    t->max_tokens = r->max_tokens;
     if (s->p.log_prompts)
         log_prompt(r, t);
     return t;
@@ -290,6 +292,7 @@ void task_dispatch(lms_server *s, lms_event *ev, double t_ms)
             if (t->t_last_tok > 0)
                 metrics_observe(&s->met.itl, (t_ms - t->t_last_tok) / 1000.0);
             t->t_last_tok = t_ms;
+            t->n_decoded++;
             s->met.total_gen_tokens++;
         }
         t->ops->on_event(t, ev, t_ms);

@@ -3,7 +3,8 @@
 # by the watchdog, the request fails with an error, the engine restarts and
 # the next request succeeds; thermal protection from a fake NVML marks
 # /health degraded while still serving; JSON-lines log file with SIGHUP
-# reopen; the out-of-the-box default model.
+# reopen; /slots showing a request's progress mid-way (the engine held by
+# the same hook); the out-of-the-box default model.
 . "$(dirname "$0")/lib.sh"
 TMP=$(mktemp -d)
 trap 'cleanup; rm -rf "$TMP"' EXIT
@@ -54,6 +55,26 @@ complete "One day" 4 >/dev/null
 check "SIGHUP reopened the log" grep -q request_end "$TMP/srv.log"
 stop_server
 check "clean exit after restart" [ "$SRV_RC" = 0 ]
+
+# --- /slots mid-request: the engine held at its 4th step (the hook) shows a busy slot
+PORT=$(free_port)
+BASE="http://127.0.0.1:$PORT"
+LMS_FAULT_HANG_STEP=4 "$LMSERV" serve -m "$MODEL" --host 127.0.0.1 --port "$PORT" --parallel 2 \
+    >"$TMP/slots.log" 2>&1 &
+SRV_PID=$!
+wait_ready
+curl -s -o /dev/null "$BASE/v1/completions" -d '{"prompt":"Once upon a time","max_tokens":20,"temperature":0}' &
+BG=$!
+busy=""
+for _ in $(seq 100); do
+    busy=$(curl -s "$BASE/slots" | python3 -c 'import json,sys; d=json.load(sys.stdin); s=d[0]; print(s["is_processing"], s["n_prompt_tokens"], s["next_token"][0]["has_next_token"], s["next_token"][0]["n_decoded"] + s["next_token"][0]["n_remain"], s["next_token"][0]["n_decoded"] >= 1, d[1]["is_processing"])')
+    case "$busy" in "True 5 True 20 True False") break ;; esac
+    sleep 0.05
+done
+check "/slots: the busy slot's prompt, tokens made and left (got '$busy')" [ "$busy" = "True 5 True 20 True False" ]
+kill -KILL "$SRV_PID" "$BG" 2>/dev/null
+wait "$SRV_PID" "$BG" 2>/dev/null
+SRV_PID=""
 
 # --- thermal protection from a (fake) hot GPU --------------------------------------
 FAKE_NVML="$(dirname "$LMSERV")/tests/libfake_nvml.so"
