@@ -73,6 +73,7 @@ static const route routes[] = {
     {"/v1/chat/completions", false, false, NULL, api_chat},
     {"/chat/completions", false, false, NULL, api_chat},
     {"/v1/completions", false, false, NULL, api_completions},
+    {"/v1/responses", false, false, NULL, api_responses},
     {"/completions", false, false, NULL, api_completions},
     {"/v1/embeddings", false, false, NULL, api_embeddings},
     {"/embeddings", false, false, NULL, api_embeddings},

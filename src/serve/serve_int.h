@@ -503,6 +503,8 @@ int api_models(conn *c, const char *id);
  * OpenAI's `suffix`); a 400 for a model without them. */
 int api_fim_prompt(const lms_expert *x, const char *prefix, const char *suffix,
                    int32_t n_predict, int32_t **toks, int32_t *n, reqerr *e);
+/* api_responses.c */
+int api_responses(conn *c, json_t *body);
 /* api_embeddings.c */
 int api_embeddings(conn *c, json_t *body);
 int api_rerank(conn *c, json_t *body);

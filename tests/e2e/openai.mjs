@@ -1,6 +1,6 @@
 // openai.mjs - the official `openai` npm client against lmserv serve:
 // models, chat and completions (streamed and not, usage, logprobs, n > 1
-// and several prompts),
+// and several prompts), the Responses API (text, streamed events, JSON),
 // embeddings (float and the client's default base64), and error statuses
 // mapped to the client's error classes.
 //
@@ -134,6 +134,38 @@ async function embeddings(model) {
     ok(ids.data.length === 2 && ids.usage.prompt_tokens === 5, 'embeddings of token ids');
 }
 
+// the Responses API: the same greedy text as chat for the same messages,
+// streamed events in order, text.format json_object, refusals
+async function responses(model) {
+    const input = [{ role: 'user', content: 'Tell me a story' }];
+    const ref = await client.chat.completions.create({ model, messages: input, max_tokens: 12, temperature: 0 });
+    const r = await client.responses.create({ model, input, max_output_tokens: 12, temperature: 0 });
+    ok(r.object === 'response' && r.id.startsWith('resp_'), 'responses: a response object');
+    ok(r.output_text === ref.choices[0].message.content, `responses: the chat reply's text (${JSON.stringify(r.output_text)})`);
+    ok(r.status === 'incomplete' && r.incomplete_details?.reason === 'max_output_tokens', `responses: cut by max_output_tokens (${r.status})`);
+    ok(r.usage.output_tokens === 12 && r.usage.input_tokens === ref.usage.prompt_tokens &&
+       r.usage.total_tokens === r.usage.input_tokens + 12, 'responses: usage');
+    const stream = await client.responses.create({ model, input, max_output_tokens: 12, temperature: 0, stream: true });
+    const types = [];
+    let text = '', last = null;
+    for await (const ev of stream) {
+        types.push(ev.type);
+        if (ev.type === 'response.output_text.delta') text += ev.delta;
+        last = ev;
+    }
+    ok(text === r.output_text, `responses stream: the deltas make the text (${JSON.stringify(text)})`);
+    ok(types[0] === 'response.created' && types.includes('response.output_item.added') &&
+       types.includes('response.output_text.done') && last.type === 'response.incomplete' &&
+       last.response.output[0].content[0].text === text, `responses stream: the events (${[...new Set(types)]})`);
+    const j = await client.responses.create({ model, input: 'x', instructions: 'Answer in JSON', max_output_tokens: 40,
+        text: { format: { type: 'json_object' } } });
+    ok(j.output_text.trimStart().startsWith('{'), `responses json_object: an object begins (${JSON.stringify(j.output_text)})`);
+    let e = await status(client.responses.create({ model, input: 'x', tools: [{ type: 'function', name: 'f', parameters: {} }] }));
+    ok(e.status === 400 && e.err.param === 'tools', 'responses: tools refused naming them');
+    e = await status(client.responses.create({ model, input: 'x', previous_response_id: r.id }));
+    ok(e.status === 400 && e.err.param === 'previous_response_id', 'responses: previous_response_id refused');
+}
+
 async function errors(model) {
     const msg = [{ role: 'user', content: 'x' }];
     let r = await status(client.chat.completions.create({ model: 'nope', messages: msg }));
@@ -157,6 +189,7 @@ try {
     await completions(model);
     await choices(model);
     await embeddings(model);
+    await responses(model);
     await errors(model);
 } catch (e) {
     failures.push(`exception: ${e.stack ?? e}`);
