@@ -19,6 +19,7 @@
  * An input that fails fails the whole request; the other tasks are left to
  * finish (their results are dropped) rather than tracked for abort.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +49,7 @@ typedef struct embd_job {
     json_t *docs;
     int top_n;
     bool with_text;
+    int32_t dims;              /* OpenAI's "dimensions": the first dims values, renormalized; 0 all */
 } embd_job;
 
 static void job_unref(embd_job *j)
@@ -78,17 +80,31 @@ static void b64(sbuf *out, const unsigned char *p, size_t n)
     }
 }
 
-static json_t *vector_json(const embd_job *j, const float *v)
+/* The vector as the request wants it: floats or base64; with
+ * "dimensions", its first values scaled back to unit length (matryoshka
+ * truncation, as OpenAI's text-embedding-3 and nomic-embed-text v1.5
+ * models are trained for). v is modified then. */
+static json_t *vector_json(const embd_job *j, float *v)
 {
+    int32_t n = j->n_embd;
+    if (j->dims > 0 && j->dims < n) {
+        n = j->dims;
+        double ss = 0;
+        for (int32_t k = 0; k < n; k++)
+            ss += (double)v[k] * v[k];
+        const float inv = ss > 0 ? (float)(1.0 / sqrt(ss)) : 0.0f;
+        for (int32_t k = 0; k < n; k++)
+            v[k] *= inv;
+    }
     if (j->base64) {
         sbuf b = {0};
-        b64(&b, (const unsigned char *)v, (size_t)j->n_embd * sizeof *v); /* x86/arm: LE */
+        b64(&b, (const unsigned char *)v, (size_t)n * sizeof *v); /* x86/arm: LE */
         json_t *s = json_stringn(b.p ? b.p : "", b.n);
         sbuf_free(&b);
         return s;
     }
     json_t *a = json_array();
-    for (int32_t k = 0; k < j->n_embd; k++)
+    for (int32_t k = 0; k < n; k++)
         json_array_append_new(a, json_real_safe(v[k]));
     return a;
 }
@@ -359,6 +375,10 @@ static int parse_format(const json_t *body, const lms_model *m, embd_job *j, int
                           : m->hp.pooling == LMS_POOLING_LAST ? "last"
                                                               : "mean");
     *pooling = pool && !strcmp(pool, "last") ? LMS_POOL_LAST : LMS_POOL_MEAN;
+    int64_t dims = 0;
+    if (reqparse_int(body, "dimensions", 1, m->hp.n_embd, &dims, e) < 0)
+        return -1;
+    j->dims = (int32_t)dims;
     return 0;
 }
 

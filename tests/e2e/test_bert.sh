@@ -25,6 +25,11 @@ req POST /v1/embeddings -d '{"input":[2,90,91,79,89,94,42,81,3]}'
 check "token ids: the same vector" eq "$(py "$T/out" "${same/VEC/d[\"data\"][0][\"embedding\"]}")" True
 req POST /v1/embeddings -d '{"input":"Hello world, the cats!","encoding_format":"base64"}'
 check "base64: the same floats" eq "$(py "$T/out" "${same/VEC/__import__(\"struct\").unpack(\"128f\", __import__(\"base64\").b64decode(d[\"data\"][0][\"embedding\"]))}")" True
+# OpenAI's "dimensions": the first values, back to unit length (matryoshka)
+req POST /v1/embeddings -d '{"input":"Hello world, the cats!","dimensions":32}'
+check "dimensions 32: the full vector's first 32, renormalized" eq "$(py "$T/out" '(lambda v, w: len(v) == 32 and max(abs(a - b / sum(x * x for x in w[:32]) ** 0.5) for a, b in zip(v, w)) < 1e-6)(d["data"][0]["embedding"], json.load(open(sys.argv[1][:-3] + "vec")))')" True
+req POST /v1/embeddings -d '{"input":"x","dimensions":129}'
+check "dimensions past n_embd: 400 naming it" eq "$(code) $(py "$T/out" 'd["error"]["param"]')" "400 dimensions"
 req POST /api/embed -d '{"input":"Hello world, the cats!"}'
 check "ollama embed: the same vector" eq "$(py "$T/out" "${same/VEC/d[\"embeddings\"][0]}")" True
 req POST /api/embeddings -d '{"prompt":"Hello world, the cats!"}'
