@@ -280,6 +280,16 @@ static void start_unload(lms_registry *r, lms_expert *x, const char *reason)
     post(r, j);
 }
 
+int lms_registry_unload(lms_registry *r, lms_expert *x, const char *reason)
+{
+    if (x->state != LMS_EXPERT_READY)
+        return 0;
+    if (!idle(x))
+        return LMS_ERR_BUSY;
+    start_unload(r, x, reason);
+    return x->state == LMS_EXPERT_UNLOADING ? 1 : LMS_ERR_NOMEM;
+}
+
 static int cmp_lru(const void *a, const void *b)
 {
     const lms_expert *x = *(lms_expert *const *)a, *y = *(lms_expert *const *)b;

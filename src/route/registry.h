@@ -130,6 +130,10 @@ int lms_registry_want(lms_registry *r, lms_expert *x, char *err, size_t errsz);
 /* Applies finished jobs; changed(ud, x) is called for each expert whose
  * state changed (READY, FAILED, UNLOADED). */
 void lms_registry_poll(lms_registry *r, void (*changed)(void *ud, lms_expert *x), void *ud);
+/* Starts unloading x now if it is loaded and idle (no request live or
+ * waiting, not pinned): 1 when started, 0 when not loaded, LMS_ERR_BUSY
+ * when it is in use or pinned. */
+int lms_registry_unload(lms_registry *r, lms_expert *x, const char *reason);
 /* Unloads experts idle for longer than unload_after_s (call every second). */
 void lms_registry_tick(lms_registry *r, double now_ms);
 /* Live request accounting (task start / end). */

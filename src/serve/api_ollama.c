@@ -26,6 +26,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/err.h"
 #include "base/timeutil.h"
 #include "engine/jsonschema.h"
 #include "serve/serve_int.h"
@@ -344,13 +345,83 @@ static int generate_remote(conn *c, const json_t *body, const json_t *opts, cons
     return t ? 0 : reply_err(c, &e);
 }
 
+/* Whether the request asks for nothing to be generated: no prompt (and no
+ * suffix), or no messages; Ollama's way to load a model, or with
+ * keep_alive 0 to unload it. */
+static bool empty_request(const json_t *body, bool chat)
+{
+    if (chat) {
+        const json_t *m = json_object_get(body, "messages");
+        return !m || json_is_null(m) || (json_is_array(m) && json_array_size(m) == 0);
+    }
+    const json_t *p = json_object_get(body, "prompt"), *sfx = json_object_get(body, "suffix");
+    return (!p || (json_is_string(p) && json_string_length(p) == 0)) &&
+           !(json_is_string(sfx) && json_string_length(sfx) > 0);
+}
+
+/* keep_alive 0 (a number, or a duration such as "0" or "0s") */
+static bool keep_alive_zero(const json_t *body)
+{
+    const json_t *k = json_object_get(body, "keep_alive");
+    if (json_is_number(k))
+        return json_number_value(k) == 0;
+    const char *v = json_string_value(k);
+    if (!v || !v[0])
+        return false;
+    char *end;
+    const double d = strtod(v, &end);
+    return end != v && d == 0 && (!*end || !strcmp(end, "s") || !strcmp(end, "m") || !strcmp(end, "h"));
+}
+
+/* The answer to a load or unload request: nothing generated, done. */
+static int reply_done(conn *c, const lms_expert *x, bool chat, const char *reason)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "model", xid_json(x));
+    json_object_set_new(o, "created_at", created_at());
+    if (chat)
+        json_object_set_new(o, "message", json_pack("{s:s, s:s}", "role", "assistant", "content", ""));
+    else
+        json_object_set_new(o, "response", json_string(""));
+    json_object_set_new(o, "done", json_true());
+    json_object_set_new(o, "done_reason", json_string(reason));
+    return http_reply_json(c, 200, o);
+}
+
+/* keep_alive 0 and nothing to generate: unload the model (not loading it
+ * first); busy or pinned, it stays, with a 409 saying why. */
+static int unload_request(conn *c, json_t *body, bool chat)
+{
+    reqerr e;
+    const char *model = NULL;
+    if (reqparse_str(body, "model", &model, &e) < 0)
+        return reply_err(c, &e);
+    lms_expert *x = model && model[0] ? lms_registry_find(c->srv->reg, model)
+                                      : server_default_expert(c->srv);
+    if (!x) {
+        pick_not_found(c->srv, model, &e);
+        return reply_err(c, &e);
+    }
+    if (lms_registry_unload(c->srv->reg, x, "keep_alive 0") == LMS_ERR_BUSY) {
+        reqerr_set(&e, 409, NULL, "model '%s' is in use (or pinned after an engine restart): it "
+                   "stays loaded", x->cfg->id);
+        return reply_err(c, &e);
+    }
+    return reply_done(c, x, chat, "unload");
+}
+
 static int generate(conn *c, json_t *body, bool chat)
 {
     lms_server *s = c->srv;
     reqerr e;
+    const bool empty = empty_request(body, chat);
+    if (empty && keep_alive_zero(body))
+        return unload_request(c, body, chat);
     int picked = pick_expert(c, body, chat ? api_ollama_chat : api_ollama_generate, &e);
     if (picked <= 0)
         return picked < 0 ? reply_err(c, &e) : 0;
+    if (empty) /* loaded (pick_expert waited for it): Ollama's preload */
+        return reply_done(c, c->x, chat, "load");
     int rc = 0;
     bool stream = true;
     const json_t *opts = NULL, *fmt = json_object_get(body, "format");

@@ -25,6 +25,25 @@ req POST /api/pull -d '{"model":"stories260K"}'
 check "pull streamed: one NDJSON success line" eq "$(code) $(python3 -c 'import json,sys; print([json.loads(l)["status"] for l in open(sys.argv[1])])' "$T/out")" "200 ['success']"
 req POST /api/pull -d '{"model":"llama3.2:1b","stream":false}'
 check "pull of another model: 404 saying lmserv does not download" eq "$(code) $(py "$T/out" '"does not download" in d["error"]')" "404 True"
+# nothing to generate: Ollama's preload; with keep_alive 0 its unload (ollama stop)
+req POST /api/generate -d '{"model":"stories260K"}'
+check "generate without a prompt: loaded, done" eq "$(code) $(py "$T/out" '(d["done"], d["done_reason"], d["response"])')" "200 (True, 'load', '')"
+req POST /api/chat -d '{"model":"stories260K","messages":[]}'
+check "chat without messages: loaded, done" eq "$(code) $(py "$T/out" '(d["done_reason"], d["message"]["content"])')" "200 ('load', '')"
+req POST /api/generate -d '{"model":"stories260K","keep_alive":0}'
+check "keep_alive 0 without a prompt: unloaded" eq "$(code) $(py "$T/out" 'd["done_reason"]')" "200 unload"
+n_ps=1
+for _ in $(seq 50); do
+    req GET /api/ps
+    n_ps=$(py "$T/out" 'len(d["models"])')
+    [ "$n_ps" = 0 ] && break
+    sleep 0.05
+done
+check "ps: no model loaded after the unload" eq "$n_ps" 0
+req POST /api/generate -d '{"model":"stories260K","prompt":"Once","stream":false,"options":{"num_predict":4}}'
+check "the next request loads it again" eq "$(code) $(py "$T/out" 'd["done"]')" "200 True"
+req POST /api/generate -d '{"model":"nope","keep_alive":"0s"}'
+check "unload of a model not served: 404" eq "$(code)" 404
 for ep in push create copy; do
     req POST /api/$ep -d '{"model":"x"}'
     check "/api/$ep: 501 with Ollama's error shape" eq "$(code) $(py "$T/out" '"is not supported" in d["error"]')" "501 True"
@@ -104,7 +123,9 @@ check "messages not a list 400" eq "$(code)" 400
 req POST /api/show -d '{"model":42}'
 check "show: model not a string is refused" eq "$(code)" 400
 req POST /api/generate -d '{"prompt":""}'
-check "empty prompt 400" eq "$(code)" 400
+check "an empty prompt is Ollama's preload: 200, done" eq "$(code) $(py "$T/out" 'd["done_reason"]')" "200 load"
+req POST /api/generate -d '{"prompt":7}'
+check "a prompt that is not a string 400" eq "$(code)" 400
 req POST /api/chat -d '{"messages":[{"role":"user","content":"x"}],"options":{"temperature":"hot"}}'
 check "bad option type 400" eq "$(code)" 400
 req POST /api/chat -d '{"messages":[{"role":"user","content":"x"}],"format":"json","stream":false,"options":{"num_predict":12}}'
