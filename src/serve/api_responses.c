@@ -8,7 +8,14 @@
  * the sampling fields (temperature, top_p, seed, ... as the other
  * endpoints read them), text.format ({"type": "text"}, "json_object", or
  * "json_schema" with its schema: JSON mode as for response_format), stream.
- * Refused, naming the field: tools, previous_response_id (no stored
+ * tools: function tools ({"type": "function", name, description,
+ * parameters}) rendered with the chat template as chat completions does;
+ * the calls the reply writes become function_call output items
+ * ({call_id, name, arguments}) after the message (its text before the
+ * calls), and a follow-up's input may carry function_call and
+ * function_call_output items (the calls and their results). tool_choice
+ * "auto" or "none". Refused, naming the field: other tool types,
+ * tool_choice that forces a call, previous_response_id (no stored
  * conversations: store is always false), parts other than text.
  *
  * Reply: a response object (id resp_..., status completed, or incomplete
@@ -20,8 +27,10 @@
  * response.content_part.added, response.output_text.delta per piece,
  * response.output_text.done, response.content_part.done,
  * response.output_item.done, then response.completed (or
- * response.incomplete); a failure mid-way sends an error event. Local
- * models only.
+ * response.incomplete); a failure mid-way sends an error event. With tools
+ * the text streams as far as it cannot be a call yet (toolcall_safe_len),
+ * and each call follows as its own output item (added, its arguments as
+ * one delta and done, done). Local models only.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +40,7 @@
 #include "base/timeutil.h"
 #include "engine/jsonschema.h"
 #include "serve/serve_int.h"
+#include "serve/toolcall.h"
 
 typedef struct resp_job {
     bool stream;
@@ -38,6 +48,8 @@ typedef struct resp_job {
     int64_t created;
     int seq;                  /* the next event's sequence_number */
     sbuf text;
+    size_t sent;              /* streamed: bytes of text sent as deltas */
+    bool tools;               /* function tools given: the reply is searched for calls */
     const lms_expert *x;
     json_t *echo;             /* the request's fields the response repeats */
 } resp_job;
@@ -60,14 +72,38 @@ static json_t *text_part(const char *text, size_t n)
                      "annotations");
 }
 
-/* The output message, with its text so far (done: completed). */
-static json_t *message_item(const resp_job *j, bool done, bool with_text)
+/* The output message, with its first n bytes of text (done: completed). */
+static json_t *message_item(const resp_job *j, bool done, bool with_text, size_t n)
 {
     json_t *content = json_array();
     if (with_text)
-        json_array_append_new(content, text_part(j->text.p ? j->text.p : "", j->text.n));
+        json_array_append_new(content, text_part(j->text.p ? j->text.p : "", n));
     return json_pack("{s:s, s:s, s:s, s:s, s:o}", "id", j->msg_id, "type", "message", "status",
                      done ? "completed" : "in_progress", "role", "assistant", "content", content);
+}
+
+/* A call's output item. */
+static json_t *call_item(const resp_job *j, int i, const toolcall *tc, bool done)
+{
+    char id[48], call_id[48];
+    snprintf(id, sizeof id, "fc_%s_%d", j->id + 5, i);
+    snprintf(call_id, sizeof call_id, "call_%s_%d", j->id + 5, i);
+    return json_pack("{s:s, s:s, s:s, s:s, s:o, s:o}", "type", "function_call", "id", id, "status",
+                     done ? "completed" : "in_progress", "call_id", call_id, "name",
+                     json_string_lossy(tc->name, strlen(tc->name)), "arguments",
+                     done ? json_string_lossy(tc->arguments, strlen(tc->arguments)) : json_string(""));
+}
+
+/* The calls in the finished reply (n 0: none; content_len: the text's
+ * bytes before them). */
+static void reply_calls(const resp_job *j, toolcalls *tc)
+{
+    memset(tc, 0, sizeof *tc);
+    tc->content_len = j->text.n;
+    if (j->tools && toolcall_parse(j->text.p, j->text.n, tc) < 0)
+        memset(tc, 0, sizeof *tc), tc->content_len = j->text.n;
+    if (tc->n == 0)
+        tc->content_len = j->text.n;
 }
 
 /* The response object; st NULL: still in progress (no output, no usage). */
@@ -81,14 +117,25 @@ static json_t *response_obj(const resp_job *j, const lms_req_stats *st)
     json_object_set_new(o, "created_at", json_integer(j->created));
     json_object_set_new(o, "status", json_string(!st ? "in_progress" : cut ? "incomplete" : "completed"));
     json_object_set_new(o, "model", xid_json(j->x));
-    json_object_set_new(o, "output", st ? json_pack("[o]", message_item(j, true, true)) : json_array());
+    json_t *output = json_array();
+    if (st) {
+        toolcalls tc;
+        reply_calls(j, &tc);
+        json_array_append_new(output, message_item(j, true, true, tc.content_len));
+        for (int i = 0; i < tc.n; i++)
+            json_array_append_new(output, call_item(j, i, &tc.v[i], true));
+        toolcalls_free(&tc);
+    }
+    json_object_set_new(o, "output", output);
     json_object_set_new(o, "error", json_null());
     json_object_set_new(o, "incomplete_details",
                         cut ? json_pack("{s:s}", "reason", "max_output_tokens") : json_null());
     json_object_set_new(o, "store", json_false());
     json_object_set_new(o, "previous_response_id", json_null());
-    json_object_set_new(o, "tools", json_array());
-    json_object_set_new(o, "tool_choice", json_string("auto"));
+    if (!json_object_get(o, "tools") || json_is_null(json_object_get(o, "tools")))
+        json_object_set_new(o, "tools", json_array());
+    if (!json_object_get(o, "tool_choice") || json_is_null(json_object_get(o, "tool_choice")))
+        json_object_set_new(o, "tool_choice", json_string("auto"));
     json_object_set_new(o, "parallel_tool_calls", json_false());
     if (st)
         json_object_set_new(
@@ -109,10 +156,17 @@ static void stream_begin(conn *c, resp_job *j)
     send_event(c, j, "response.created", json_pack("{s:o}", "response", response_obj(j, NULL)));
     send_event(c, j, "response.in_progress", json_pack("{s:o}", "response", response_obj(j, NULL)));
     send_event(c, j, "response.output_item.added",
-               json_pack("{s:i, s:o}", "output_index", 0, "item", message_item(j, false, false)));
+               json_pack("{s:i, s:o}", "output_index", 0, "item", message_item(j, false, false, 0)));
     send_event(c, j, "response.content_part.added",
                json_pack("{s:s, s:i, s:i, s:o}", "item_id", j->msg_id, "output_index", 0,
                          "content_index", 0, "part", text_part("", 0)));
+}
+
+static void send_delta(conn *c, resp_job *j, const char *p, size_t n)
+{
+    send_event(c, j, "response.output_text.delta",
+               json_pack("{s:s, s:i, s:i, s:o}", "item_id", j->msg_id, "output_index", 0,
+                         "content_index", 0, "delta", json_stringn(p, n)));
 }
 
 static void resp_on_event(task *t, const lms_event *ev, double t_ms)
@@ -122,10 +176,11 @@ static void resp_on_event(task *t, const lms_event *ev, double t_ms)
     (void)t_ms;
     if (ev->type == LMS_EV_TOKEN) {
         sbuf_add(&j->text, ev->text, ev->text_len);
-        if (j->stream && ev->text_len > 0)
-            send_event(c, j, "response.output_text.delta",
-                       json_pack("{s:s, s:i, s:i, s:o}", "item_id", j->msg_id, "output_index", 0,
-                                 "content_index", 0, "delta", json_stringn(ev->text, ev->text_len)));
+        const size_t safe = j->tools ? toolcall_safe_len(j->text.p, j->text.n) : j->text.n;
+        if (j->stream && safe > j->sent) {
+            send_delta(c, j, j->text.p + j->sent, safe - j->sent);
+            j->sent = safe;
+        }
         return;
     }
     if (ev->type != LMS_EV_END && ev->type != LMS_EV_ERROR)
@@ -149,14 +204,34 @@ static void resp_on_event(task *t, const lms_event *ev, double t_ms)
         return;
     }
     const char *text = j->text.p ? j->text.p : "";
+    toolcalls tc;
+    reply_calls(j, &tc);
+    if (tc.content_len > j->sent) /* the rest of the content: no call after all */
+        send_delta(c, j, text + j->sent, tc.content_len - j->sent);
     send_event(c, j, "response.output_text.done",
                json_pack("{s:s, s:i, s:i, s:o}", "item_id", j->msg_id, "output_index", 0,
-                         "content_index", 0, "text", json_stringn(text, j->text.n)));
+                         "content_index", 0, "text", json_stringn(text, tc.content_len)));
     send_event(c, j, "response.content_part.done",
                json_pack("{s:s, s:i, s:i, s:o}", "item_id", j->msg_id, "output_index", 0,
-                         "content_index", 0, "part", text_part(text, j->text.n)));
+                         "content_index", 0, "part", text_part(text, tc.content_len)));
     send_event(c, j, "response.output_item.done",
-               json_pack("{s:i, s:o}", "output_index", 0, "item", message_item(j, true, true)));
+               json_pack("{s:i, s:o}", "output_index", 0, "item",
+                         message_item(j, true, true, tc.content_len)));
+    for (int i = 0; i < tc.n; i++) {
+        json_t *item = call_item(j, i, &tc.v[i], true);
+        const char *item_id = json_string_value(json_object_get(item, "id"));
+        send_event(c, j, "response.output_item.added",
+                   json_pack("{s:i, s:o}", "output_index", i + 1, "item", call_item(j, i, &tc.v[i], false)));
+        send_event(c, j, "response.function_call_arguments.delta",
+                   json_pack("{s:s, s:i, s:O}", "item_id", item_id, "output_index", i + 1, "delta",
+                             json_object_get(item, "arguments")));
+        send_event(c, j, "response.function_call_arguments.done",
+                   json_pack("{s:s, s:i, s:O}", "item_id", item_id, "output_index", i + 1,
+                             "arguments", json_object_get(item, "arguments")));
+        send_event(c, j, "response.output_item.done",
+                   json_pack("{s:i, s:o}", "output_index", i + 1, "item", item));
+    }
+    toolcalls_free(&tc);
     json_t *r = response_obj(j, &ev->stats);
     const bool cut = !strcmp(json_string_value(json_object_get(r, "status")), "incomplete");
     send_event(c, j, cut ? "response.incomplete" : "response.completed", json_pack("{s:o}", "response", r));
@@ -205,6 +280,76 @@ static json_t *content_parts(const json_t *content, size_t k, reqerr *e)
     return parts;
 }
 
+/* A function_call input item as an assistant message's tool call (joined
+ * to the previous message when that is one of such calls), or a
+ * function_call_output as the tool's message. */
+static int call_message(json_t *msgs, const json_t *item, const char *type, size_t k, reqerr *e)
+{
+    const json_t *call_id = json_object_get(item, "call_id");
+    if (!json_is_string(call_id))
+        return reqerr_set(e, 400, "input", "input[%zu] (%s) needs a string 'call_id'", k, type);
+    if (!strcmp(type, "function_call_output")) {
+        const json_t *out = json_object_get(item, "output");
+        if (!json_is_string(out))
+            return reqerr_set(e, 400, "input", "input[%zu].output must be a string", k);
+        json_array_append_new(msgs, json_pack("{s:s, s:O, s:O}", "role", "tool", "tool_call_id",
+                                              call_id, "content", out));
+        return 0;
+    }
+    const json_t *name = json_object_get(item, "name"), *args = json_object_get(item, "arguments");
+    if (!json_is_string(name) || !json_is_string(args))
+        return reqerr_set(e, 400, "input", "input[%zu] (function_call) needs string 'name' and "
+                          "'arguments'", k);
+    json_t *call = json_pack("{s:O, s:s, s:{s:O, s:O}}", "id", call_id, "type", "function",
+                             "function", "name", name, "arguments", args);
+    json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+    json_t *calls = json_object_get(last, "tool_calls");
+    if (json_is_array(calls) && !strcmp(json_string_value(json_object_get(last, "role")), "assistant")) {
+        json_array_append_new(calls, call);
+        return 0;
+    }
+    json_array_append_new(msgs, json_pack("{s:s, s:s, s:[o]}", "role", "assistant", "content", "",
+                                          "tool_calls", call));
+    return 0;
+}
+
+/* The request's function tools in chat completions' form (NULL: none);
+ * -1 with e on a tool lmserv cannot take. */
+static int chat_tools(const json_t *body, json_t **out, reqerr *e)
+{
+    *out = NULL;
+    const json_t *tools = json_object_get(body, "tools");
+    const json_t *choice = json_object_get(body, "tool_choice");
+    if (choice && !json_is_null(choice) &&
+        !(json_is_string(choice) && (!strcmp(json_string_value(choice), "auto") ||
+                                     !strcmp(json_string_value(choice), "none"))))
+        return reqerr_set(e, 400, "tool_choice", "tool_choice must be \"auto\" or \"none\" here "
+                          "(a forced call is available through /v1/chat/completions)");
+    if (json_array_size(tools) == 0 || (json_is_string(choice) && !strcmp(json_string_value(choice), "none")))
+        return 0;
+    json_t *a = json_array();
+    size_t i;
+    const json_t *t;
+    json_array_foreach(tools, i, t)
+    {
+        const char *type = json_string_value(json_object_get(t, "type"));
+        const json_t *name = json_object_get(t, "name");
+        if (!type || strcmp(type, "function") || !json_is_string(name)) {
+            json_decref(a);
+            return reqerr_set(e, 400, "tools", "tools[%zu]: only function tools with a name are "
+                              "supported", i);
+        }
+        json_t *fn = json_pack("{s:O}", "name", name);
+        const json_t *d = json_object_get(t, "description"), *p = json_object_get(t, "parameters");
+        if (json_is_string(d))
+            json_object_set(fn, "description", (json_t *)d);
+        json_object_set(fn, "parameters", json_is_object(p) ? (json_t *)p : json_object());
+        json_array_append_new(a, json_pack("{s:s, s:o}", "type", "function", "function", fn));
+    }
+    *out = a;
+    return 0;
+}
+
 /* instructions and input as chat messages; NULL with e. */
 static json_t *input_messages(const json_t *body, reqerr *e)
 {
@@ -231,6 +376,13 @@ static json_t *input_messages(const json_t *body, reqerr *e)
     {
         const char *type = json_string_value(json_object_get(item, "type"));
         const char *role = json_string_value(json_object_get(item, "role"));
+        if (type && (!strcmp(type, "function_call") || !strcmp(type, "function_call_output"))) {
+            if (call_message(msgs, item, type, k, e) < 0) {
+                json_decref(msgs);
+                return NULL;
+            }
+            continue;
+        }
         if ((type && strcmp(type, "message")) || !role ||
             (strcmp(role, "user") && strcmp(role, "assistant") && strcmp(role, "system") &&
              strcmp(role, "developer"))) {
@@ -277,10 +429,6 @@ static int text_format(const json_t *body, bool *json, lms_jschema **schema, req
 
 static int refuse_fields(const json_t *body, reqerr *e)
 {
-    const json_t *tools = json_object_get(body, "tools");
-    if (json_array_size(tools) > 0)
-        return reqerr_set(e, 400, "tools", "tools are not supported by /v1/responses here: use "
-                          "/v1/chat/completions");
     const json_t *prev = json_object_get(body, "previous_response_id");
     if (prev && !json_is_null(prev))
         return reqerr_set(e, 400, "previous_response_id", "responses are not stored: send the "
@@ -314,10 +462,13 @@ int api_responses(conn *c, json_t *body)
                  : 0;
     if (rc == 0 && max_out > 0)
         gp.max_tokens = (int32_t)max_out;
+    json_t *tools = NULL;
+    if (rc == 0 && chat_tools(body, &tools, &e) < 0)
+        rc = -1;
     if (rc == 0 && !(msgs = input_messages(body, &e)))
         rc = -1;
     if (rc == 0)
-        rc = chatfmt_tokens(xfmt(c->x), c->x->model, msgs, NULL, &toks, &n, &e);
+        rc = chatfmt_tokens(xfmt(c->x), c->x->model, msgs, tools, &toks, &n, &e);
     json_decref(msgs);
     resp_job *j = rc == 0 ? calloc(1, sizeof *j) : NULL;
     if (rc == 0 && !j)
@@ -325,6 +476,7 @@ int api_responses(conn *c, json_t *body)
     task *t = NULL;
     if (rc == 0) {
         j->stream = stream;
+        j->tools = tools != NULL;
         j->x = c->x;
         j->created = (int64_t)time(NULL);
         const uint64_t r = server_rand(c->srv);
@@ -332,7 +484,8 @@ int api_responses(conn *c, json_t *body)
         snprintf(j->msg_id, sizeof j->msg_id, "msg_%016llx", (unsigned long long)(r ^ 0x5bd1e995u));
         j->echo = json_object();
         static const char *const same[] = {"instructions", "max_output_tokens", "temperature",
-                                           "top_p", "metadata", "text", NULL};
+                                           "top_p", "metadata", "text", "tools", "tool_choice",
+                                           NULL};
         for (int k = 0; same[k]; k++) {
             json_t *v = json_object_get(body, same[k]);
             json_object_set(j->echo, same[k], v ? v : json_null());
@@ -350,6 +503,7 @@ int api_responses(conn *c, json_t *body)
     }
     free(toks);
     free(schema); /* the scheduler made its copy */
+    json_decref(tools);
     genparams_deinit(&gp);
     if (!t)
         return http_reply_err(c, &e);

@@ -135,7 +135,9 @@ async function embeddings(model) {
 }
 
 // the Responses API: the same greedy text as chat for the same messages,
-// streamed events in order, text.format json_object, refusals
+// streamed events in order, text.format json_object, function tools (the
+// prompt as chat renders it, a call as a function_call item, the follow-up
+// turn), refusals
 async function responses(model) {
     const input = [{ role: 'user', content: 'Tell me a story' }];
     const ref = await client.chat.completions.create({ model, messages: input, max_tokens: 12, temperature: 0 });
@@ -160,8 +162,36 @@ async function responses(model) {
     const j = await client.responses.create({ model, input: 'x', instructions: 'Answer in JSON', max_output_tokens: 40,
         text: { format: { type: 'json_object' } } });
     ok(j.output_text.trimStart().startsWith('{'), `responses json_object: an object begins (${JSON.stringify(j.output_text)})`);
-    let e = await status(client.responses.create({ model, input: 'x', tools: [{ type: 'function', name: 'f', parameters: {} }] }));
-    ok(e.status === 400 && e.err.param === 'tools', 'responses: tools refused naming them');
+    // function tools: the prompt as chat completions renders it with the same tools
+    const rtools = [{ type: 'function', name: 'get_weather', description: 'Weather of a city',
+        parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } }];
+    const ctools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather of a city',
+        parameters: rtools[0].parameters } }];
+    const cref = await client.chat.completions.create({ model, messages: input, tools: ctools, max_tokens: 8, temperature: 0 });
+    const rt = await client.responses.create({ model, input, tools: rtools, max_output_tokens: 8, temperature: 0 });
+    ok(rt.usage.input_tokens === cref.usage.prompt_tokens && rt.output_text === (cref.choices[0].message.content ?? ''),
+       `responses tools: rendered as chat's (${rt.usage.input_tokens} vs ${cref.usage.prompt_tokens})`);
+    // a reply held to a call's JSON shape comes back as a function_call item
+    const callSchema = { type: 'object', properties: { name: { const: 'get_weather' },
+        arguments: { type: 'object', properties: { city: { enum: ['Paris'] } }, required: ['city'] } }, required: ['name', 'arguments'] };
+    const rc = await client.responses.create({ model, input: 'weather?', tools: rtools, max_output_tokens: 250,
+        text: { format: { type: 'json_schema', name: 'call', schema: callSchema } } });
+    const fc = rc.output.find((o) => o.type === 'function_call');
+    ok(fc && fc.name === 'get_weather' && JSON.parse(fc.arguments).city === 'Paris' && fc.call_id.startsWith('call_'),
+       `responses: a call in the reply is a function_call item (${JSON.stringify(rc.output)})`);
+    // the follow-up turn: the call and its output as input items, rendered as chat's tool messages
+    const follow = [...input, { type: 'function_call', call_id: 'call_1', name: 'get_weather', arguments: '{"city":"Paris"}' },
+        { type: 'function_call_output', call_id: 'call_1', output: 'sunny' }];
+    const cmsgs = [...input, { role: 'assistant', content: '', tool_calls: [{ id: 'call_1', type: 'function',
+        function: { name: 'get_weather', arguments: '{"city":"Paris"}' } }] }, { role: 'tool', tool_call_id: 'call_1', content: 'sunny' }];
+    const cf = await client.chat.completions.create({ model, messages: cmsgs, tools: ctools, max_tokens: 4, temperature: 0 });
+    const rf = await client.responses.create({ model, input: follow, tools: rtools, max_output_tokens: 4, temperature: 0 });
+    ok(rf.usage.input_tokens === cf.usage.prompt_tokens && rf.output_text === (cf.choices[0].message.content ?? ''),
+       `responses: function_call and its output rendered as chat's tool turn (${rf.usage.input_tokens} vs ${cf.usage.prompt_tokens})`);
+    let e = await status(client.responses.create({ model, input: 'x', tools: [{ type: 'web_search' }] }));
+    ok(e.status === 400 && e.err.param === 'tools', 'responses: a non-function tool refused naming it');
+    e = await status(client.responses.create({ model, input: 'x', tools: rtools, tool_choice: 'required' }));
+    ok(e.status === 400 && e.err.param === 'tool_choice', 'responses: a forced tool_choice refused naming it');
     e = await status(client.responses.create({ model, input: 'x', previous_response_id: r.id }));
     ok(e.status === 400 && e.err.param === 'previous_response_id', 'responses: previous_response_id refused');
 }
