@@ -343,7 +343,8 @@ static int chat_tools(const json_t *body, json_t **out, reqerr *e)
         const json_t *d = json_object_get(t, "description"), *p = json_object_get(t, "parameters");
         if (json_is_string(d))
             json_object_set(fn, "description", (json_t *)d);
-        json_object_set(fn, "parameters", json_is_object(p) ? (json_t *)p : json_object());
+        json_object_set_new(fn, "parameters",
+                            json_is_object(p) ? json_incref((json_t *)p) : json_object());
         json_array_append_new(a, json_pack("{s:s, s:o}", "type", "function", "function", fn));
     }
     *out = a;
