@@ -50,6 +50,7 @@ typedef struct embd_job {
     int top_n;
     bool with_text;
     int32_t dims;              /* OpenAI's "dimensions": the first dims values, renormalized; 0 all */
+    bool truncate;             /* Ollama's "truncate" (default): long inputs cut to the limit */
 } embd_job;
 
 static void job_unref(embd_job *j)
@@ -293,14 +294,23 @@ static int ids_of(const json_t *a, size_t idx, int32_t **out, int32_t *n_out, re
     return reqparse_token_ids(a, "input", out, n_out, e);
 }
 
+/* The most tokens an input may have: fewer than the server's context (-c;
+ * tasks.c's check), and an encoder (bert) at most its own context. */
+static int32_t max_input(const conn *c)
+{
+    const lms_model *m = c->x->model;
+    int32_t max = lms_sched_params_of(c->x->sched)->n_ctx - 1;
+    if (m->hp.is_encoder && m->hp.n_ctx_train < max)
+        max = m->hp.n_ctx_train;
+    return max;
+}
+
 /* An encoder (bert) takes at most its context's tokens, and the server's
  * context (-c) must hold them too (tasks.c's check: fewer than n_ctx). */
 static int check_encoder_len(conn *c, size_t k, int32_t n, reqerr *e)
 {
     const lms_model *m = c->x->model;
-    int32_t max = m->hp.n_ctx_train, n_ctx = lms_sched_params_of(c->x->sched)->n_ctx;
-    if (n_ctx - 1 < max)
-        max = n_ctx - 1;
+    const int32_t max = max_input(c);
     if (n <= max)
         return 0;
     reqerr_set(e, 400, "input", "input[%zu] has %d tokens; model '%s' takes at most %d",
@@ -309,8 +319,24 @@ static int check_encoder_len(conn *c, size_t k, int32_t n, reqerr *e)
     return -1;
 }
 
-/* Tokens of input item k (a string or an array of ids). */
-static int item_tokens(conn *c, const json_t *x, size_t k, int32_t **out, int32_t *n, reqerr *e)
+/* Ollama's truncate: an input longer than the model takes keeps its first
+ * tokens, its closing token (BERT's [SEP], where the vocabulary adds one)
+ * put back last. */
+static void truncate_input(const conn *c, int32_t *toks, int32_t *n)
+{
+    if (!c->x->sched || *n <= max_input(c))
+        return;
+    const lms_tokenizer *t = c->x->model->tok;
+    const int32_t last = toks[*n - 1], max = max_input(c);
+    *n = max;
+    if (lms_tokenizer_add_eos(t) && last == lms_tokenizer_eos(t))
+        toks[max - 1] = last;
+}
+
+/* Tokens of input item k (a string or an array of ids); too long: cut to
+ * the model's limit when truncate, else refused. */
+static int item_tokens(conn *c, const json_t *x, size_t k, bool truncate, int32_t **out,
+                       int32_t *n, reqerr *e)
 {
     int rc;
     if (json_is_string(x)) {
@@ -324,6 +350,8 @@ static int item_tokens(conn *c, const json_t *x, size_t k, int32_t **out, int32_
         return reqerr_set(e, 400, "input", "input[%zu] must be a string or an array of token ids",
                           k);
     }
+    if (rc >= 0 && truncate)
+        truncate_input(c, *out, n);
     if (rc >= 0 && c->x->model->hp.is_encoder && c->x->sched &&
         check_encoder_len(c, k, *n, e) < 0) {
         free(*out);
@@ -416,7 +444,7 @@ static int submit_all(conn *c, const json_t *items, embd_job *j, int pooling, re
     json_array_foreach(items, k, x)
     {
         int32_t *toks = NULL, n = 0;
-        if (item_tokens(c, x, k, &toks, &n, e) < 0)
+        if (item_tokens(c, x, k, j->truncate, &toks, &n, e) < 0)
             goto fail;
         lms_request r = {.tokens = toks, .n_tokens = n, .sp = lms_sampler_defaults(),
                          .embedding = true, .pooling = pooling};
@@ -470,6 +498,10 @@ static int embed(conn *c, json_t *body, int shape, const char *key)
         j->t0 = lms_now_ms();
         if (shape == EMBD_OPENAI)
             rc = parse_format(body, c->x->model, j, &pooling, &e);
+        else if (c->x->sched) { /* Ollama truncates by default */
+            j->truncate = true;
+            rc = reqparse_bool(body, "truncate", &j->truncate, &e) < 0 ? -1 : 0;
+        }
     }
     if (rc == 0)
         rc = submit_all(c, items, j, pooling, &e);

@@ -3,7 +3,8 @@
 # n_embd 128) served: /v1/embeddings (text, token ids, base64), Ollama's
 # /api/embed and /api/embeddings give the same unit vectors; text requests
 # and `lmserv run` are refused as "an embedding model"; an input longer
-# than the context gets a 400 naming the limit; --gpu-layers is refused.
+# than the context gets a 400 naming the limit (Ollama's /api/embed
+# truncates it unless truncate is false); --gpu-layers is refused.
 # A reranker (bert-rerank-tiny): /v1/rerank, /rerank (and TEI's form)
 # order the documents by score, top_n, return_documents; errors by field.
 . "$(dirname "$0")/lib.sh" || exit 1
@@ -38,6 +39,13 @@ check "ollama embeddings: the same vector" eq "$(py "$T/out" "${same/VEC/d[\"emb
 long=$(python3 -c 'print("{\"input\":\"" + "a " * 200 + "\"}")')
 req POST /v1/embeddings -d "$long"
 check "too long: 400 naming the limit" eq "$(code) $(py "$T/out" '"202 tokens" in d["error"]["message"] and "at most 127" in d["error"]["message"]')" "400 True"
+# Ollama truncates by default: the first 126 tokens and [SEP], as "a" x 125 gives
+req POST /v1/embeddings -d "$(python3 -c 'print("{\"input\":\"" + "a " * 125 + "\"}")')"
+python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["data"][0]["embedding"]))' "$T/out" >"$T/vec125"
+req POST /api/embed -d "$long"
+check "ollama embed of a long input: truncated to [CLS] 125 tokens [SEP]" eq "$(code) $(py "$T/out" '(d["prompt_eval_count"], max(abs(a - b) for a, b in zip(d["embeddings"][0], json.load(open(sys.argv[1][:-3] + "vec125")))) < 1e-6)')" "200 (127, True)"
+req POST /api/embed -d "$(python3 -c 'print("{\"truncate\":false,\"input\":\"" + "a " * 200 + "\"}")')"
+check "ollama embed with truncate false: 400" eq "$(code)" 400
 req POST /v1/embeddings -d '{"input":"a cat","pooling":"last"}'
 check "pooling is the model's" eq "$(code)" 400
 req POST /v1/chat/completions -d '{"messages":[{"role":"user","content":"hi"}]}'
