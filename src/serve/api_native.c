@@ -314,7 +314,10 @@ static int str_field(const json_t *o, const char *key, const char **out, reqerr 
 }
 
 /* The /infill prompt (layout above) of body into *out. */
-static int infill_ids(const lms_expert *x, const json_t *body, int32_t n_predict, tokv *out,
+/* The layout above of prefix, prompt, suffix and the extra files (an
+ * array, or NULL) into *out; a 400 for a model without FIM tokens. */
+static int fim_layout(const lms_expert *x, const char *prefix, const char *suffix,
+                      const char *prompt, const json_t *extra, int32_t n_predict, tokv *out,
                       reqerr *e)
 {
     const lms_model *m = x->model;
@@ -323,14 +326,6 @@ static int infill_ids(const lms_expert *x, const json_t *body, int32_t n_predict
         return reqerr_set(e, 400, NULL, "model '%s' has no fill-in-the-middle tokens (prefix, "
                           "suffix, middle): filling in text (/infill, a 'suffix') needs a code "
                           "model trained for it", x->cfg->id);
-    const char *prefix, *suffix, *prompt;
-    if (str_field(body, "input_prefix", &prefix, e) < 0 ||
-        str_field(body, "input_suffix", &suffix, e) < 0 || str_field(body, "prompt", &prompt, e) < 0)
-        return -1;
-    const json_t *extra = json_object_get(body, "input_extra");
-    if (extra && !json_is_null(extra) && !json_is_array(extra))
-        return reqerr_set(e, 400, "input_extra", "'input_extra' must be an array of "
-                          "{\"filename\", \"text\"} objects");
     const lms_sched_params *sp = lms_sched_params_of(x->sched);
     tokv pre = {0}, suf = {0}, pr = {0}, ex = {0};
     int rc = toks_text(&pre, m, prefix, strlen(prefix), false, e) < 0 ||
@@ -344,7 +339,7 @@ static int infill_ids(const lms_expert *x, const json_t *body, int32_t n_predict
     }
     size_t i;
     const json_t *ch;
-    json_array_foreach(json_is_array(extra) ? extra : NULL, i, ch)
+    json_array_foreach(extra, i, ch)
     {
         if (rc < 0)
             break;
@@ -396,14 +391,27 @@ static int infill_ids(const lms_expert *x, const json_t *body, int32_t n_predict
     return rc;
 }
 
+/* The /infill prompt of body's fields. */
+static int infill_ids(const lms_expert *x, const json_t *body, int32_t n_predict, tokv *out,
+                      reqerr *e)
+{
+    const char *prefix, *suffix, *prompt;
+    if (str_field(body, "input_prefix", &prefix, e) < 0 ||
+        str_field(body, "input_suffix", &suffix, e) < 0 || str_field(body, "prompt", &prompt, e) < 0)
+        return -1;
+    const json_t *extra = json_object_get(body, "input_extra");
+    if (extra && !json_is_null(extra) && !json_is_array(extra))
+        return reqerr_set(e, 400, "input_extra", "'input_extra' must be an array of "
+                          "{\"filename\", \"text\"} objects");
+    return fim_layout(x, prefix, suffix, prompt, json_is_array(extra) ? extra : NULL, n_predict,
+                      out, e);
+}
+
 int api_fim_prompt(const lms_expert *x, const char *prefix, const char *suffix,
                    int32_t n_predict, int32_t **toks, int32_t *n, reqerr *e)
 {
-    json_t *body = json_pack("{s:s, s:s}", "input_prefix", prefix, "input_suffix", suffix);
     tokv t = {0};
-    int rc = body ? infill_ids(x, body, n_predict, &t, e) : reqerr_set(e, 503, NULL, "out of memory");
-    json_decref(body);
-    if (rc < 0) {
+    if (fim_layout(x, prefix, suffix, "", NULL, n_predict, &t, e) < 0) {
         free(t.v);
         return -1;
     }

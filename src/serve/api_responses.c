@@ -98,20 +98,23 @@ static json_t *call_item(const resp_job *j, int i, const toolcall *tc, bool done
  * bytes before them). */
 static void reply_calls(const resp_job *j, toolcalls *tc)
 {
-    memset(tc, 0, sizeof *tc);
-    tc->content_len = j->text.n;
-    if (j->tools && toolcall_parse(j->text.p, j->text.n, tc) < 0)
-        memset(tc, 0, sizeof *tc), tc->content_len = j->text.n;
-    if (tc->n == 0)
-        tc->content_len = j->text.n;
+    if (!j->tools || toolcall_parse(j->text.p, j->text.n, tc) < 0 || tc->n == 0)
+        *tc = (toolcalls){.content_len = j->text.n};
 }
 
-/* The response object; st NULL: still in progress (no output, no usage). */
-static json_t *response_obj(const resp_job *j, const lms_req_stats *st)
+/* Whether the generation stopped at its limit (max_output_tokens, the
+ * deadline): the response is then incomplete. */
+static bool cut_short(const lms_req_stats *st)
+{
+    return st->finish && (!strcmp(st->finish, "length") || !strcmp(st->finish, "deadline"));
+}
+
+/* The response object; st NULL: still in progress (no output, no usage),
+ * else finished with the reply's calls tc. */
+static json_t *response_obj(const resp_job *j, const lms_req_stats *st, const toolcalls *tc)
 {
     json_t *o = json_deep_copy(j->echo);
-    const char *f = st && st->finish ? st->finish : "stop";
-    const bool cut = st && (!strcmp(f, "length") || !strcmp(f, "deadline"));
+    const bool cut = st && cut_short(st);
     json_object_set_new(o, "id", json_string(j->id));
     json_object_set_new(o, "object", json_string("response"));
     json_object_set_new(o, "created_at", json_integer(j->created));
@@ -119,12 +122,9 @@ static json_t *response_obj(const resp_job *j, const lms_req_stats *st)
     json_object_set_new(o, "model", xid_json(j->x));
     json_t *output = json_array();
     if (st) {
-        toolcalls tc;
-        reply_calls(j, &tc);
-        json_array_append_new(output, message_item(j, true, true, tc.content_len));
-        for (int i = 0; i < tc.n; i++)
-            json_array_append_new(output, call_item(j, i, &tc.v[i], true));
-        toolcalls_free(&tc);
+        json_array_append_new(output, message_item(j, true, true, tc->content_len));
+        for (int i = 0; i < tc->n; i++)
+            json_array_append_new(output, call_item(j, i, &tc->v[i], true));
     }
     json_object_set_new(o, "output", output);
     json_object_set_new(o, "error", json_null());
@@ -153,8 +153,8 @@ static json_t *response_obj(const resp_job *j, const lms_req_stats *st)
 static void stream_begin(conn *c, resp_job *j)
 {
     http_stream_begin(c, 200, "text/event-stream");
-    send_event(c, j, "response.created", json_pack("{s:o}", "response", response_obj(j, NULL)));
-    send_event(c, j, "response.in_progress", json_pack("{s:o}", "response", response_obj(j, NULL)));
+    send_event(c, j, "response.created", json_pack("{s:o}", "response", response_obj(j, NULL, NULL)));
+    send_event(c, j, "response.in_progress", json_pack("{s:o}", "response", response_obj(j, NULL, NULL)));
     send_event(c, j, "response.output_item.added",
                json_pack("{s:i, s:o}", "output_index", 0, "item", message_item(j, false, false, 0)));
     send_event(c, j, "response.content_part.added",
@@ -191,21 +191,23 @@ static void resp_on_event(task *t, const lms_event *ev, double t_ms)
     if (failed)
         reqerr_set(&e, ev->type == LMS_EV_ERROR ? task_error_status(t, ev) : 503, NULL, "%s",
                    ev->type == LMS_EV_ERROR ? ev->message : "the generation was aborted");
-    if (!j->stream) {
-        if (failed)
+    if (failed) {
+        if (!j->stream)
             http_reply_err(c, &e);
-        else
-            http_reply_json(c, 200, response_obj(j, &ev->stats));
+        else {
+            send_event(c, j, "error", json_pack("{s:s, s:s}", "code", "server_error", "message", e.msg));
+            http_stream_end(c);
+        }
         return;
     }
-    if (failed) {
-        send_event(c, j, "error", json_pack("{s:s, s:s}", "code", "server_error", "message", e.msg));
-        http_stream_end(c);
+    toolcalls tc;
+    reply_calls(j, &tc);
+    if (!j->stream) {
+        http_reply_json(c, 200, response_obj(j, &ev->stats, &tc));
+        toolcalls_free(&tc);
         return;
     }
     const char *text = j->text.p ? j->text.p : "";
-    toolcalls tc;
-    reply_calls(j, &tc);
     if (tc.content_len > j->sent) /* the rest of the content: no call after all */
         send_delta(c, j, text + j->sent, tc.content_len - j->sent);
     send_event(c, j, "response.output_text.done",
@@ -231,10 +233,9 @@ static void resp_on_event(task *t, const lms_event *ev, double t_ms)
         send_event(c, j, "response.output_item.done",
                    json_pack("{s:i, s:o}", "output_index", i + 1, "item", item));
     }
+    send_event(c, j, cut_short(&ev->stats) ? "response.incomplete" : "response.completed",
+               json_pack("{s:o}", "response", response_obj(j, &ev->stats, &tc)));
     toolcalls_free(&tc);
-    json_t *r = response_obj(j, &ev->stats);
-    const bool cut = !strcmp(json_string_value(json_object_get(r, "status")), "incomplete");
-    send_event(c, j, cut ? "response.incomplete" : "response.completed", json_pack("{s:o}", "response", r));
     http_stream_end(c);
 }
 
