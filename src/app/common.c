@@ -229,8 +229,7 @@ int app_shape_arg(int argc, char **argv, int *i, app_shape_opts *o)
     return (*slot = args_value(argc, argv, i)) ? 1 : -1;
 }
 
-/* A whole text file (at most 1 MiB), NUL-terminated; NULL with errno set. */
-static char *read_small_file(const char *path, size_t *n_out)
+char *app_read_file(const char *path, size_t *n_out)
 {
     FILE *f = fopen(path, "rb");
     if (!f)
@@ -245,7 +244,8 @@ static char *read_small_file(const char *path, size_t *n_out)
         return NULL;
     }
     buf[n] = '\0';
-    *n_out = n;
+    if (n_out)
+        *n_out = n;
     return buf;
 }
 
@@ -261,7 +261,7 @@ int app_shape_compile(app_shape_opts *o, lms_gen_params *gp)
     const char *file = o->grammar_file ? o->grammar_file : o->schema_file;
     char *text = NULL, err[256];
     size_t n = 0;
-    if (file && !(text = read_small_file(file, &n))) {
+    if (file && !(text = app_read_file(file, &n))) {
         fprintf(stderr, "lmserv: cannot read '%s': %s\n", file, strerror(errno));
         return -1;
     }

@@ -49,6 +49,10 @@ void app_gpu_apply(const app_gpu_opts *o, lms_ctx_params *p);
 int app_load_gpu(const char *path, int32_t n_ctx, int32_t n_batch, int32_t n_threads,
                  const app_gpu_opts *gpu, lms_model **m, lms_ctx **c);
 
+/* A whole text file of at most 1 MiB, NUL-terminated (*n_out: its bytes,
+ * may be NULL); NULL with errno set (EFBIG past 1 MiB). Free with free(). */
+char *app_read_file(const char *path, size_t *n_out);
+
 /* The output's shape on the command line (run, chat), as llama.cpp's flags:
  *   --grammar TEXT  --grammar-file FILE     a GBNF grammar (engine/gbnf.h)
  *   -j / --json-schema TEXT  --json-schema-file FILE   a JSON schema

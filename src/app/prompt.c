@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "app/common.h"
 #include "base/err.h"
 #include "model/template.h"
 #include "model/tokenizer.h"
@@ -26,38 +27,13 @@ int app_tokenize(const lms_model *m, const char *text, size_t len, bool add_spec
     return 0;
 }
 
-static char *read_text_file(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    char *buf = NULL;
-    size_t n = 0, cap = 0, got;
-    char chunk[4096];
-    while ((got = fread(chunk, 1, sizeof chunk, f)) > 0 && n < (1u << 20)) {
-        if (n + got + 1 > cap) {
-            cap = (n + got + 1) * 2;
-            char *nb = realloc(buf, cap);
-            if (!nb)
-                break;
-            buf = nb;
-        }
-        memcpy(buf + n, chunk, got);
-        n += got;
-    }
-    fclose(f);
-    if (buf)
-        buf[n] = 0;
-    return buf;
-}
-
 char *app_chat_template(const lms_model *m, const char *override, char *err, size_t errsz)
 {
     const char *src = NULL;
     if (override) {
         src = lms_template_builtin(override);
         if (!src) {
-            char *file = read_text_file(override);
+            char *file = app_read_file(override, NULL);
             if (!file)
                 lms_errf(err, errsz, LMS_ERR_NOTFOUND,
                          "template '%s' is neither a built-in name nor a readable file", override);

@@ -34,9 +34,9 @@
 
 #include "base/err.h"
 #include "base/timeutil.h"
+#include "engine/constrain.h"
 #include "engine/encoder.h"
 #include "engine/forward.h"
-#include "engine/constrain.h"
 #include "engine/gbnf.h"
 #include "engine/jsonschema.h"
 #include "kernels/kernels.h"
@@ -131,9 +131,8 @@ struct lms_sched {
     lms_drafter *drafter;    /* the draft model (LMS_SPEC_DRAFT) */
     lms_draft_job *jobs;     /* [n_parallel] a step's draft jobs */
     sreq **job_owner;        /* [n_parallel] */
-    /* JSON mode: every token's text (lms_token_to_piece), made at the first
-     * JSON-mode request; scheduler thread */
-    lms_toktexts *tt;        /* every token's text, made at the first constrained request */
+    lms_toktexts *tt;        /* every token's text, made at the first JSON or grammar
+                              * request (constrain.h); scheduler thread */
 };
 
 /* ---- events -------------------------------------------------------------- */
