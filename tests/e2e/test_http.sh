@@ -292,6 +292,22 @@ check "grammar and json_schema together refused" eq "$(code) $(py "$T/out" 'd["e
 req POST /v1/chat/completions -d '{"messages":[{"role":"user","content":"x"}],"grammar":"root ::= \"a\"","response_format":{"type":"json_object"}}'
 check "grammar and JSON mode together refused" eq "$(code)" 400
 
+# ---- /v1/responses with bad input: a 400 naming the field, never a crash --------------------
+for bad in '{"input":5}|input' '{"input":[]}|input' '{"input":[{"role":"robot","content":"x"}]}|input' \
+           '{"input":[{"role":"user","content":[{"type":"input_image","image_url":"x"}]}]}|input' \
+           '{"input":[{"role":"user","content":7}]}|input' \
+           '{"input":[{"type":"function_call","name":"f","arguments":"{}"}]}|input' \
+           '{"input":[{"type":"function_call_output","call_id":"c","output":5}]}|input' \
+           '{"input":"x","instructions":5}|instructions' '{"input":"x","max_output_tokens":0}|max_output_tokens' \
+           '{"input":"x","text":{"format":{"type":"grammar"}}}|text.format' \
+           '{"input":"x","text":{"format":{"type":"json_schema","schema":5}}}|text.format' \
+           '{"input":"x","tools":[{"type":"function"}]}|tools' '{"input":"x","tool_choice":{"type":"function"}}|tool_choice'; do
+    req POST /v1/responses -d "${bad%|*}"
+    check "responses: ${bad%|*} refused naming ${bad#*|}" eq "$(code) $(py "$T/out" 'd["error"]["param"]')" "400 ${bad#*|}"
+done
+req POST /v1/responses -d '{"input":"x"'
+check "responses: broken JSON 400" eq "$(code)" 400
+
 req POST /detokenize -d '{"tokens":[1,99999]}'
 check "detokenize refuses an id outside the vocabulary" eq "$(py "$T/out" 'd["error"]["param"]')" tokens
 req POST /tokenize -d '{"content":42}'
