@@ -14,6 +14,10 @@
  *                [--lora-dir DIR]
  *                [--draft MODEL | --spec ngram [--spec-ngram N]] [--draft-max N]
  *                [--draft-min N] [--draft-p-min P]
+ *                [--chat-template NAME|FILE] [--chat-template-file FILE]
+ *                [--chat-template-kwargs JSON] [--reasoning on|off|auto]
+ *                [--reasoning-format none|auto|deepseek|deepseek-legacy]
+ *                [--reasoning-budget -1|0]
  *
  * Environment (flags win): INFERENCE_MODEL_NAME (model path),
  * INFERENCE_HOST, INFERENCE_PORT, LMSERV_API_KEY.
@@ -60,9 +64,11 @@
 #include "app/args.h"
 #include "app/cli.h"
 #include "app/common.h"
+#include "app/prompt.h"
 #include "base/err.h"
 #include "kernels/kernels.h"
 #include "model/synth.h"
+#include "model/template.h"
 #include "ops/log.h"
 #include "ops/thermal.h"
 #include "ops/watchdog.h"
@@ -77,6 +83,7 @@ typedef struct serve_opts {
     app_lora_opts lora;
     bool lora_no_apply;        /* --lora-init-without-apply */
     const char *lora_dir;
+    const char *chat_template, *tpl_kwargs, *reasoning, *reasoning_format;
     double grace_s, thermal_limit, min_tps, timeout_s;
     bool log_prompts;
     char default_model[1024];
@@ -152,6 +159,11 @@ static int parse(int argc, char **argv, serve_opts *o)
                            : !strcmp(a, "--log-level")               ? &o->log_level
                            : !strcmp(a, "--kv-type")                 ? &o->kv_type
                            : !strcmp(a, "--lora-dir")                ? &o->lora_dir
+                           : !strcmp(a, "--chat-template")           ? &o->chat_template
+                           : !strcmp(a, "--chat-template-file")      ? &o->chat_template
+                           : !strcmp(a, "--chat-template-kwargs")    ? &o->tpl_kwargs
+                           : !strcmp(a, "--reasoning") || !strcmp(a, "-rea") ? &o->reasoning
+                           : !strcmp(a, "--reasoning-format")        ? &o->reasoning_format
                                                                      : NULL;
         if (str)
             ok = (*str = args_value(argc, argv, &i)) != NULL;
@@ -163,7 +175,12 @@ static int parse(int argc, char **argv, serve_opts *o)
             ok = i + 1 < argc && args_float(a, argv[++i], 0, 86400 * 7, &o->timeout_s);
         else if (!strcmp(a, "--min-tps"))
             ok = i + 1 < argc && args_float(a, argv[++i], 0, 1e6, &o->min_tps);
-        else if (!strcmp(a, "--log-prompts"))
+        else if (!strcmp(a, "--reasoning-budget")) {
+            int64_t b;
+            ok = i + 1 < argc && args_int(a, argv[++i], -1, 0, &b);
+            if (ok && b == 0)
+                o->reasoning = "off"; /* no thoughts at all: thinking switched off */
+        } else if (!strcmp(a, "--log-prompts"))
             o->log_prompts = true;
         else if (!strcmp(a, "--lora-init-without-apply"))
             o->lora_no_apply = true;
@@ -191,6 +208,11 @@ static int parse(int argc, char **argv, serve_opts *o)
     }
     if (args_spec_finish(&o->spec, "serve") < 0)
         return -1;
+    if (o->config && o->chat_template) {
+        fprintf(stderr, "lmserv serve: --chat-template goes with -m; give a config's experts "
+                        "their own \"chat_template\"\n");
+        return -1;
+    }
     if (o->config && o->spec.draft) {
         fprintf(stderr, "lmserv serve: --draft goes with -m (one target model); give a "
                         "config's experts their own \"draft\"\n");
@@ -304,6 +326,22 @@ static int single_model(const serve_opts *o, lms_route_cfg *cfg)
         fprintf(stderr, "lmserv serve: out of memory\n");
         return -1;
     }
+    if (o->chat_template) {
+        char err[512];
+        char *tpl = app_chat_template(NULL, o->chat_template, err, sizeof err);
+        lms_template *t = NULL;
+        if (tpl && lms_template_parse(tpl, strlen(tpl), &t, err, sizeof err) < 0) {
+            free(tpl);
+            tpl = NULL;
+        }
+        lms_template_destroy(t);
+        if (!tpl) {
+            fprintf(stderr, "lmserv serve: --chat-template: %s\n", err);
+            lms_route_cfg_free(cfg);
+            return -1;
+        }
+        cfg->experts[0].chat_template = tpl;
+    }
     for (int k = 0; k < o->lora.n; k++)
         if (lms_expert_cfg_add_lora(&cfg->experts[0], o->lora.path[k],
                                     o->lora_no_apply ? 0.0f : o->lora.scale[k]) < 0) {
@@ -372,6 +410,8 @@ static int start_server(const serve_opts *o, lms_route_cfg *route, lms_server **
         .grace_ms = o->grace_s * 1000.0, .route = route, .sched = sched_params(o),
         .thermal = g_ops.thermal, .min_tps = o->min_tps, .log_prompts = o->log_prompts,
         .request_timeout_ms = o->timeout_s * 1000.0, .lora_dir = o->lora_dir,
+        .chat_template_kwargs = o->tpl_kwargs, .reasoning = o->reasoning,
+        .reasoning_format = o->reasoning_format,
     };
     char err[256];
     if (lms_server_create(&p, srv, err, sizeof err) < 0) {

@@ -17,6 +17,7 @@
 #include <jansson.h>
 
 #include "base/err.h"
+#include "model/template.h"
 #include "route/config.h"
 
 #define MAX_EXPERTS 256
@@ -368,11 +369,53 @@ static int parse_remote(cfgp *P, const json_t *x, const char *where, lms_expert_
     return rc;
 }
 
+/* The largest chat template file read. */
+#define MAX_TEMPLATE (1u << 20)
+
+/* *tpl names a built-in template or a template file (resolved as
+ * model_path): replaced by the template's text, checked to parse. */
+static int load_template(cfgp *P, const char *field, char **tpl)
+{
+    const char *builtin = lms_template_builtin(*tpl);
+    char *text = NULL;
+    if (builtin) {
+        text = strdup(builtin);
+    } else {
+        int rc = resolve_path(P, field, tpl);
+        if (rc < 0)
+            return rc;
+        FILE *f = fopen(*tpl, "rb");
+        text = f ? malloc(MAX_TEMPLATE + 1) : NULL;
+        size_t n = text ? fread(text, 1, MAX_TEMPLATE + 1, f) : 0;
+        if (f)
+            fclose(f);
+        if (text && n > MAX_TEMPLATE) {
+            free(text);
+            return fail(P, field, "'%.300s' is larger than 1 MiB", *tpl);
+        }
+        if (text)
+            text[n] = 0;
+    }
+    if (!text)
+        return lms_errf(P->err, P->errsz, LMS_ERR_NOMEM, "out of memory");
+    lms_template *t;
+    char msg[256];
+    if (lms_template_parse(text, strlen(text), &t, msg, sizeof msg) < 0) {
+        free(text);
+        return fail(P, field, "the template does not parse: %s", msg);
+    }
+    lms_template_destroy(t);
+    free(*tpl);
+    *tpl = text;
+    return 0;
+}
+
 static int parse_expert(cfgp *P, const json_t *x, int i, lms_route_cfg *c)
 {
     static const char *const keys[] = {"expert_id", "model_path", "domain", "priority",
                                        "examples", "lora", "draft", "endpoint", "api_key",
-                                       "api_key_env", "remote_model", "timeout_s", NULL};
+                                       "api_key_env", "remote_model", "timeout_s",
+                                       "chat_template", NULL};
     static const char *const remote_only[] = {"api_key", "api_key_env", "remote_model",
                                               "timeout_s", NULL};
     char where[32], field[64];
@@ -420,6 +463,13 @@ static int parse_expert(cfgp *P, const json_t *x, int i, lms_route_cfg *c)
     if (rc == 0 && !remote &&
         (rc = get_str(P, x, "draft", field, false, PATH_MAX - 1, &e->draft)) == 0 && e->draft)
         rc = resolve_path(P, field, &e->draft);
+    snprintf(field, sizeof field, "%s.chat_template", where);
+    if (rc == 0 && remote && json_object_get(x, "chat_template"))
+        rc = fail(P, field, "an expert with an endpoint takes no 'chat_template'");
+    if (rc == 0 && !remote &&
+        (rc = get_str(P, x, "chat_template", field, false, PATH_MAX - 1, &e->chat_template)) == 0 &&
+        e->chat_template)
+        rc = load_template(P, field, &e->chat_template);
     return rc == 0 && !remote ? parse_loras(P, x, where, e) : rc;
 }
 
@@ -643,6 +693,7 @@ static void expert_free(lms_expert_cfg *e)
         free(e->examples[k]);
     free(e->examples);
     free(e->draft);
+    free(e->chat_template);
     for (int k = 0; k < e->n_loras; k++)
         free(e->lora_paths[k]);
     free(e->lora_paths);

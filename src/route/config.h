@@ -50,6 +50,9 @@ typedef struct lms_expert_cfg {
     int n_examples;
     char *draft;        /* "draft": the draft model of speculative decoding, resolved as
                          * model_path; NULL = none (local experts only) */
+    char *chat_template; /* "chat_template": the text of the template rendering its chats in
+                          * place of the model's (read from a built-in name or a file), or
+                          * NULL */
     char **lora_paths;  /* [n_loras] LoRA adapters loaded with the model ("lora"), resolved */
     float *lora_scales; /* their scales for requests that name no adapters (0: loaded only) */
     int n_loras;

@@ -29,14 +29,16 @@
 #include "base/err.h"
 #include "base/timeutil.h"
 #include "engine/jsonschema.h"
+#include "serve/reply.h"
 #include "serve/serve_int.h"
-#include "serve/toolcall.h"
 
 typedef struct oll_job {
     bool chat, stream;
     bool tools;  /* chat with tools: the reply is searched for calls (toolcall.h) */
-    sbuf text;   /* the reply (not streamed; streamed with tools) */
-    size_t sent; /* streamed with tools: bytes of text sent as content */
+    int think;   /* "think": -1 not given (thoughts stay in the content), 0 false (thinking
+                  * off, thoughts dropped), 1 true (thoughts in "thinking") */
+    sbuf text;   /* the reply (not streamed; streamed with tools or think) */
+    reply_cut cut; /* thoughts, content and calls of the reply */
     double t0;   /* arrival, ms (lms_now_ms) */
     const lms_expert *x; /* the expert answering */
     bool begun;  /* streamed: the 200 went out */
@@ -92,20 +94,6 @@ static json_t *tool_calls_json(const toolcalls *tc)
     return a;
 }
 
-/* With tools, at a normal end: the calls in the reply go into the message
- * (the text before them stays content); *n_content: bytes of content. */
-static json_t *reply_calls(const oll_job *j, size_t *n_content)
-{
-    toolcalls tc;
-    *n_content = j->text.n;
-    if (!j->tools || toolcall_parse(j->text.p, j->text.n, &tc) < 0 || tc.n == 0)
-        return NULL;
-    *n_content = tc.content_len;
-    json_t *calls = tool_calls_json(&tc);
-    toolcalls_free(&tc);
-    return calls;
-}
-
 static json_int_t ns(double ms)
 {
     return (json_int_t)(ms * 1e6);
@@ -150,6 +138,36 @@ static void send_line(conn *c, json_t *o)
     free(s);
 }
 
+/* A reply object with the part p of the reply (and the calls in tc): the
+ * thoughts as "thinking" when asked for. */
+static json_t *part_obj(const oll_job *j, const reply_part *p, const toolcalls *tc, bool done)
+{
+    const char *t = j->text.p ? j->text.p : "";
+    json_t *o = reply_obj(j, t + p->c_from, p->c_n, done);
+    json_t *where = j->chat ? json_object_get(o, "message") : o;
+    if (p->r_n && j->think > 0)
+        json_object_set_new(where, "thinking", json_string_lossy(t + p->r_from, p->r_n));
+    if (tc && tc->n)
+        json_object_set_new(where, "tool_calls", tool_calls_json(tc));
+    return o;
+}
+
+/* Streamed with tools or think: sends what of the reply can go out (end:
+ * all of it, the calls in a line of their own). */
+static void send_part(conn *c, oll_job *j, const lms_event *end)
+{
+    toolcalls tc = {0};
+    reply_part p;
+    reply_cut_next(&j->cut, j->text.p, j->text.n, &p, end ? &tc : NULL);
+    if (p.c_n || (p.r_n && j->think > 0))
+        send_line(c, part_obj(j, &p, NULL, false));
+    if (tc.n) {
+        reply_part none = {0};
+        send_line(c, part_obj(j, &none, &tc, false));
+    }
+    toolcalls_free(&tc);
+}
+
 /* ---- events --------------------------------------------------------------------- */
 
 static void oll_on_event(task *t, const lms_event *ev, double t_ms)
@@ -164,34 +182,21 @@ static void oll_on_event(task *t, const lms_event *ev, double t_ms)
         j->begun = true;
     }
     if (ev->type == LMS_EV_TOKEN) {
-        if (!j->stream || j->tools)
+        const bool cut = j->tools || j->think >= 0;
+        if (!j->stream || cut)
             sbuf_add(&j->text, ev->text, ev->text_len);
-        if (j->stream && j->tools) { /* content only once it cannot be part of a call */
-            size_t safe = toolcall_safe_len(j->text.p, j->text.n); /* never decreases */
-            if (safe > j->sent)
-                send_line(c, reply_obj(j, j->text.p + j->sent, safe - j->sent, false));
-            j->sent = safe;
-        } else if (j->stream && ev->text_len > 0) {
+        if (j->stream && cut) /* what may still turn into a call or a tag waits */
+            send_part(c, j, NULL);
+        else if (j->stream && ev->text_len > 0)
             send_line(c, reply_obj(j, ev->text, ev->text_len, false));
-        }
         return;
     }
     if (ev->type != LMS_EV_END && ev->type != LMS_EV_ERROR)
         return;
     const char *why = ev->type == LMS_EV_ERROR ? ev->message : "the generation was aborted";
-    size_t n_content;
-    json_t *calls = failed ? NULL : reply_calls(j, &n_content);
     if (j->stream && j->begun) {
-        if (j->tools && !failed) { /* the content held back, then the calls */
-            size_t end = calls ? n_content : j->text.n;
-            if (end > j->sent)
-                send_line(c, reply_obj(j, j->text.p + j->sent, end - j->sent, false));
-            if (calls) {
-                json_t *o = reply_obj(j, "", 0, false);
-                json_object_set_new(json_object_get(o, "message"), "tool_calls", calls);
-                send_line(c, o);
-            }
-        }
+        if (!failed && (j->tools || j->think >= 0))
+            send_part(c, j, ev); /* what was held back, then the calls */
         json_t *o = failed ? err_obj(why) : reply_obj(j, "", 0, true);
         if (!failed)
             add_stats(o, j, &ev->stats);
@@ -202,9 +207,11 @@ static void oll_on_event(task *t, const lms_event *ev, double t_ms)
         reqerr_set(&e, ev->type == LMS_EV_ERROR ? task_error_status(t, ev) : 503, NULL, "%s", why);
         reply_err(c, &e);
     } else {
-        json_t *o = reply_obj(j, j->text.p ? j->text.p : "", n_content, true);
-        if (calls)
-            json_object_set_new(json_object_get(o, "message"), "tool_calls", calls);
+        toolcalls tc;
+        reply_part p;
+        reply_cut_next(&j->cut, j->text.p, j->text.n, &p, &tc);
+        json_t *o = part_obj(j, &p, &tc, true);
+        toolcalls_free(&tc);
         add_stats(o, j, &ev->stats);
         http_reply_json(c, 200, o);
     }
@@ -231,8 +238,27 @@ static json_t *generate_messages(const char *system, const char *prompt)
     return m;
 }
 
+/* "think": -1 absent, else whether to think ("high", "medium", "low": yes). */
+static int parse_think(const json_t *body, int *think, reqerr *e)
+{
+    const json_t *v = json_object_get(body, "think");
+    *think = -1;
+    if (!v || json_is_null(v))
+        return 0;
+    if (json_is_boolean(v))
+        *think = json_is_true(v);
+    else if (json_is_string(v) && (!strcmp(json_string_value(v), "high") ||
+                                   !strcmp(json_string_value(v), "medium") ||
+                                   !strcmp(json_string_value(v), "low")))
+        *think = 1;
+    else
+        return reqerr_set(e, 400, "think", "'think' must be true, false, \"high\", \"medium\" "
+                          "or \"low\"");
+    return 0;
+}
+
 static int prompt_tokens(conn *c, const json_t *body, bool chat, int32_t max_tokens,
-                         int32_t **toks, int32_t *n, reqerr *e)
+                         int32_t **toks, int32_t *n, bool *open, reqerr *e)
 {
     const lms_expert *x = c->x;
     const json_t *tools = json_object_get(body, "tools");
@@ -260,9 +286,21 @@ static int prompt_tokens(conn *c, const json_t *body, bool chat, int32_t max_tok
     }
     if (!msgs)
         return -1;
-    int rc = chatfmt_tokens(xfmt(x), x->model, msgs, json_is_array(tools) ? tools : NULL, toks,
-                            n, e);
+    int think;
+    json_t *kw = NULL;
+    int rc = parse_think(body, &think, e);
+    if (rc == 0)
+        rc = chatfmt_kwargs(c->srv, body, &kw, e);
+    if (rc == 0 && think >= 0) { /* the templates' switch (Qwen3, SmolLM3, ...) */
+        if (!kw)
+            kw = json_object();
+        json_object_set_new(kw, "enable_thinking", json_boolean(think));
+    }
+    chat_in in = {msgs, json_is_array(tools) ? tools : NULL, kw};
+    if (rc == 0)
+        rc = chatfmt_tokens(xfmt(x), x->model, &in, toks, n, open, e);
     json_decref(msgs);
+    json_decref(kw);
     return rc;
 }
 
@@ -448,15 +486,20 @@ static int generate(conn *c, json_t *body, bool chat)
         genparams_deinit(&gp);
         return rc;
     }
-    if (rc == 0)
-        rc = prompt_tokens(c, body, chat, gp.max_tokens, &toks, &n, &e);
+    bool open = false;
+    int think = -1;
+    if (rc == 0 && (rc = prompt_tokens(c, body, chat, gp.max_tokens, &toks, &n, &open, &e)) == 0)
+        rc = parse_think(body, &think, &e);
     oll_job *j = rc == 0 ? calloc(1, sizeof *j) : NULL;
     if (rc == 0 && !j)
         rc = reqerr_set(&e, 503, NULL, "out of memory");
     task *t = NULL;
     if (rc == 0) {
         *j = (oll_job){.chat = chat, .stream = stream, .t0 = lms_now_ms(), .x = c->x,
-                       .tools = chat && json_array_size(json_object_get(body, "tools")) > 0};
+                       .tools = chat && json_array_size(json_object_get(body, "tools")) > 0,
+                       .think = think};
+        /* held to JSON: no thoughts, whatever the prompt opened */
+        reply_cut_init(&j->cut, think >= 0, open && !json && !schema, j->tools);
         lms_request r = genparams_request(&gp, toks, n);
         r.json = json;
         r.schema = schema;

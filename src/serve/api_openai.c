@@ -57,8 +57,8 @@
 #include "base/timeutil.h"
 #include "model/tokenizer.h"
 #include "engine/jsonschema.h"
+#include "serve/reply.h"
 #include "serve/serve_int.h"
-#include "serve/toolcall.h"
 
 enum { JOB_CHAT, JOB_COMPL };
 
@@ -82,6 +82,8 @@ typedef struct gen_resp {
     char id[48];
     int64_t created;
     bool tools;                /* chat with tools: replies are searched for calls */
+    int rfmt;                  /* chat: enum reasoning_format ("reasoning_format") */
+    bool think_open;           /* chat: the prompt opened <think> (reasoning.h) */
     bool json;                 /* response_format json_object: JSON mode */
     lms_jschema *schema;       /* response_format json_schema: its schema, compiled */
     bool prompt_lp;            /* completions with echo and logprobs: the prompt's too */
@@ -110,7 +112,7 @@ struct gen_job {
     size_t text_off;           /* legacy logprobs text_offset */
     const char *echo;          /* completions: its prompt's text to echo, or NULL */
     size_t echo_len;
-    size_t sent;               /* streamed with tools: bytes of text sent as content */
+    reply_cut cut;             /* chat: thoughts, content and calls of the reply */
     size_t plp_off;            /* prompt log-probabilities: text offset of the next token */
     const char *finish;        /* after a normal end: the finish reason */
     lms_req_stats stats;       /* after a normal end */
@@ -307,6 +309,28 @@ static const char *finish_reason(const char *f)
 
 /* ---- events ------------------------------------------------------------------------ */
 
+/* Whether a chat's thoughts go out apart from its content. */
+static bool split_thoughts(const gen_resp *r)
+{
+    return r->kind == JOB_CHAT && r->rfmt == REASONING_DEEPSEEK;
+}
+
+/* Streamed with tools or thoughts: sends what of the reply so far can go
+ * out as one chunk with reasoning_content and / or content; lp (stolen)
+ * rides along. At the end (tc set) all of it but the calls, read into *tc. */
+static void stream_release(conn *c, gen_job *j, json_t *lp, toolcalls *tc)
+{
+    reply_part p;
+    reply_cut_next(&j->cut, j->text.p, j->text.n, &p, tc);
+    if (p.c_n == 0 && p.r_n == 0 && !lp)
+        return;
+    json_t *ch = chunk_choice(j, p.c_n ? j->text.p + p.c_from : NULL, p.c_n, NULL, NULL, lp);
+    if (p.r_n)
+        json_object_set_new(json_object_get(ch, "delta"), "reasoning_content",
+                            json_string_lossy(j->text.p + p.r_from, p.r_n));
+    sse_choice(c, j, ch);
+}
+
 static void on_token(task *t, gen_job *j, const lms_event *ev)
 {
     const lms_model *m = t->x->model;
@@ -325,19 +349,13 @@ static void on_token(task *t, gen_job *j, const lms_event *ev)
             l = legacy_lp_new();
             legacy_lp_add(l, m, ev, j->text_off);
         }
-        const char *piece = ev->text;
-        size_t n = ev->text_len;
-        if (r->tools) { /* content goes out only once it cannot be part of a call */
-            sbuf_add(&j->text, ev->text, ev->text_len);
-            size_t safe = toolcall_safe_len(j->text.p, j->text.n);
-            piece = j->text.p + j->sent;
-            n = safe > j->sent ? safe - j->sent : 0;
-            j->sent += n;
-            if (n == 0 && !l)
-                return;
-        }
         j->text_off += ev->text_len;
-        sse_choice(t->c, j, chunk_choice(j, n || !r->tools ? piece : NULL, n, NULL, NULL, l));
+        if (r->tools || split_thoughts(r)) { /* what may still turn into a call or a tag waits */
+            sbuf_add(&j->text, ev->text, ev->text_len);
+            stream_release(t->c, j, l, NULL);
+            return;
+        }
+        sse_choice(t->c, j, chunk_choice(j, ev->text, ev->text_len, NULL, NULL, l));
         return;
     }
     if (lp && r->kind == JOB_CHAT)
@@ -384,17 +402,14 @@ static json_t *tool_calls_json(lms_server *s, const toolcalls *tc, bool with_ind
     return a;
 }
 
-/* Streamed with tools, at a normal end: sends the content still held back
- * and the calls found; returns the finish reason to report. */
-static const char *stream_flush_tools(conn *c, gen_job *j, const char *finish)
+/* Streamed with tools or thoughts, at a normal end: sends what was held
+ * back, then the calls found in one delta; returns the finish reason. */
+static const char *stream_flush(conn *c, gen_job *j, const char *finish)
 {
-    toolcalls tc;
-    if (toolcall_parse(j->text.p, j->text.n, &tc) < 0)
-        tc = (toolcalls){0};
-    size_t upto = tc.n ? tc.content_len : j->text.n;
-    if (upto > j->sent)
-        sse_choice(c, j, chunk_choice(j, j->text.p + j->sent, upto - j->sent, NULL, NULL, NULL));
-    j->sent = j->text.n;
+    if (!j->r->tools && !split_thoughts(j->r))
+        return finish;
+    toolcalls tc = {0};
+    stream_release(c, j, NULL, &tc);
     if (tc.n) {
         json_t *ch = chunk_choice(j, NULL, 0, NULL, NULL, NULL);
         json_object_set_new(json_object_get(ch, "delta"), "tool_calls",
@@ -413,16 +428,24 @@ static json_t *choice_json(lms_server *s, gen_job *j)
     json_t *ch = json_object();
     json_object_set_new(ch, "index", json_integer(j->index));
     const char *finish = j->finish;
-    toolcalls tc = {0};
-    if (r->tools && toolcall_parse(j->text.p, j->text.n, &tc) < 0)
-        tc = (toolcalls){0};
-    size_t n_text = tc.n ? tc.content_len : j->text.n;
-    json_t *text = json_string_lossy(j->text.p ? j->text.p : "", n_text);
+    const char *t = j->text.p ? j->text.p : "";
+    toolcalls tc;
+    reply_part p;
+    reply_cut_next(&j->cut, t, j->text.n, &p, &tc);
+    json_t *text = json_string_lossy(t + p.c_from, p.c_n);
     if (r->kind == JOB_CHAT) {
         json_t *msg = json_object();
         json_object_set_new(msg, "role", json_string("assistant"));
-        json_object_set_new(msg, "content", tc.n && n_text == 0 ? json_null() : json_incref(text));
+        json_object_set_new(msg, "content", tc.n && p.c_n == 0 ? json_null() : json_incref(text));
         json_decref(text);
+        if (r->rfmt == REASONING_LEGACY) { /* the thoughts too, the content as written */
+            reasoning rs;
+            reasoning_init(&rs, r->think_open);
+            reasoning_feed(&rs, t, j->text.n, true);
+            p.r_from = rs.r0, p.r_n = rs.r1 - rs.r0;
+        }
+        if (p.r_n)
+            json_object_set_new(msg, "reasoning_content", json_string_lossy(t + p.r_from, p.r_n));
         if (tc.n) {
             json_object_set_new(msg, "tool_calls", tool_calls_json(s, &tc, false));
             finish = "tool_calls";
@@ -525,8 +548,7 @@ static void gen_on_event(task *t, const lms_event *ev, double t_ms)
     r->n_live--;
     if (r->stream) {
         const char *finish = j->finish;
-        if (r->tools)
-            finish = stream_flush_tools(t->c, j, finish);
+        finish = stream_flush(t->c, j, finish);
         sse_choice(t->c, j, chunk_choice(j, r->kind == JOB_CHAT ? NULL : "", 0, NULL, finish, NULL));
         if (r->n_live > 0)
             return;
@@ -703,12 +725,29 @@ static int parse_chat(conn *c, const json_t *body, gen_resp *r, gen_prompt *pr, 
         if (call)
             r->json = true, r->schema = call;
     }
-    json_t *msgs = chatfmt_messages(json_object_get(body, "messages"), "messages", e);
-    if (!msgs)
+    const char *rfn = NULL;
+    if (reqparse_str(body, "reasoning_format", &rfn, e) < 0)
         return -1;
-    int rc = chatfmt_tokens(xfmt(c->x), c->x->model, msgs,
-                            json_is_array(tools) ? tools : NULL, &pr->toks, &pr->n, e);
+    r->rfmt = rfn ? reasoning_format_parse(rfn) : c->srv->rfmt;
+    if (r->rfmt < 0)
+        return reqerr_set(e, 400, "reasoning_format", "reasoning_format '%.40s' is not one of "
+                          "none, auto, deepseek, deepseek-legacy", rfn);
+    json_t *kw;
+    if (chatfmt_kwargs(c->srv, body, &kw, e) < 0)
+        return -1;
+    json_t *msgs = chatfmt_messages(json_object_get(body, "messages"), "messages", e);
+    if (!msgs) {
+        json_decref(kw);
+        return -1;
+    }
+    chat_in in = {msgs, json_is_array(tools) ? tools : NULL, kw};
+    int rc = chatfmt_tokens(xfmt(c->x), c->x->model, &in, &pr->toks, &pr->n, &r->think_open, e);
     json_decref(msgs);
+    json_decref(kw);
+    /* a reply held to JSON has no thoughts, whatever the prompt opened (a grammar
+     * may write them: it is the user's) */
+    if (r->json)
+        r->think_open = false;
     return rc;
 }
 
@@ -894,6 +933,7 @@ static int make_jobs(const lms_model *m, gen_resp *r)
         j->index = i;
         j->echo = r->pr[i / r->n].echo;
         j->echo_len = j->echo ? strlen(j->echo) : 0;
+        reply_cut_init(&j->cut, split_thoughts(r), r->think_open, r->tools);
         if (!r->stream && r->logprobs >= 0 &&
             !(j->lp = r->kind == JOB_CHAT ? json_array() : legacy_lp_new()))
             return -1;

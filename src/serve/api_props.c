@@ -115,7 +115,7 @@ int api_props(conn *c)
         json_object_set_new(o, "n_ctx_train", json_integer(m->hp.n_ctx_train));
         json_object_set_new(o, "bos_token", token_text(m, lms_tokenizer_bos(m->tok)));
         json_object_set_new(o, "eos_token", token_text(m, lms_tokenizer_eos(m->tok)));
-        const char *tpl = chatfmt_source(m);
+        const char *tpl = xfmt(x)->src ? xfmt(x)->src : chatfmt_source(m);
         json_object_set_new(o, "chat_template", tpl ? json_string_lossy(tpl, strlen(tpl))
                                                     : json_null());
     }
@@ -189,9 +189,13 @@ int api_apply_template(conn *c, json_t *body)
         return http_reply_err(c, &e);
     char *text = NULL;
     size_t len = 0;
-    int rc = chatfmt_render(xfmt(c->x), msgs, json_is_array(tools) ? tools : NULL, add_gen,
-                            &text, &len, &e);
+    json_t *kw;
+    int rc = chatfmt_kwargs(c->srv, body, &kw, &e);
+    chat_in in = {msgs, json_is_array(tools) ? tools : NULL, kw};
+    if (rc == 0)
+        rc = chatfmt_render(xfmt(c->x), &in, add_gen, &text, &len, &e);
     json_decref(msgs);
+    json_decref(kw);
     if (rc < 0)
         return http_reply_err(c, &e);
     json_t *o = json_object();

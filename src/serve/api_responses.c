@@ -13,17 +13,24 @@
  * the calls the reply writes become function_call output items
  * ({call_id, name, arguments}) after the message (its text before the
  * calls), and a follow-up's input may carry function_call and
- * function_call_output items (the calls and their results). tool_choice
+ * function_call_output items (the calls and their results), and reasoning
+ * items (their text becomes the next assistant turn's reasoning_content).
+ * chat_template_kwargs as for chat completions. tool_choice
  * "auto" or "none". Refused, naming the field: other tool types,
  * tool_choice that forces a call, previous_response_id (no stored
  * conversations: store is always false), parts other than text.
  *
  * Reply: a response object (id resp_..., status completed, or incomplete
- * with incomplete_details.reason max_output_tokens) whose output is one
- * assistant message of one output_text, and usage (input_tokens with
+ * with incomplete_details.reason max_output_tokens) whose output is the
+ * thoughts as a reasoning item (reasoning.h; unless the server's
+ * --reasoning-format is none), one assistant message of one output_text,
+ * then the calls; and usage (input_tokens with
  * cached_tokens, output_tokens, total_tokens). Streamed: server-sent events
  * with their type as the event name and a sequence_number:
- * response.created, response.in_progress, response.output_item.added,
+ * response.created, response.in_progress; the reasoning item's
+ * output_item.added, content_part.added, reasoning_text.delta per piece,
+ * reasoning_text.done, content_part.done, output_item.done when the reply
+ * thinks; then the message's response.output_item.added,
  * response.content_part.added, response.output_text.delta per piece,
  * response.output_text.done, response.content_part.done,
  * response.output_item.done, then response.completed (or
@@ -39,17 +46,21 @@
 
 #include "base/timeutil.h"
 #include "engine/jsonschema.h"
+#include "serve/reply.h"
 #include "serve/serve_int.h"
-#include "serve/toolcall.h"
 
 typedef struct resp_job {
     bool stream;
-    char id[40], msg_id[40];
+    char id[40], msg_id[40], rs_id[40];
     int64_t created;
     int seq;                  /* the next event's sequence_number */
     sbuf text;
-    size_t sent;              /* streamed: bytes of text sent as deltas */
     bool tools;               /* function tools given: the reply is searched for calls */
+    reply_cut cut;            /* thoughts, content and calls of the reply */
+    int rs_index, msg_index;  /* streamed: output index of the reasoning item and of the
+                               * message once added, else -1 */
+    bool rs_done;             /* streamed: the reasoning item is done */
+    int n_items;              /* streamed: output items added */
     const lms_expert *x;
     json_t *echo;             /* the request's fields the response repeats */
 } resp_job;
@@ -66,20 +77,32 @@ static void send_event(conn *c, resp_job *j, const char *type, json_t *o)
     http_sse_json(c, o);
 }
 
-static json_t *text_part(const char *text, size_t n)
+static json_t *text_part(const char *type, const char *text, size_t n)
 {
-    return json_pack("{s:s, s:o, s:[]}", "type", "output_text", "text", json_stringn(text, n),
-                     "annotations");
+    json_t *o = json_pack("{s:s, s:o}", "type", type, "text", json_stringn(text, n));
+    if (!strcmp(type, "output_text"))
+        json_object_set_new(o, "annotations", json_array());
+    return o;
 }
 
-/* The output message, with its first n bytes of text (done: completed). */
-static json_t *message_item(const resp_job *j, bool done, bool with_text, size_t n)
+/* The output message with text t[0, n) (done: completed; t NULL: no part yet). */
+static json_t *message_item(const resp_job *j, bool done, const char *t, size_t n)
 {
     json_t *content = json_array();
-    if (with_text)
-        json_array_append_new(content, text_part(j->text.p ? j->text.p : "", n));
+    if (t)
+        json_array_append_new(content, text_part("output_text", t, n));
     return json_pack("{s:s, s:s, s:s, s:s, s:o}", "id", j->msg_id, "type", "message", "status",
                      done ? "completed" : "in_progress", "role", "assistant", "content", content);
+}
+
+/* The reasoning item with thoughts t[0, n) (t NULL: no part yet). */
+static json_t *reasoning_item(const resp_job *j, bool done, const char *t, size_t n)
+{
+    json_t *content = json_array();
+    if (t)
+        json_array_append_new(content, text_part("reasoning_text", t, n));
+    return json_pack("{s:s, s:s, s:s, s:[], s:o}", "id", j->rs_id, "type", "reasoning", "status",
+                     done ? "completed" : "in_progress", "summary", "content", content);
 }
 
 /* A call's output item. */
@@ -94,14 +117,6 @@ static json_t *call_item(const resp_job *j, int i, const toolcall *tc, bool done
                      done ? json_string_lossy(tc->arguments, strlen(tc->arguments)) : json_string(""));
 }
 
-/* The calls in the finished reply (n 0: none; content_len: the text's
- * bytes before them). */
-static void reply_calls(const resp_job *j, toolcalls *tc)
-{
-    if (!j->tools || toolcall_parse(j->text.p, j->text.n, tc) < 0 || tc->n == 0)
-        *tc = (toolcalls){.content_len = j->text.n};
-}
-
 /* Whether the generation stopped at its limit (max_output_tokens, the
  * deadline): the response is then incomplete. */
 static bool cut_short(const lms_req_stats *st)
@@ -110,8 +125,9 @@ static bool cut_short(const lms_req_stats *st)
 }
 
 /* The response object; st NULL: still in progress (no output, no usage),
- * else finished with the reply's calls tc. */
-static json_t *response_obj(const resp_job *j, const lms_req_stats *st, const toolcalls *tc)
+ * else finished: the reply's parts w (reply_cut_whole) and calls tc. */
+static json_t *response_obj(const resp_job *j, const lms_req_stats *st, const reply_part *w,
+                            const toolcalls *tc)
 {
     json_t *o = json_deep_copy(j->echo);
     const bool cut = st && cut_short(st);
@@ -122,7 +138,10 @@ static json_t *response_obj(const resp_job *j, const lms_req_stats *st, const to
     json_object_set_new(o, "model", xid_json(j->x));
     json_t *output = json_array();
     if (st) {
-        json_array_append_new(output, message_item(j, true, true, tc->content_len));
+        const char *t = j->text.p ? j->text.p : "";
+        if (w->r_n)
+            json_array_append_new(output, reasoning_item(j, true, t + w->r_from, w->r_n));
+        json_array_append_new(output, message_item(j, true, t + w->c_from, w->c_n));
         for (int i = 0; i < tc->n; i++)
             json_array_append_new(output, call_item(j, i, &tc->v[i], true));
     }
@@ -153,20 +172,74 @@ static json_t *response_obj(const resp_job *j, const lms_req_stats *st, const to
 static void stream_begin(conn *c, resp_job *j)
 {
     http_stream_begin(c, 200, "text/event-stream");
-    send_event(c, j, "response.created", json_pack("{s:o}", "response", response_obj(j, NULL, NULL)));
-    send_event(c, j, "response.in_progress", json_pack("{s:o}", "response", response_obj(j, NULL, NULL)));
-    send_event(c, j, "response.output_item.added",
-               json_pack("{s:i, s:o}", "output_index", 0, "item", message_item(j, false, false, 0)));
-    send_event(c, j, "response.content_part.added",
-               json_pack("{s:s, s:i, s:i, s:o}", "item_id", j->msg_id, "output_index", 0,
-                         "content_index", 0, "part", text_part("", 0)));
+    send_event(c, j, "response.created",
+               json_pack("{s:o}", "response", response_obj(j, NULL, NULL, NULL)));
+    send_event(c, j, "response.in_progress",
+               json_pack("{s:o}", "response", response_obj(j, NULL, NULL, NULL)));
 }
 
-static void send_delta(conn *c, resp_job *j, const char *p, size_t n)
+/* Streamed: an item and its one content part begin (reasoning: the
+ * reasoning item, else the message). */
+static int item_open(conn *c, resp_job *j, bool thoughts)
 {
-    send_event(c, j, "response.output_text.delta",
-               json_pack("{s:s, s:i, s:i, s:o}", "item_id", j->msg_id, "output_index", 0,
-                         "content_index", 0, "delta", json_stringn(p, n)));
+    const int index = j->n_items++;
+    const char *id = thoughts ? j->rs_id : j->msg_id;
+    send_event(c, j, "response.output_item.added",
+               json_pack("{s:i, s:o}", "output_index", index, "item",
+                         thoughts ? reasoning_item(j, false, NULL, 0)
+                                   : message_item(j, false, NULL, 0)));
+    send_event(c, j, "response.content_part.added",
+               json_pack("{s:s, s:i, s:i, s:o}", "item_id", id, "output_index", index,
+                         "content_index", 0,
+                         "part", text_part(thoughts ? "reasoning_text" : "output_text", "", 0)));
+    return index;
+}
+
+/* Streamed: the item's text t[0, n) is complete. */
+static void item_close(conn *c, resp_job *j, bool thoughts, const char *t, size_t n)
+{
+    const int index = thoughts ? j->rs_index : j->msg_index;
+    const char *id = thoughts ? j->rs_id : j->msg_id;
+    send_event(c, j, thoughts ? "response.reasoning_text.done" : "response.output_text.done",
+               json_pack("{s:s, s:i, s:i, s:o}", "item_id", id, "output_index", index,
+                         "content_index", 0, "text", json_stringn(t, n)));
+    send_event(c, j, "response.content_part.done",
+               json_pack("{s:s, s:i, s:i, s:o}", "item_id", id, "output_index", index,
+                         "content_index", 0,
+                         "part", text_part(thoughts ? "reasoning_text" : "output_text", t, n)));
+    send_event(c, j, "response.output_item.done",
+               json_pack("{s:i, s:o}", "output_index", index, "item",
+                         thoughts ? reasoning_item(j, true, t, n) : message_item(j, true, t, n)));
+}
+
+/* Streamed: sends what of the reply can go out (end: tc set, all of it
+ * but the calls, read into *tc), opening and closing the reasoning item
+ * and the message as the thoughts and the content come. */
+static void stream_part(conn *c, resp_job *j, toolcalls *tc)
+{
+    reply_part p, w;
+    reply_cut_next(&j->cut, j->text.p, j->text.n, &p, tc);
+    reply_cut_whole(&j->cut, j->text.n, &w);
+    const char *t = j->text.p;
+    if (p.r_n) {
+        if (j->rs_index < 0)
+            j->rs_index = item_open(c, j, true);
+        send_event(c, j, "response.reasoning_text.delta",
+                   json_pack("{s:s, s:i, s:i, s:o}", "item_id", j->rs_id, "output_index",
+                             j->rs_index, "content_index", 0, "delta",
+                             json_stringn(t + p.r_from, p.r_n)));
+    }
+    if (j->rs_index >= 0 && !j->rs_done && (p.c_n || tc)) { /* the thoughts are over */
+        item_close(c, j, true, t + w.r_from, w.r_n);
+        j->rs_done = true;
+    }
+    if ((p.c_n || tc) && j->msg_index < 0)
+        j->msg_index = item_open(c, j, false);
+    if (p.c_n)
+        send_event(c, j, "response.output_text.delta",
+                   json_pack("{s:s, s:i, s:i, s:o}", "item_id", j->msg_id, "output_index",
+                             j->msg_index, "content_index", 0, "delta",
+                             json_stringn(t + p.c_from, p.c_n)));
 }
 
 static void resp_on_event(task *t, const lms_event *ev, double t_ms)
@@ -176,11 +249,8 @@ static void resp_on_event(task *t, const lms_event *ev, double t_ms)
     (void)t_ms;
     if (ev->type == LMS_EV_TOKEN) {
         sbuf_add(&j->text, ev->text, ev->text_len);
-        const size_t safe = j->tools ? toolcall_safe_len(j->text.p, j->text.n) : j->text.n;
-        if (j->stream && safe > j->sent) {
-            send_delta(c, j, j->text.p + j->sent, safe - j->sent);
-            j->sent = safe;
-        }
+        if (j->stream)
+            stream_part(c, j, NULL);
         return;
     }
     if (ev->type != LMS_EV_END && ev->type != LMS_EV_ERROR)
@@ -201,40 +271,36 @@ static void resp_on_event(task *t, const lms_event *ev, double t_ms)
         return;
     }
     toolcalls tc;
-    reply_calls(j, &tc);
+    reply_part w;
     if (!j->stream) {
-        http_reply_json(c, 200, response_obj(j, &ev->stats, &tc));
+        reply_part p;
+        reply_cut_next(&j->cut, j->text.p, j->text.n, &p, &tc);
+        reply_cut_whole(&j->cut, j->text.n, &w);
+        http_reply_json(c, 200, response_obj(j, &ev->stats, &w, &tc));
         toolcalls_free(&tc);
         return;
     }
+    stream_part(c, j, &tc);
+    reply_cut_whole(&j->cut, j->text.n, &w);
     const char *text = j->text.p ? j->text.p : "";
-    if (tc.content_len > j->sent) /* the rest of the content: no call after all */
-        send_delta(c, j, text + j->sent, tc.content_len - j->sent);
-    send_event(c, j, "response.output_text.done",
-               json_pack("{s:s, s:i, s:i, s:o}", "item_id", j->msg_id, "output_index", 0,
-                         "content_index", 0, "text", json_stringn(text, tc.content_len)));
-    send_event(c, j, "response.content_part.done",
-               json_pack("{s:s, s:i, s:i, s:o}", "item_id", j->msg_id, "output_index", 0,
-                         "content_index", 0, "part", text_part(text, tc.content_len)));
-    send_event(c, j, "response.output_item.done",
-               json_pack("{s:i, s:o}", "output_index", 0, "item",
-                         message_item(j, true, true, tc.content_len)));
+    item_close(c, j, false, text + w.c_from, w.c_n);
     for (int i = 0; i < tc.n; i++) {
+        const int index = j->n_items++;
         json_t *item = call_item(j, i, &tc.v[i], true);
         const char *item_id = json_string_value(json_object_get(item, "id"));
         send_event(c, j, "response.output_item.added",
-                   json_pack("{s:i, s:o}", "output_index", i + 1, "item", call_item(j, i, &tc.v[i], false)));
+                   json_pack("{s:i, s:o}", "output_index", index, "item", call_item(j, i, &tc.v[i], false)));
         send_event(c, j, "response.function_call_arguments.delta",
-                   json_pack("{s:s, s:i, s:O}", "item_id", item_id, "output_index", i + 1, "delta",
+                   json_pack("{s:s, s:i, s:O}", "item_id", item_id, "output_index", index, "delta",
                              json_object_get(item, "arguments")));
         send_event(c, j, "response.function_call_arguments.done",
-                   json_pack("{s:s, s:i, s:O}", "item_id", item_id, "output_index", i + 1,
+                   json_pack("{s:s, s:i, s:O}", "item_id", item_id, "output_index", index,
                              "arguments", json_object_get(item, "arguments")));
         send_event(c, j, "response.output_item.done",
-                   json_pack("{s:i, s:o}", "output_index", i + 1, "item", item));
+                   json_pack("{s:i, s:o}", "output_index", index, "item", item));
     }
     send_event(c, j, cut_short(&ev->stats) ? "response.incomplete" : "response.completed",
-               json_pack("{s:o}", "response", response_obj(j, &ev->stats, &tc)));
+               json_pack("{s:o}", "response", response_obj(j, &ev->stats, &w, &tc)));
     toolcalls_free(&tc);
     http_stream_end(c);
 }
@@ -353,6 +419,38 @@ static int chat_tools(const json_t *body, json_t **out, reqerr *e)
 }
 
 /* instructions and input as chat messages; NULL with e. */
+/* A reasoning input item's text (its reasoning_text parts, else its
+ * summary's), or NULL. */
+static json_t *reasoning_text(const json_t *item)
+{
+    sbuf b = {0};
+    for (int pass = 0; pass < 2 && b.n == 0; pass++) {
+        size_t i;
+        const json_t *part;
+        json_array_foreach(json_object_get(item, pass ? "summary" : "content"), i, part)
+        {
+            const json_t *t = json_object_get(part, "text");
+            if (json_is_string(t))
+                sbuf_add(&b, json_string_value(t), json_string_length(t));
+        }
+    }
+    json_t *s = b.n ? json_stringn(b.p, b.n) : NULL;
+    sbuf_free(&b);
+    return s;
+}
+
+/* The thoughts of a reasoning item go with the assistant turn that follows
+ * it (templates render them as reasoning_content: Qwen3, DeepSeek-R1, ...). */
+static void give_thoughts(json_t *msgs, json_t **thoughts)
+{
+    json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+    const char *role = json_string_value(json_object_get(last, "role"));
+    if (!*thoughts || !role || strcmp(role, "assistant"))
+        return;
+    json_object_set_new(last, "reasoning_content", *thoughts);
+    *thoughts = NULL;
+}
+
 static json_t *input_messages(const json_t *body, reqerr *e)
 {
     const json_t *ins = json_object_get(body, "instructions"), *in = json_object_get(body, "input");
@@ -374,21 +472,30 @@ static json_t *input_messages(const json_t *body, reqerr *e)
     }
     size_t k;
     const json_t *item;
+    json_t *thoughts = NULL; /* a reasoning item's text, for the assistant turn after it */
     json_array_foreach(in, k, item)
     {
         const char *type = json_string_value(json_object_get(item, "type"));
         const char *role = json_string_value(json_object_get(item, "role"));
+        if (type && !strcmp(type, "reasoning")) {
+            json_decref(thoughts);
+            thoughts = reasoning_text(item);
+            continue;
+        }
         if (type && (!strcmp(type, "function_call") || !strcmp(type, "function_call_output"))) {
             if (call_message(msgs, item, type, k, e) < 0) {
                 json_decref(msgs);
+                json_decref(thoughts);
                 return NULL;
             }
+            give_thoughts(msgs, &thoughts);
             continue;
         }
         if ((type && strcmp(type, "message")) || !role ||
             (strcmp(role, "user") && strcmp(role, "assistant") && strcmp(role, "system") &&
              strcmp(role, "developer"))) {
             json_decref(msgs);
+            json_decref(thoughts);
             reqerr_set(e, 400, "input", "input[%zu] must be a message with role user, assistant, "
                        "system or developer (%s items are not supported)", k,
                        type ? type : "role-less");
@@ -397,12 +504,15 @@ static json_t *input_messages(const json_t *body, reqerr *e)
         json_t *content = content_parts(json_object_get(item, "content"), k, e);
         if (!content) {
             json_decref(msgs);
+            json_decref(thoughts);
             return NULL;
         }
         json_array_append_new(msgs, json_pack("{s:s, s:o}", "role",
                                               strcmp(role, "developer") ? role : "system",
                                               "content", content));
+        give_thoughts(msgs, &thoughts);
     }
+    json_decref(thoughts);
     json_t *norm = chatfmt_messages(msgs, "input", e);
     json_decref(msgs);
     return norm;
@@ -469,9 +579,15 @@ int api_responses(conn *c, json_t *body)
         rc = -1;
     if (rc == 0 && !(msgs = input_messages(body, &e)))
         rc = -1;
+    json_t *kw = NULL;
+    bool open = false;
     if (rc == 0)
-        rc = chatfmt_tokens(xfmt(c->x), c->x->model, msgs, tools, &toks, &n, &e);
+        rc = chatfmt_kwargs(c->srv, body, &kw, &e);
+    chat_in in = {msgs, tools, kw};
+    if (rc == 0)
+        rc = chatfmt_tokens(xfmt(c->x), c->x->model, &in, &toks, &n, &open, &e);
     json_decref(msgs);
+    json_decref(kw);
     resp_job *j = rc == 0 ? calloc(1, sizeof *j) : NULL;
     if (rc == 0 && !j)
         rc = reqerr_set(&e, 503, NULL, "out of memory");
@@ -479,11 +595,16 @@ int api_responses(conn *c, json_t *body)
     if (rc == 0) {
         j->stream = stream;
         j->tools = tools != NULL;
+        j->rs_index = j->msg_index = -1;
+        /* held to JSON: no thoughts, whatever the prompt opened */
+        reply_cut_init(&j->cut, c->srv->rfmt != REASONING_NONE, open && !json,
+                       j->tools);
         j->x = c->x;
         j->created = (int64_t)time(NULL);
         const uint64_t r = server_rand(c->srv);
         snprintf(j->id, sizeof j->id, "resp_%016llx", (unsigned long long)r);
         snprintf(j->msg_id, sizeof j->msg_id, "msg_%016llx", (unsigned long long)(r ^ 0x5bd1e995u));
+        snprintf(j->rs_id, sizeof j->rs_id, "rs_%016llx", (unsigned long long)(r ^ 0x27d4eb2fu));
         j->echo = json_object();
         static const char *const same[] = {"instructions", "max_output_tokens", "temperature",
                                            "top_p", "metadata", "text", "tools", "tool_choice",

@@ -15,6 +15,7 @@
 
 #include "base/err.h"
 #include "model/tokenizer.h"
+#include "serve/reasoning.h"
 #include "serve/serve_int.h"
 
 static const lms_template_limits render_limits = {
@@ -33,18 +34,24 @@ static char *special_text(const lms_model *m, int32_t id)
     return t && t[0] ? strdup(t) : NULL;
 }
 
-int chatfmt_init(chatfmt *cf, const lms_model *m, char *err, size_t errsz)
+int chatfmt_init(chatfmt *cf, const lms_model *m, const char *override, char *err,
+                 size_t errsz)
 {
     memset(cf, 0, sizeof *cf);
     const char *own = NULL;
     cf->model_has_own = gguf_get_str(m->gguf, "tokenizer.chat_template", &own) >= 0 && own &&
                         own[0];
-    const char *src = chatfmt_source(m);
+    if (override && !(cf->src = strdup(override)))
+        return lms_errf(err, errsz, LMS_ERR_NOMEM, "out of memory");
+    const char *src = override ? override : chatfmt_source(m);
     if (!src)
         return lms_errf(err, errsz, LMS_ERR_NOTFOUND, "no chat template available");
     int rc = lms_template_parse(src, strlen(src), &cf->tpl, err, errsz);
-    if (rc < 0)
+    if (rc < 0) {
+        free(cf->src);
+        cf->src = NULL;
         return rc;
+    }
     cf->bos = special_text(m, lms_tokenizer_bos(m->tok));
     cf->eos = special_text(m, lms_tokenizer_eos(m->tok));
     return 0;
@@ -53,6 +60,7 @@ int chatfmt_init(chatfmt *cf, const lms_model *m, char *err, size_t errsz)
 void chatfmt_deinit(chatfmt *cf)
 {
     lms_template_destroy(cf->tpl);
+    free(cf->src);
     free(cf->bos);
     free(cf->eos);
     memset(cf, 0, sizeof *cf);
@@ -216,20 +224,38 @@ static int render_error(reqerr *e, int rc, const char *msg)
                       msg);
 }
 
-int chatfmt_render(const chatfmt *cf, const json_t *messages, const json_t *tools,
-                   bool add_generation_prompt, char **text, size_t *len, reqerr *e)
+int chatfmt_render(const chatfmt *cf, const chat_in *in, bool add_generation_prompt,
+                   char **text, size_t *len, reqerr *e)
 {
     lms_template_vars vars = {
-        .messages = messages,
-        .tools = tools,
+        .messages = in->messages,
+        .tools = in->tools,
         .add_generation_prompt = add_generation_prompt,
         .bos_token = cf->bos,
         .eos_token = cf->eos,
+        .extra = in->kwargs,
         .limits = &render_limits,
     };
     char msg[256];
     int rc = lms_template_apply(cf->tpl, &vars, text, len, msg, sizeof msg);
     return rc < 0 ? render_error(e, rc, msg) : 0;
+}
+
+int chatfmt_kwargs(const lms_server *s, const json_t *body, json_t **out, reqerr *e)
+{
+    *out = NULL;
+    const json_t *kw = NULL;
+    if (body && reqparse_obj(body, "chat_template_kwargs", &kw, e) < 0)
+        return -1;
+    if (!s->tpl_kwargs && !kw)
+        return 0;
+    json_t *o = s->tpl_kwargs ? json_deep_copy(s->tpl_kwargs) : json_object();
+    if (!o || (kw && json_object_update(o, (json_t *)kw) < 0)) {
+        json_decref(o);
+        return reqerr_set(e, 503, NULL, "out of memory");
+    }
+    *out = o;
+    return 0;
 }
 
 const char *chatfmt_source(const lms_model *m)
@@ -240,14 +266,16 @@ const char *chatfmt_source(const lms_model *m)
     return lms_template_builtin(LMS_TEMPLATE_DEFAULT);
 }
 
-int chatfmt_tokens(const chatfmt *cf, const lms_model *m, const json_t *messages,
-                   const json_t *tools, int32_t **out, int32_t *n_out, reqerr *e)
+int chatfmt_tokens(const chatfmt *cf, const lms_model *m, const chat_in *in, int32_t **out,
+                   int32_t *n_out, bool *think_open, reqerr *e)
 {
     char *text;
     size_t len;
-    int rc = chatfmt_render(cf, messages, tools, true, &text, &len, e);
+    int rc = chatfmt_render(cf, in, true, &text, &len, e);
     if (rc < 0)
         return rc;
+    if (think_open)
+        *think_open = reasoning_prompt_open(text, len);
     /* BOS unless the template already wrote it */
     bool add = lms_tokenizer_add_bos(m->tok) && cf->bos &&
                strncmp(text, cf->bos, strlen(cf->bos)) != 0;

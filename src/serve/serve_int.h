@@ -147,23 +147,41 @@ lms_request genparams_request(const genparams *gp, const int32_t *toks, int32_t 
 typedef struct chatfmt {
     lms_template *tpl;   /* parsed once */
     bool model_has_own;  /* the GGUF file ships tokenizer.chat_template */
+    char *src;           /* the template text when given in place of the model's, else NULL */
     char *bos, *eos;     /* special token texts or NULL */
 } chatfmt;
 
-int chatfmt_init(chatfmt *cf, const lms_model *m, char *err, size_t errsz);
+/* Parses the model's template, or `override` (template text) when set. */
+int chatfmt_init(chatfmt *cf, const lms_model *m, const char *override, char *err,
+                 size_t errsz);
 void chatfmt_deinit(chatfmt *cf);
 /* Checks and normalizes OpenAI messages (content parts joined into text).
  * Returns a new array or NULL with e filled (400). */
 json_t *chatfmt_messages(const json_t *messages, const char *field, reqerr *e);
-/* Renders messages (normalized) into *text (malloc'd, *len bytes); tools
- * may be NULL. */
-int chatfmt_render(const chatfmt *cf, const json_t *messages, const json_t *tools,
-                   bool add_generation_prompt, char **text, size_t *len, reqerr *e);
+
+/* What a chat prompt is rendered from. */
+typedef struct chat_in {
+    const json_t *messages;    /* normalized (chatfmt_messages) */
+    const json_t *tools;       /* an array, or NULL */
+    const json_t *kwargs;      /* more template variables (chat_template_kwargs: enable_thinking,
+                                * ...; chatfmt_kwargs), or NULL */
+} chat_in;
+
+/* The template variables of a request: the server's (--chat-template-kwargs,
+ * --reasoning) under the body's "chat_template_kwargs" (an object); NULL
+ * body: the server's alone. *out: a new object, or NULL when there are none.
+ * Returns 0, or -1 with e filled (400 naming the field). */
+int chatfmt_kwargs(const lms_server *s, const json_t *body, json_t **out, reqerr *e);
+/* Renders in into *text (malloc'd, *len bytes). */
+int chatfmt_render(const chatfmt *cf, const chat_in *in, bool add_generation_prompt,
+                   char **text, size_t *len, reqerr *e);
 /* The template text a model is rendered with: its own, or the default. */
 const char *chatfmt_source(const lms_model *m);
-/* Renders messages (normalized) and tokenizes the text; tools may be NULL. */
-int chatfmt_tokens(const chatfmt *cf, const lms_model *m, const json_t *messages,
-                   const json_t *tools, int32_t **out, int32_t *n_out, reqerr *e);
+/* Renders in and tokenizes the text. think_open (may be NULL): whether the
+ * prompt ends inside an opened <think>, the reply starting with thoughts
+ * (reasoning.h). */
+int chatfmt_tokens(const chatfmt *cf, const lms_model *m, const chat_in *in, int32_t **out,
+                   int32_t *n_out, bool *think_open, reqerr *e);
 /* Plain text to tokens (BOS where the vocab wants it). */
 int chatfmt_text_tokens(const lms_model *m, const char *text, size_t len, bool add_special,
                         int32_t **out, int32_t *n_out, reqerr *e);
@@ -226,6 +244,8 @@ struct lms_server {
     lms_server_params p;
     char *host, *api_key;
     char *lora_dir;            /* resolved (realpath), or NULL: no run-time adapter loads */
+    json_t *tpl_kwargs;        /* template variables of every chat (chatfmt_kwargs), or NULL */
+    int rfmt;                  /* enum reasoning_format: the default of chat replies */
     struct lws_context *ctx;
     struct lws_vhost *vh;
     int port;

@@ -34,6 +34,7 @@
 #include "base/timeutil.h"
 #include "ops/log.h"
 #include "route/embed.h"
+#include "serve/reasoning.h"
 #include "serve/serve_int.h"
 
 #define TICK_US (1000 * 1000)
@@ -88,7 +89,7 @@ static int hook_prepare(void *ud, const lms_expert *x, lms_model *m, lms_sched *
     sattach *a = calloc(1, sizeof *a);
     if (!a)
         return lms_errf(err, errsz, LMS_ERR_NOMEM, "out of memory");
-    int rc = chatfmt_init(&a->fmt, m, err, errsz);
+    int rc = chatfmt_init(&a->fmt, m, x->cfg->chat_template, err, errsz);
     if (rc == 0 && (rc = api_lora_prepare(a, x, m, err, errsz)) < 0)
         chatfmt_deinit(&a->fmt);
     if (rc < 0) {
@@ -529,6 +530,32 @@ static int create_models(lms_server *s, lms_route_cfg *route, char *err, size_t 
     return 0;
 }
 
+/* --chat-template-kwargs, --reasoning and --reasoning-format. */
+static int chat_defaults(lms_server *s, const lms_server_params *p, char *err, size_t errsz)
+{
+    const char *rf = p->reasoning_format;
+    s->rfmt = rf ? reasoning_format_parse(rf) : REASONING_DEEPSEEK;
+    if (s->rfmt < 0)
+        return lms_errf(err, errsz, LMS_ERR_INVAL, "reasoning format '%.40s': use none, auto, "
+                        "deepseek or deepseek-legacy", rf);
+    const char *r = p->reasoning;
+    if (r && strcmp(r, "on") && strcmp(r, "off") && strcmp(r, "auto"))
+        return lms_errf(err, errsz, LMS_ERR_INVAL, "reasoning '%.40s': use on, off or auto", r);
+    if (p->chat_template_kwargs && p->chat_template_kwargs[0]) {
+        json_error_t je;
+        s->tpl_kwargs = json_loads(p->chat_template_kwargs, 0, &je);
+        if (!json_is_object(s->tpl_kwargs))
+            return lms_errf(err, errsz, LMS_ERR_INVAL, "chat template kwargs: %s",
+                            s->tpl_kwargs ? "must be a JSON object" : je.text);
+    }
+    if (r && strcmp(r, "auto")) {
+        if (!s->tpl_kwargs && !(s->tpl_kwargs = json_object()))
+            return lms_errf(err, errsz, LMS_ERR_NOMEM, "out of memory");
+        json_object_set_new(s->tpl_kwargs, "enable_thinking", json_boolean(!strcmp(r, "on")));
+    }
+    return 0;
+}
+
 int lms_server_create(const lms_server_params *p, lms_server **out, char *err, size_t errsz)
 {
     lms_route_cfg *route = p->route;
@@ -559,6 +586,8 @@ int lms_server_create(const lms_server_params *p, lms_server **out, char *err, s
             rc = lms_errf(err, errsz, LMS_ERR_INVAL, "--lora-dir '%.300s' is not a directory",
                           p->lora_dir);
     }
+    if (rc == 0)
+        rc = chat_defaults(s, p, err, errsz);
     if (rc < 0)
         lms_route_cfg_free(route);
     else
@@ -669,6 +698,7 @@ void lms_server_destroy(lms_server *s)
     free(s->host);
     free(s->api_key);
     free(s->lora_dir);
+    json_decref(s->tpl_kwargs);
     pthread_mutex_destroy(&s->mu);
     free(s);
 }

@@ -52,6 +52,12 @@ typedef struct lms_server_params {
     const char *lora_dir;     /* LoRA adapters may be loaded at run time from this folder
                                * (POST /lora-adapters/load, the type dialect's load_adapter);
                                * NULL: only those an expert was started with */
+    const char *chat_template_kwargs; /* a JSON object of template variables every chat
+                               * request gets under its own chat_template_kwargs (NULL: none) */
+    const char *reasoning;    /* "on" / "off": enable_thinking true / false for every chat
+                               * (over chat_template_kwargs); NULL or "auto": the template's */
+    const char *reasoning_format; /* thoughts (<think>...</think>) in chat replies: "none",
+                               * "deepseek", "deepseek-legacy"; NULL or "auto": deepseek */
 } lms_server_params;
 
 typedef struct lms_server lms_server;

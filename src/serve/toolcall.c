@@ -10,23 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/textscan.h"
+
 static const char TAG_OPEN[] = "<tool_call>";
 static const char TAG_CLOSE[] = "</tool_call>";
 static const char MISTRAL_MARK[] = "[TOOL_CALLS]";
 
-#define LIT_LEN(s) (sizeof(s) - 1)
-
-static bool is_space(char c)
-{
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
-}
-
-static size_t skip_space(const char *s, size_t i, size_t n)
-{
-    while (i < n && is_space(s[i]))
-        i++;
-    return i;
-}
 
 static bool starts_with(const char *s, size_t n, const char *lit, size_t lit_len)
 {
@@ -102,7 +91,7 @@ static json_t *load(const char *s, size_t n, size_t *used)
  * dropped. Returns > 0 calls read, 0 not this form, < 0 out of memory. */
 static int parse_tags(const char *s, size_t n, size_t i, toolcalls *tc)
 {
-    while ((i = skip_space(s, i, n)) < n && starts_with(s + i, n - i, TAG_OPEN,
+    while ((i = text_skip_space(s, i, n)) < n && starts_with(s + i, n - i, TAG_OPEN,
                                                          LIT_LEN(TAG_OPEN))) {
         i += LIT_LEN(TAG_OPEN);
         size_t body = find(s + i, n - i, TAG_CLOSE, LIT_LEN(TAG_CLOSE));
@@ -121,7 +110,7 @@ static int parse_tags(const char *s, size_t n, size_t i, toolcalls *tc)
 static int parse_bare(const char *s, size_t n, size_t i, toolcalls *tc)
 {
     if (starts_with(s + i, n - i, MISTRAL_MARK, LIT_LEN(MISTRAL_MARK)))
-        i = skip_space(s, i + LIT_LEN(MISTRAL_MARK), n);
+        i = text_skip_space(s, i + LIT_LEN(MISTRAL_MARK), n);
     if (i < n && s[i] == '[') {
         json_t *a = load(s + i, n - i, NULL);
         size_t k;
@@ -142,9 +131,9 @@ static int parse_bare(const char *s, size_t n, size_t i, toolcalls *tc)
         json_decref(o);
         if (rc <= 0)
             return rc;
-        i = skip_space(s, i + used, n);
+        i = text_skip_space(s, i + used, n);
         if (i < n && s[i] == ';')
-            i = skip_space(s, i + 1, n);
+            i = text_skip_space(s, i + 1, n);
     }
     return i == n ? tc->n : 0;
 }
@@ -154,7 +143,7 @@ int toolcall_parse(const char *text, size_t len, toolcalls *out)
     *out = (toolcalls){0};
     if (!text)
         return 0;
-    size_t start = skip_space(text, 0, len);
+    size_t start = text_skip_space(text, 0, len);
     size_t tag = find(text, len, TAG_OPEN, LIT_LEN(TAG_OPEN));
     int rc = tag < len ? parse_tags(text, len, tag, out) : parse_bare(text, len, start, out);
     if (rc <= 0) {
@@ -162,7 +151,7 @@ int toolcall_parse(const char *text, size_t len, toolcalls *out)
         return rc < 0 ? -1 : 0;
     }
     size_t c = tag < len ? tag : 0;
-    while (c > 0 && is_space(text[c - 1]))
+    while (c > 0 && text_is_space(text[c - 1]))
         c--;
     out->content_len = c;
     return 0;
@@ -170,7 +159,7 @@ int toolcall_parse(const char *text, size_t len, toolcalls *out)
 
 size_t toolcall_safe_len(const char *text, size_t len)
 {
-    size_t i = skip_space(text, 0, len);
+    size_t i = text_skip_space(text, 0, len);
     if (i == len || text[i] == '{' || text[i] == '[')
         return 0; /* nothing yet, or perhaps a bare call: hold it all */
     const size_t tl = LIT_LEN(TAG_OPEN);

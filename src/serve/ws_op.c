@@ -123,8 +123,13 @@ static int prompt_tokens(conn *c, const char *prompt, const char *system, bool r
     if (system)
         json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", system));
     json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", prompt));
-    int rc = chatfmt_tokens(xfmt(x), x->model, msgs, NULL, toks, n, e);
+    json_t *kw;
+    int rc = chatfmt_kwargs(c->srv, NULL, &kw, e);
+    chat_in in = {msgs, NULL, kw};
+    if (rc == 0)
+        rc = chatfmt_tokens(xfmt(x), x->model, &in, toks, n, NULL, e);
     json_decref(msgs);
+    json_decref(kw);
     return rc;
 }
 

@@ -158,8 +158,14 @@ static int start(conn *c, const json_t *msg, const char *sid, reqerr *e)
     }
     if (rc == 0 && !(msgs = conversation(msg, e)))
         rc = -1;
-    if (rc == 0 && !c->x->remote)
-        rc = chatfmt_tokens(xfmt(c->x), c->x->model, msgs, NULL, &toks, &n, e);
+    if (rc == 0 && !c->x->remote) {
+        json_t *kw;
+        rc = chatfmt_kwargs(c->srv, msg, &kw, e);
+        chat_in in = {msgs, NULL, kw};
+        if (rc == 0)
+            rc = chatfmt_tokens(xfmt(c->x), c->x->model, &in, &toks, &n, NULL, e);
+        json_decref(kw);
+    }
     if (rc == 0 && (!(j = calloc(1, sizeof *j)) || !(j->sid = strdup(sid))))
         rc = reqerr_set(e, 503, NULL, "out of memory");
     if (rc == 0 && c->x->remote) { /* forwarded as chat messages */

@@ -1,0 +1,107 @@
+/*
+ * reasoning.c - thoughts apart from the answer (see reasoning.h).
+ */
+#include "serve/reasoning.h"
+
+#include <string.h>
+
+#include "base/textscan.h"
+
+static const char TAG_OPEN[] = "<think>";
+static const char TAG_CLOSE[] = "</think>";
+
+
+int reasoning_format_parse(const char *name)
+{
+    if (!name)
+        return -1;
+    if (!strcmp(name, "none"))
+        return REASONING_NONE;
+    if (!strcmp(name, "auto") || !strcmp(name, "deepseek"))
+        return REASONING_DEEPSEEK;
+    if (!strcmp(name, "deepseek-legacy"))
+        return REASONING_LEGACY;
+    return -1;
+}
+
+bool reasoning_prompt_open(const char *prompt, size_t len)
+{
+    while (len > 0 && text_is_space(prompt[len - 1]))
+        len--;
+    return len >= LIT_LEN(TAG_OPEN) &&
+           !memcmp(prompt + len - LIT_LEN(TAG_OPEN), TAG_OPEN, LIT_LEN(TAG_OPEN));
+}
+
+void reasoning_init(reasoning *rs, bool open)
+{
+    memset(rs, 0, sizeof *rs);
+    rs->lead = true;
+    if (open)
+        rs->phase = 1, rs->had = true;
+}
+
+/* The longest k < lit_len whose last k bytes of s[from, n) are lit's first k:
+ * a tag that may still be being written. */
+static size_t partial_tail(const char *s, size_t from, size_t n, const char *lit, size_t lit_len)
+{
+    for (size_t k = lit_len - 1; k > 0; k--)
+        if (n - from >= k && !memcmp(s + n - k, lit, k))
+            return k;
+    return 0;
+}
+
+/* Phase 0: does the reply open with the tag? Returns false while unknown. */
+static bool decide_start(reasoning *rs, const char *t, size_t n, bool final)
+{
+    const size_t i = text_skip_space(t, 0, n), m = n - i, k = LIT_LEN(TAG_OPEN);
+    if (m >= k && !memcmp(t + i, TAG_OPEN, k)) {
+        rs->phase = 1, rs->had = true;
+        rs->r0 = rs->r1 = rs->scan = i + k;
+        return true;
+    }
+    if (!final && (m == 0 || (m < k && !memcmp(t + i, TAG_OPEN, m))))
+        return false;
+    rs->phase = 2, rs->c0 = 0, rs->lead = false; /* all answer, as written */
+    return true;
+}
+
+static void in_thoughts(reasoning *rs, const char *t, size_t n, bool final)
+{
+    if (rs->lead) {
+        rs->r0 = rs->r1 = text_skip_space(t, rs->r0, n);
+        if (rs->scan < rs->r0)
+            rs->scan = rs->r0;
+        rs->lead = rs->r0 == n;
+    }
+    const char *p = memmem(t + rs->scan, n - rs->scan, TAG_CLOSE, LIT_LEN(TAG_CLOSE));
+    size_t end = p ? (size_t)(p - t)
+                   : final ? n : n - partial_tail(t, rs->scan, n, TAG_CLOSE, LIT_LEN(TAG_CLOSE));
+    size_t r1 = end;
+    while (r1 > rs->r0 && text_is_space(t[r1 - 1]))
+        r1--;
+    if (r1 > rs->r1)
+        rs->r1 = r1;
+    if (!p) {
+        rs->scan = end;
+        return;
+    }
+    rs->phase = 2, rs->lead = true;
+    rs->c0 = end + LIT_LEN(TAG_CLOSE);
+}
+
+void reasoning_feed(reasoning *rs, const char *text, size_t len, bool final)
+{
+    if (rs->phase == 0 && !decide_start(rs, text, len, final))
+        return;
+    if (rs->phase == 1)
+        in_thoughts(rs, text, len, final);
+    if (rs->phase == 2 && rs->lead) {
+        rs->c0 = text_skip_space(text, rs->c0, len);
+        rs->lead = rs->c0 == len;
+    }
+}
+
+size_t reasoning_answer(const reasoning *rs, size_t len)
+{
+    return rs->phase == 2 && rs->c0 < len ? rs->c0 : len;
+}

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# test_reasoning.sh - thinking models: the template switch (chat_template_kwargs,
+# --reasoning, Ollama's think), the thoughts taken apart from the answer
+# (reasoning_content, Ollama's thinking, the Responses API's reasoning item),
+# streamed and not, and --chat-template. The replies come from a random-weight
+# Qwen3-shaped model held by a grammar to the written form of a thinking reply.
+. "$(dirname "$0")/lib.sh" || exit 1
+command -v python3 >/dev/null || skip "python3 is not installed"
+
+T=$(mktemp -d /tmp/lmserv-reason.XXXXXX)
+trap 'cleanup; rm -rf "$T"' EXIT
+QWEN="$LMS_TESTDATA/models/qwen3-synth-f16.gguf"
+TPL="$LMS_TESTDATA/templates"
+[ -f "$QWEN" ] || skip "no $QWEN"
+
+MSG='"messages":[{"role":"user","content":"hi"}]'
+# the prompt (Qwen3.5's template) opened <think>: thoughts, the closing tag, the answer
+G_OPEN='"grammar":"root ::= [a-z]{3,8} \" \" [a-z]{2,5} \"\\n</think>\\n\\n\" [a-z]{2,6} \" \" [a-z]{2,6}"'
+sse_field() { # FILE FIELD: the concatenated deltas of one field of a chat stream
+    python3 -c 'import json,sys
+print(repr("".join((json.loads(l[6:])["choices"][0]["delta"].get(sys.argv[2]) or "") for l in open(sys.argv[1]) if l.startswith("data: {") and json.loads(l[6:])["choices"])))' "$1" "$2"
+}
+
+# ---- a template that opens the thoughts (Qwen3.5), the template switch ---------------
+start_serve -m "$QWEN" -c 512 --chat-template-file "$TPL/Qwen3.5-4B.jinja"
+req POST /apply-template -d "{$MSG}"
+check "--chat-template-file: its render, ending inside <think>" eq "$(py "$T/out" 'd["prompt"].endswith("<|im_start|>assistant\n<think>\n")')" True
+req POST /apply-template -d "{$MSG,\"chat_template_kwargs\":{\"enable_thinking\":false}}"
+check "chat_template_kwargs reach the template" eq "$(py "$T/out" 'd["prompt"].endswith("<think>\n\n</think>\n\n")')" True
+req GET /props
+check "/props shows the template served" eq "$(py "$T/out" '"enable_thinking" in d["chat_template"]')" True
+
+req POST /v1/chat/completions -d "{$MSG,\"max_tokens\":40,\"temperature\":0,$G_OPEN,\"reasoning_format\":\"none\"}"
+RAW=$(py "$T/out" 'repr(d["choices"][0]["message"]["content"])')
+check "reasoning_format none: the reply as written" eq "$(py "$T/out" '"\n</think>\n\n" in d["choices"][0]["message"]["content"] and "reasoning_content" not in d["choices"][0]["message"]')" True
+req POST /v1/chat/completions -d "{$MSG,\"max_tokens\":40,\"temperature\":0,$G_OPEN}"
+check "default: thoughts in reasoning_content, the answer in content" eq "$(py "$T/out" 'repr(d["choices"][0]["message"]["reasoning_content"] + "\n</think>\n\n" + d["choices"][0]["message"]["content"])')" "$RAW"
+check "the thoughts hold no tag, the answer no whitespace around" eq "$(py "$T/out" '("</think>" in d["choices"][0]["message"]["reasoning_content"], d["choices"][0]["message"]["content"] == d["choices"][0]["message"]["content"].strip())')" "(False, True)"
+py "$T/out" 'repr(d["choices"][0]["message"]["reasoning_content"])' >"$T/thoughts"
+py "$T/out" 'repr(d["choices"][0]["message"]["content"])' >"$T/answer"
+curl -sN "$BASE/v1/chat/completions" -d "{$MSG,\"max_tokens\":40,\"temperature\":0,$G_OPEN,\"stream\":true}" >"$T/sse"
+check "streamed: the reasoning_content deltas make the thoughts" eq "$(sse_field "$T/sse" reasoning_content)" "$(cat "$T/thoughts")"
+check "streamed: the content deltas make the answer" eq "$(sse_field "$T/sse" content)" "$(cat "$T/answer")"
+check "streamed: no delta carries a tag" eq "$(grep -c 'think>' "$T/sse")" 0
+req POST /v1/chat/completions -d "{$MSG,\"max_tokens\":40,\"temperature\":0,$G_OPEN,\"reasoning_format\":\"deepseek-legacy\"}"
+check "deepseek-legacy: the content as written, the thoughts apart too" eq "$(py "$T/out" '(d["choices"][0]["message"]["content"], d["choices"][0]["message"]["reasoning_content"])')" "($RAW, $(cat "$T/thoughts"))"
+req POST /v1/chat/completions -d "{$MSG,\"max_tokens\":3,\"temperature\":0,$G_OPEN}"
+check "cut before </think>: all thoughts, empty content" eq "$(py "$T/out" '(len(d["choices"][0]["message"]["reasoning_content"]) > 0, d["choices"][0]["message"]["content"], d["choices"][0]["finish_reason"])')" "(True, '', 'length')"
+req POST /v1/chat/completions -d "{$MSG,\"max_tokens\":4,\"response_format\":{\"type\":\"json_object\"}}"
+check "JSON mode: no thoughts taken out of the JSON" eq "$(py "$T/out" '(d["choices"][0]["message"]["content"][:1], "reasoning_content" in d["choices"][0]["message"])')" "('{', False)"
+req POST /v1/chat/completions -d "{$MSG,\"reasoning_format\":\"r1\"}"
+check "an unknown reasoning_format: 400 naming it" eq "$(code) $(py "$T/out" 'd["error"]["param"]')" "400 reasoning_format"
+req POST /v1/chat/completions -d "{$MSG,\"chat_template_kwargs\":[1]}"
+check "chat_template_kwargs not an object: 400 naming it" eq "$(code) $(py "$T/out" 'd["error"]["param"]')" "400 chat_template_kwargs"
+
+# Responses API: a reasoning item before the message
+req POST /v1/responses -d "{\"input\":\"hi\",\"max_output_tokens\":40,\"temperature\":0,$G_OPEN}"
+check "responses: a reasoning item, then the message" eq "$(py "$T/out" '[o["type"] for o in d["output"]]')" "['reasoning', 'message']"
+check "responses: the thoughts and the answer as chat gives them" eq "$(py "$T/out" '(d["output"][0]["content"][0]["text"], d["output"][1]["content"][0]["text"])')" "($(cat "$T/thoughts"), $(cat "$T/answer"))"
+curl -sN "$BASE/v1/responses" -d "{\"input\":\"hi\",\"max_output_tokens\":40,\"temperature\":0,$G_OPEN,\"stream\":true}" >"$T/rsse"
+python3 - "$T/rsse" "$T/thoughts" "$T/answer" >"$T/rcheck" <<'PY'
+import ast, json, sys
+ev = [json.loads(l[6:]) for l in open(sys.argv[1]) if l.startswith("data: ")]
+types = [e["type"] for e in ev]
+th = "".join(e["delta"] for e in ev if e["type"] == "response.reasoning_text.delta")
+an = "".join(e["delta"] for e in ev if e["type"] == "response.output_text.delta")
+assert th == ast.literal_eval(open(sys.argv[2]).read().strip()), th
+assert an == ast.literal_eval(open(sys.argv[3]).read().strip()), an
+added = [e["item"]["type"] for e in ev if e["type"] == "response.output_item.added"]
+assert added == ["reasoning", "message"], added
+assert [e["output_index"] for e in ev if e["type"] == "response.output_item.done"] == [0, 1]
+assert types.index("response.reasoning_text.done") < types.index("response.output_text.delta")
+assert [e["sequence_number"] for e in ev] == list(range(len(ev)))
+final = ev[-1]["response"]
+assert [o["type"] for o in final["output"]] == ["reasoning", "message"]
+print("ok")
+PY
+check "responses streamed: reasoning_text deltas, then the message's, items in order" eq "$(cat "$T/rcheck")" ok
+# a follow-up turn carrying the reasoning item back: it renders
+req POST /v1/responses -d '{"input":[{"role":"user","content":"hi"},{"type":"reasoning","id":"rs_1","summary":[],"content":[{"type":"reasoning_text","text":"greet"}]},{"role":"assistant","content":"hello"},{"role":"user","content":"again"}],"max_output_tokens":2}'
+check "responses: a reasoning input item is taken" eq "$(code)" 200
+
+# Ollama: think
+req POST /api/chat -d "{\"model\":\"qwen3-synth-f16\",$MSG,\"stream\":false,\"think\":true,\"options\":{\"temperature\":0,\"num_predict\":40,$G_OPEN}}"
+check "ollama think: thoughts in message.thinking" eq "$(py "$T/out" '(d["message"]["thinking"], d["message"]["content"])')" "($(cat "$T/thoughts"), $(cat "$T/answer"))"
+curl -sN "$BASE/api/chat" -d "{\"model\":\"qwen3-synth-f16\",$MSG,\"think\":true,\"options\":{\"temperature\":0,\"num_predict\":40,$G_OPEN}}" >"$T/nd"
+check "ollama think streamed: the thinking lines, then the content lines" eq "$(python3 -c 'import json,sys
+L=[json.loads(l) for l in open(sys.argv[1])]
+print(("".join(o["message"].get("thinking","") for o in L), "".join(o["message"]["content"] for o in L), L[-1]["done"]))' "$T/nd")" "($(cat "$T/thoughts"), $(cat "$T/answer"), True)"
+req POST /api/chat -d "{\"model\":\"qwen3-synth-f16\",$MSG,\"stream\":false,\"think\":false,\"options\":{\"num_predict\":1}}"
+N_OFF=$(py "$T/out" 'd["prompt_eval_count"]')
+req POST /api/chat -d "{\"model\":\"qwen3-synth-f16\",$MSG,\"stream\":false,\"think\":true,\"options\":{\"num_predict\":1}}"
+N_ON=$(py "$T/out" 'd["prompt_eval_count"]')
+check "ollama think false renders the closed empty block (4 more prompt tokens or so)" eq "$([ "$N_OFF" -gt "$N_ON" ] && echo yes)" yes
+req POST /api/chat -d "{\"model\":\"qwen3-synth-f16\",$MSG,\"think\":\"maybe\"}"
+check "ollama think of another kind: 400" eq "$(code) $(py "$T/out" '"think" in d["error"]')" "400 True"
+stop_server
+
+# ---- a template whose reply opens the thoughts (Qwen3); --reasoning off -----------------
+start_serve -m "$QWEN" -c 512 --chat-template-file "$TPL/Qwen-Qwen3-0.6B.jinja" --reasoning off
+req POST /apply-template -d "{$MSG}"
+check "--reasoning off: enable_thinking false by default" eq "$(py "$T/out" 'd["prompt"].endswith("<think>\n\n</think>\n\n")')" True
+req POST /apply-template -d "{$MSG,\"chat_template_kwargs\":{\"enable_thinking\":true}}"
+check "a request's chat_template_kwargs win over --reasoning" eq "$(py "$T/out" 'd["prompt"].endswith("<|im_start|>assistant\n")')" True
+G_TAG='"grammar":"root ::= \"<think>\\n\" [a-z]{3,8} \"\\n</think>\\n\\n\" [a-z]{2,6}"'
+req POST /v1/chat/completions -d "{$MSG,\"max_tokens\":40,\"temperature\":0,$G_TAG}"
+check "a reply that opens <think> itself: thoughts apart" eq "$(py "$T/out" '(d["choices"][0]["message"]["reasoning_content"].isalpha(), d["choices"][0]["message"]["content"].isalpha())')" "(True, True)"
+req POST /v1/chat/completions -d "{$MSG,\"max_tokens\":6,\"temperature\":0,\"grammar\":\"root ::= [a-z]{2,6}\"}"
+check "a reply without thoughts: all content, no reasoning_content" eq "$(py "$T/out" '(d["choices"][0]["message"]["content"].isalpha(), "reasoning_content" in d["choices"][0]["message"])')" "(True, False)"
+stop_server
+
+# ---- bad flags and config fields are refused before anything starts -------------------
+check "--chat-template naming nothing: refused" eq "$("$LMSERV" serve -m "$QWEN" --port 0 --chat-template /nonexistent.jinja 2>&1 | grep -c 'neither a built-in name nor a readable file')" 1
+echo '{% if %}' >"$T/bad.jinja"
+check "--chat-template that does not parse: refused" eq "$("$LMSERV" serve -m "$QWEN" --port 0 --chat-template "$T/bad.jinja" 2>&1 | grep -c 'chat-template')" 1
+check "--reasoning-format unknown: refused" eq "$("$LMSERV" serve -m "$QWEN" --port 0 --reasoning-format r1 2>&1 | grep -c 'reasoning format')" 1
+check "--chat-template-kwargs not an object: refused" eq "$("$LMSERV" serve -m "$QWEN" --port 0 --chat-template-kwargs '[1]' 2>&1 | grep -c 'kwargs')" 1
+cp "$QWEN" "$T/q.gguf"
+cp "$TPL/Qwen3.5-4B.jinja" "$T/q35.jinja"
+echo '{"experts":[{"expert_id":"q","model_path":"q.gguf","chat_template":"nope.jinja"}]}' >"$T/bad.json"
+check "config chat_template naming no file: refused naming the field" eq "$("$LMSERV" serve --config "$T/bad.json" --port 0 2>&1 | grep -c 'experts\[0\].chat_template')" 1
+echo '{"experts":[{"expert_id":"q","model_path":"q.gguf","chat_template":"q35.jinja"},{"expert_id":"c","model_path":"q.gguf","chat_template":"chatml"}]}' >"$T/ok.json"
+start_serve --config "$T/ok.json" -c 256
+req POST /apply-template -d "{\"model\":\"q\",$MSG}"
+check "config chat_template from a file" eq "$(py "$T/out" 'd["prompt"].endswith("<think>\n")')" True
+req POST /apply-template -d "{\"model\":\"c\",$MSG}"
+check "config chat_template by built-in name" eq "$(py "$T/out" 'd["prompt"].endswith("<|im_start|>assistant\n")')" True
+stop_server
+finish

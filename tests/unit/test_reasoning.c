@@ -1,0 +1,132 @@
+/*
+ * test_reasoning.c - thoughts apart from the answer (serve/reasoning): the
+ * written forms, a prompt that opens the thoughts, cut replies, and the
+ * streaming release giving exactly the whole reply's parts at every split.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve/reasoning.h"
+#include "testutil.h"
+
+typedef struct parts {
+    char thoughts[256];
+    char answer[256];
+} parts;
+
+static void whole(const char *t, bool open, parts *p)
+{
+    reasoning rs;
+    reasoning_init(&rs, open);
+    size_t n = strlen(t);
+    reasoning_feed(&rs, t, n, true);
+    snprintf(p->thoughts, sizeof p->thoughts, "%.*s", (int)(rs.r1 - rs.r0), t + rs.r0);
+    size_t a = reasoning_answer(&rs, n);
+    snprintf(p->answer, sizeof p->answer, "%s", t + a);
+}
+
+/* Fed one byte more each time, as a stream: what is released adds up to
+ * the whole reply's parts, and nothing released is ever taken back. */
+static void streamed(const char *t, bool open, parts *p)
+{
+    reasoning rs;
+    reasoning_init(&rs, open);
+    size_t n = strlen(t), r_sent = 0, a_sent = 0;
+    p->thoughts[0] = p->answer[0] = 0;
+    for (size_t len = 0; len <= n; len++) {
+        reasoning_feed(&rs, t, len, len == n);
+        size_t from = r_sent > rs.r0 ? r_sent : rs.r0;
+        if (rs.r1 > from) {
+            strncat(p->thoughts, t + from, rs.r1 - from);
+            r_sent = rs.r1;
+        }
+        size_t a = reasoning_answer(&rs, len);
+        from = a_sent > a ? a_sent : a;
+        if (len > from) {
+            assert_true(a <= from);
+            strncat(p->answer, t + from, len - from);
+            a_sent = len;
+        }
+    }
+}
+
+static void check(const char *t, bool open, const char *thoughts, const char *answer)
+{
+    parts w, s;
+    whole(t, open, &w);
+    streamed(t, open, &s);
+    assert_string_equal(w.thoughts, thoughts);
+    assert_string_equal(w.answer, answer);
+    assert_string_equal(s.thoughts, thoughts);
+    assert_string_equal(s.answer, answer);
+}
+
+static void test_forms(void **state)
+{
+    (void)state;
+    /* Qwen3 / SmolLM3: the reply opens the thoughts */
+    check("<think>\nThe user greets.\nSo  greet back.\n</think>\n\nHello!", false,
+          "The user greets.\nSo  greet back.", "Hello!");
+    check("  <think>x</think>y", false, "x", "y");
+    /* DeepSeek-R1, Qwen3.5: the prompt opened them */
+    check("Paris, surely.\n</think>\n\nThe capital is Paris.", true, "Paris, surely.",
+          "The capital is Paris.");
+    /* empty thoughts (thinking switched off in the reply itself) */
+    check("<think>\n\n</think>\n\nHi there", false, "", "Hi there");
+    /* no thoughts: the answer byte for byte, leading whitespace kept */
+    check("  Hello <think> world", false, "", "  Hello <think> world");
+    check("<thin", false, "", "<thin");
+    check("<thinking>x", false, "", "<thinking>x");
+    check("", false, "", "");
+    check(" \n ", false, "", " \n ");
+    /* cut before the closing tag: all thoughts */
+    check("<think>\nstill thinking  \n", false, "still thinking", "");
+    check("still </thi", true, "still </thi", "");
+    check("", true, "", "");
+    /* the closing tag split anywhere, a '<' inside the thoughts */
+    check("<think>a < b </ c</think>d", false, "a < b </ c", "d");
+    check("a</think", true, "a</think", "");
+    /* only the first closing tag counts */
+    check("a</think>b</think>c", true, "a", "b</think>c");
+    /* UTF-8 passes through */
+    check("<think>caf\xc3\xa9</think>\xe2\x9c\x93", false, "caf\xc3\xa9", "\xe2\x9c\x93");
+}
+
+static void test_prompt_open(void **state)
+{
+    (void)state;
+    const char *r1 = "<\xef\xbd\x9cUser\xef\xbd\x9c>Hi<\xef\xbd\x9c" "Assistant\xef\xbd\x9c><think>\n";
+    assert_true(reasoning_prompt_open(r1, strlen(r1)));
+    const char *q35 = "<|im_start|>assistant\n<think>\n";
+    assert_true(reasoning_prompt_open(q35, strlen(q35)));
+    /* Qwen3 with enable_thinking false: an empty block closed in the prompt */
+    const char *off = "<|im_start|>assistant\n<think>\n\n</think>\n\n";
+    assert_false(reasoning_prompt_open(off, strlen(off)));
+    const char *plain = "<|im_start|>assistant\n";
+    assert_false(reasoning_prompt_open(plain, strlen(plain)));
+    assert_false(reasoning_prompt_open("", 0));
+    assert_false(reasoning_prompt_open("think>", 6));
+}
+
+static void test_formats(void **state)
+{
+    (void)state;
+    assert_int_equal(reasoning_format_parse("none"), REASONING_NONE);
+    assert_int_equal(reasoning_format_parse("auto"), REASONING_DEEPSEEK);
+    assert_int_equal(reasoning_format_parse("deepseek"), REASONING_DEEPSEEK);
+    assert_int_equal(reasoning_format_parse("deepseek-legacy"), REASONING_LEGACY);
+    assert_int_equal(reasoning_format_parse("DeepSeek"), -1);
+    assert_int_equal(reasoning_format_parse(""), -1);
+    assert_int_equal(reasoning_format_parse(NULL), -1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_forms),
+        cmocka_unit_test(test_prompt_open),
+        cmocka_unit_test(test_formats),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
