@@ -29,7 +29,7 @@
  * response: the error goes out and the other choices are aborted.
  *
  * response_format json_object / json_schema, and tool_choice naming a
- * function (or "required", forced_call), turn on the scheduler's JSON mode
+ * function (or "required", api_forced_call), turn on the scheduler's JSON mode
  * (engine/jsonschema.h) for every choice. Completions with echo and
  * logprobs also ask the scheduler for the prompt's log-probabilities.
  *
@@ -630,7 +630,7 @@ static int parse_common(conn *c, const json_t *body, gen_resp *r, genparams *gp,
  * tool-call reader takes as the reply's call. One function: its name and
  * its parameters' schema (any object where that schema asks for more than
  * jsonschema.h follows); several: one of their names, any object. */
-static int forced_call(const json_t *tools, const json_t *choice, lms_jschema **out, reqerr *e)
+int api_forced_call(const json_t *tools, const json_t *choice, lms_jschema **out, reqerr *e)
 {
     const char *want = NULL;
     *out = NULL;
@@ -715,7 +715,7 @@ static int parse_chat(conn *c, const json_t *body, gen_resp *r, gen_prompt *pr, 
     }
     if (r->tools) { /* tool_choice "required" or a named function */
         lms_jschema *call;
-        if (forced_call(tools, choice, &call, e) < 0)
+        if (api_forced_call(tools, choice, &call, e) < 0)
             return -1;
         if (call && r->json) {
             free(call);

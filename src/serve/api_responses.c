@@ -15,10 +15,18 @@
  * calls), and a follow-up's input may carry function_call and
  * function_call_output items (the calls and their results), and reasoning
  * items (their text becomes the next assistant turn's reasoning_content).
- * chat_template_kwargs as for chat completions. tool_choice
- * "auto" or "none". Refused, naming the field: other tool types,
- * tool_choice that forces a call, previous_response_id (no stored
- * conversations: store is always false), parts other than text.
+ * chat_template_kwargs as for chat completions. tool_choice "auto",
+ * "none", "required" or {"type": "function", "name"} (the reply held to a
+ * call, as chat completions holds it). Refused, naming the field: other
+ * tool types, parts other than text.
+ *
+ * Stored responses: unless store is false, a finished response is kept
+ * with its conversation (the input less the instructions, then the reply
+ * as the assistant's turn with its thoughts and calls), the last 128 in
+ * memory: GET /v1/responses/{id} returns it, DELETE /v1/responses/{id}
+ * drops it, and previous_response_id continues its conversation (the new
+ * input after it; the instructions, as OpenAI has it, are not carried
+ * over).
  *
  * Reply: a response object (id resp_..., status completed, or incomplete
  * with incomplete_details.reason max_output_tokens) whose output is the
@@ -51,6 +59,8 @@
 
 typedef struct resp_job {
     bool stream;
+    bool store;               /* kept for previous_response_id when finished */
+    json_t *conv;             /* the conversation (without the instructions) to store */
     char id[40], msg_id[40], rs_id[40];
     int64_t created;
     int seq;                  /* the next event's sequence_number */
@@ -149,8 +159,7 @@ static json_t *response_obj(const resp_job *j, const lms_req_stats *st, const re
     json_object_set_new(o, "error", json_null());
     json_object_set_new(o, "incomplete_details",
                         cut ? json_pack("{s:s}", "reason", "max_output_tokens") : json_null());
-    json_object_set_new(o, "store", json_false());
-    json_object_set_new(o, "previous_response_id", json_null());
+    json_object_set_new(o, "store", json_boolean(j->store));
     if (!json_object_get(o, "tools") || json_is_null(json_object_get(o, "tools")))
         json_object_set_new(o, "tools", json_array());
     if (!json_object_get(o, "tool_choice") || json_is_null(json_object_get(o, "tool_choice")))
@@ -176,6 +185,121 @@ static void stream_begin(conn *c, resp_job *j)
                json_pack("{s:o}", "response", response_obj(j, NULL, NULL, NULL)));
     send_event(c, j, "response.in_progress",
                json_pack("{s:o}", "response", response_obj(j, NULL, NULL, NULL)));
+}
+
+/* ---- stored responses ------------------------------------------------------------ */
+
+/* Responses kept for previous_response_id and GET /v1/responses/{id}:
+ * the last RESP_STORE_MAX stored, the oldest dropped first. */
+#define RESP_STORE_MAX 128
+
+typedef struct stored_resp {
+    char id[40];
+    json_t *response;          /* the response object as returned */
+    json_t *conv;              /* its conversation, its reply included (normalized messages) */
+} stored_resp;
+
+struct resp_store {
+    stored_resp v[RESP_STORE_MAX];
+    int next;                  /* the slot the next one takes */
+};
+
+static stored_resp *store_find(lms_server *s, const char *id)
+{
+    for (int i = 0; s->rstore && i < RESP_STORE_MAX; i++)
+        if (s->rstore->v[i].response && !strcmp(s->rstore->v[i].id, id))
+            return &s->rstore->v[i];
+    return NULL;
+}
+
+static void store_drop(stored_resp *r)
+{
+    json_decref(r->response);
+    json_decref(r->conv);
+    memset(r, 0, sizeof *r);
+}
+
+void api_responses_free_store(lms_server *s)
+{
+    for (int i = 0; s->rstore && i < RESP_STORE_MAX; i++)
+        store_drop(&s->rstore->v[i]);
+    free(s->rstore);
+    s->rstore = NULL;
+}
+
+/* The reply as the assistant turn that follows the conversation: its text,
+ * thoughts and calls (their call_ids as the function_call items carry
+ * them, so that the outputs sent back find them). */
+static json_t *reply_message(const resp_job *j, const reply_part *w, const toolcalls *tc)
+{
+    const char *t = j->text.p ? j->text.p : "";
+    json_t *m = json_pack("{s:s, s:s%}", "role", "assistant", "content", t + w->c_from, w->c_n);
+    if (w->r_n)
+        json_object_set_new(m, "reasoning_content", json_stringn(t + w->r_from, w->r_n));
+    if (tc->n) {
+        json_t *calls = json_array();
+        for (int i = 0; i < tc->n; i++) {
+            json_t *item = call_item(j, i, &tc->v[i], true);
+            json_array_append_new(calls, json_pack("{s:O, s:s, s:{s:O, s:O}}", "id",
+                                                   json_object_get(item, "call_id"), "type",
+                                                   "function", "function", "name",
+                                                   json_object_get(item, "name"), "arguments",
+                                                   json_object_get(item, "arguments")));
+            json_decref(item);
+        }
+        json_object_set_new(m, "tool_calls", calls);
+    }
+    return m;
+}
+
+/* Keeps a finished response (store: true) with its conversation. */
+static void store_put(lms_server *s, resp_job *j, const json_t *response, const reply_part *w,
+                      const toolcalls *tc)
+{
+    if (!j->store || !j->conv || (!s->rstore && !(s->rstore = calloc(1, sizeof *s->rstore))))
+        return;
+    stored_resp *r = &s->rstore->v[s->rstore->next];
+    s->rstore->next = (s->rstore->next + 1) % RESP_STORE_MAX;
+    store_drop(r);
+    snprintf(r->id, sizeof r->id, "%s", j->id);
+    r->response = json_deep_copy(response);
+    r->conv = j->conv;
+    j->conv = NULL;
+    json_array_append_new(r->conv, reply_message(j, w, tc));
+}
+
+/* GET /v1/responses/{id} and DELETE /v1/responses/{id}. */
+int api_responses_get(conn *c, const char *id, bool del)
+{
+    reqerr e;
+    stored_resp *r = store_find(c->srv, id);
+    if (!r) {
+        reqerr_set(&e, 404, NULL, "no stored response '%.64s'", id);
+        return http_reply_err(c, &e);
+    }
+    if (!del)
+        return http_reply_json(c, 200, json_incref(r->response));
+    json_t *o = json_pack("{s:s, s:s, s:b}", "id", r->id, "object", "response", "deleted", 1);
+    store_drop(r);
+    return http_reply_json(c, 200, o);
+}
+
+/* The conversation previous_response_id continues (borrowed), NULL when
+ * none is asked; -1 with e when it is not stored. */
+static int previous_conv(lms_server *s, const json_t *body, const json_t **conv, reqerr *e)
+{
+    const char *prev = NULL;
+    *conv = NULL;
+    if (reqparse_str(body, "previous_response_id", &prev, e) < 0)
+        return -1;
+    if (!prev)
+        return 0;
+    const stored_resp *r = store_find(s, prev);
+    if (!r)
+        return reqerr_set(e, 400, "previous_response_id", "no stored response '%.64s' (the "
+                          "server keeps the last %d with store: true)", prev, RESP_STORE_MAX);
+    *conv = r->conv;
+    return 0;
 }
 
 /* Streamed: an item and its one content part begin (reasoning: the
@@ -276,7 +400,9 @@ static void resp_on_event(task *t, const lms_event *ev, double t_ms)
         reply_part p;
         reply_cut_next(&j->cut, j->text.p, j->text.n, &p, &tc);
         reply_cut_whole(&j->cut, j->text.n, &w);
-        http_reply_json(c, 200, response_obj(j, &ev->stats, &w, &tc));
+        json_t *o = response_obj(j, &ev->stats, &w, &tc);
+        store_put(c->srv, j, o, &w, &tc);
+        http_reply_json(c, 200, o);
         toolcalls_free(&tc);
         return;
     }
@@ -299,8 +425,10 @@ static void resp_on_event(task *t, const lms_event *ev, double t_ms)
         send_event(c, j, "response.output_item.done",
                    json_pack("{s:i, s:o}", "output_index", index, "item", item));
     }
+    json_t *o = response_obj(j, &ev->stats, &w, &tc);
+    store_put(c->srv, j, o, &w, &tc);
     send_event(c, j, cut_short(&ev->stats) ? "response.incomplete" : "response.completed",
-               json_pack("{s:o}", "response", response_obj(j, &ev->stats, &w, &tc)));
+               json_pack("{s:o}", "response", o));
     toolcalls_free(&tc);
     http_stream_end(c);
 }
@@ -310,6 +438,7 @@ static void resp_destroy(task *t)
     resp_job *j = t->state;
     sbuf_free(&j->text);
     json_decref(j->echo);
+    json_decref(j->conv);
     free(j);
 }
 
@@ -382,17 +511,27 @@ static int call_message(json_t *msgs, const json_t *item, const char *type, size
 
 /* The request's function tools in chat completions' form (NULL: none);
  * -1 with e on a tool lmserv cannot take. */
-static int chat_tools(const json_t *body, json_t **out, reqerr *e)
+static int chat_tools(const json_t *body, json_t **out, json_t **forced, reqerr *e)
 {
-    *out = NULL;
+    *out = *forced = NULL;
     const json_t *tools = json_object_get(body, "tools");
     const json_t *choice = json_object_get(body, "tool_choice");
-    if (choice && !json_is_null(choice) &&
-        !(json_is_string(choice) && (!strcmp(json_string_value(choice), "auto") ||
-                                     !strcmp(json_string_value(choice), "none"))))
-        return reqerr_set(e, 400, "tool_choice", "tool_choice must be \"auto\" or \"none\" here "
-                          "(a forced call is available through /v1/chat/completions)");
-    if (json_array_size(tools) == 0 || (json_is_string(choice) && !strcmp(json_string_value(choice), "none")))
+    const char *cs = json_string_value(choice);
+    const char *ctype = json_string_value(json_object_get(choice, "type"));
+    const json_t *cname = json_object_get(choice, "name");
+    if (json_is_object(choice) && ctype && !strcmp(ctype, "function") && json_is_string(cname))
+        *forced = json_pack("{s:{s:O}}", "function", "name", cname); /* chat's form */
+    else if (cs && !strcmp(cs, "required"))
+        *forced = json_incref((json_t *)choice);
+    else if (choice && !json_is_null(choice) && !(cs && (!strcmp(cs, "auto") || !strcmp(cs, "none"))))
+        return reqerr_set(e, 400, "tool_choice", "tool_choice must be \"auto\", \"none\", "
+                          "\"required\" or {\"type\": \"function\", \"name\": ...}");
+    if (*forced && json_array_size(tools) == 0) {
+        json_decref(*forced);
+        *forced = NULL;
+        return reqerr_set(e, 400, "tool_choice", "tool_choice asks for a call but there are no tools");
+    }
+    if (json_array_size(tools) == 0 || (cs && !strcmp(cs, "none")))
         return 0;
     json_t *a = json_array();
     size_t i;
@@ -451,16 +590,13 @@ static void give_thoughts(json_t *msgs, json_t **thoughts)
     *thoughts = NULL;
 }
 
-static json_t *input_messages(const json_t *body, reqerr *e)
+/* The conversation of a request: the stored one of previous_response_id
+ * (prev, or NULL), then the input's messages; normalized (chatfmt_messages).
+ * The instructions are not in it: they hold for one response only. */
+static json_t *input_messages(const json_t *body, const json_t *prev, reqerr *e)
 {
-    const json_t *ins = json_object_get(body, "instructions"), *in = json_object_get(body, "input");
-    if (ins && !json_is_null(ins) && !json_is_string(ins)) {
-        reqerr_set(e, 400, "instructions", "'instructions' must be a string");
-        return NULL;
-    }
-    json_t *msgs = json_array();
-    if (json_is_string(ins) && json_string_length(ins) > 0)
-        json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "system", "content", ins));
+    const json_t *in = json_object_get(body, "input");
+    json_t *msgs = prev ? json_deep_copy(prev) : json_array();
     if (json_is_string(in)) {
         json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "user", "content", in));
         return msgs;
@@ -539,13 +675,19 @@ static int text_format(const json_t *body, bool *json, lms_jschema **schema, req
                       "json_object, json_schema)", type ? type : "?");
 }
 
-static int refuse_fields(const json_t *body, reqerr *e)
+/* The messages rendered: the instructions (a system message) and conv. */
+static json_t *with_instructions(const json_t *body, const json_t *conv, reqerr *e)
 {
-    const json_t *prev = json_object_get(body, "previous_response_id");
-    if (prev && !json_is_null(prev))
-        return reqerr_set(e, 400, "previous_response_id", "responses are not stored: send the "
-                          "conversation in 'input'");
-    return 0;
+    const json_t *ins = json_object_get(body, "instructions");
+    if (ins && !json_is_null(ins) && !json_is_string(ins)) {
+        reqerr_set(e, 400, "instructions", "'instructions' must be a string");
+        return NULL;
+    }
+    json_t *msgs = json_array();
+    if (json_is_string(ins) && json_string_length(ins) > 0)
+        json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "system", "content", ins));
+    json_array_extend(msgs, (json_t *)conv);
+    return msgs;
 }
 
 int api_responses(conn *c, json_t *body)
@@ -566,7 +708,10 @@ int api_responses(conn *c, json_t *body)
     int64_t max_out = -1;
     json_t *msgs = NULL;
     int32_t *toks = NULL, n = 0;
-    int rc = refuse_fields(body, &e) < 0 || reqparse_gen(body, &gp, &e) < 0 ||
+    bool store = true;
+    const json_t *prev = NULL;
+    int rc = previous_conv(c->srv, body, &prev, &e) < 0 ||
+                     reqparse_bool(body, "store", &store, &e) < 0 || reqparse_gen(body, &gp, &e) < 0 ||
                      reqparse_bool(body, "stream", &stream, &e) < 0 ||
                      reqparse_int(body, "max_output_tokens", 1, INT32_MAX, &max_out, &e) < 0 ||
                      text_format(body, &json, &schema, &e) < 0 || api_lora_pick(c, body, &gp, &e) < 0
@@ -574,10 +719,27 @@ int api_responses(conn *c, json_t *body)
                  : 0;
     if (rc == 0 && max_out > 0)
         gp.max_tokens = (int32_t)max_out;
-    json_t *tools = NULL;
-    if (rc == 0 && chat_tools(body, &tools, &e) < 0)
+    json_t *tools = NULL, *forced = NULL;
+    lms_jschema *call = NULL;
+    if (rc == 0 && chat_tools(body, &tools, &forced, &e) < 0)
         rc = -1;
-    if (rc == 0 && !(msgs = input_messages(body, &e)))
+    if (rc == 0 && forced && api_forced_call(tools, forced, &call, &e) < 0)
+        rc = -1;
+    json_decref(forced);
+    if (call && json) {
+        free(call);
+        call = NULL;
+        rc = reqerr_set(&e, 400, "tool_choice", "a forced tool call and a text.format other than "
+                        "text cannot both hold");
+    } else if (call) {
+        json = true;
+        free(schema);
+        schema = call;
+    }
+    json_t *conv = NULL;
+    if (rc == 0 && !(conv = input_messages(body, prev, &e)))
+        rc = -1;
+    if (rc == 0 && !(msgs = with_instructions(body, conv, &e)))
         rc = -1;
     json_t *kw = NULL;
     bool open = false;
@@ -594,6 +756,8 @@ int api_responses(conn *c, json_t *body)
     task *t = NULL;
     if (rc == 0) {
         j->stream = stream;
+        j->store = store;
+        j->conv = json_incref(conv);
         j->tools = tools != NULL;
         j->rs_index = j->msg_index = -1;
         /* held to JSON: no thoughts, whatever the prompt opened */
@@ -608,7 +772,7 @@ int api_responses(conn *c, json_t *body)
         j->echo = json_object();
         static const char *const same[] = {"instructions", "max_output_tokens", "temperature",
                                            "top_p", "metadata", "text", "tools", "tool_choice",
-                                           NULL};
+                                           "previous_response_id", NULL};
         for (int k = 0; same[k]; k++) {
             json_t *v = json_object_get(body, same[k]);
             json_object_set(j->echo, same[k], v ? v : json_null());
@@ -627,6 +791,7 @@ int api_responses(conn *c, json_t *body)
     free(toks);
     free(schema); /* the scheduler made its copy */
     json_decref(tools);
+    json_decref(conv);
     genparams_deinit(&gp);
     if (!t)
         return http_reply_err(c, &e);

@@ -33,6 +33,7 @@ typedef struct route {
     bool is_public;            /* no API key needed */
     int (*get)(conn *c);
     int (*post)(conn *c, json_t *body);
+    int (*del)(conn *c);       /* DELETE, or NULL */
 } route;
 
 static int get_models(conn *c)
@@ -44,6 +45,16 @@ static int get_model(conn *c)
 {
     const char *id = c->txn.path + strlen("/v1/models/");
     return api_models(c, id[0] ? id : NULL); /* "/v1/models/" lists them */
+}
+
+static int get_response(conn *c)
+{
+    return api_responses_get(c, c->txn.path + strlen("/v1/responses/"), false);
+}
+
+static int delete_response(conn *c)
+{
+    return api_responses_get(c, c->txn.path + strlen("/v1/responses/"), true);
 }
 
 static int get_ws(conn *c)
@@ -64,46 +75,47 @@ static int get_index(conn *c)
 }
 
 static const route routes[] = {
-    {"/", false, true, get_index, NULL},
-    {"/health", false, true, api_health, NULL},
-    {"/stats", false, false, api_stats, NULL},
-    {"/metrics", false, false, api_metrics, NULL},
-    {"/v1/models", false, false, get_models, NULL},
-    {"/v1/models/", true, false, get_model, NULL},
-    {"/v1/chat/completions", false, false, NULL, api_chat},
-    {"/chat/completions", false, false, NULL, api_chat},
-    {"/v1/completions", false, false, NULL, api_completions},
-    {"/v1/responses", false, false, NULL, api_responses},
-    {"/completions", false, false, NULL, api_completions},
-    {"/v1/embeddings", false, false, NULL, api_embeddings},
-    {"/embeddings", false, false, NULL, api_embeddings},
-    {"/v1/rerank", false, false, NULL, api_rerank},
-    {"/rerank", false, false, NULL, api_rerank},
-    {"/v1/reranking", false, false, NULL, api_rerank},
-    {"/reranking", false, false, NULL, api_rerank},
-    {"/completion", false, false, NULL, api_native_completion},
-    {"/infill", false, false, NULL, api_native_infill},
-    {"/props", false, false, api_props, NULL},
-    {"/slots", false, false, api_slots, NULL},
-    {"/apply-template", false, false, NULL, api_apply_template},
-    {"/tokenize", false, false, NULL, api_tokenize},
-    {"/detokenize", false, false, NULL, api_detokenize},
-    {"/api/chat", false, false, NULL, api_ollama_chat},
-    {"/api/generate", false, false, NULL, api_ollama_generate},
-    {"/api/show", false, false, NULL, api_ollama_show},
-    {"/api/embed", false, false, NULL, api_ollama_embed},
-    {"/api/embeddings", false, false, NULL, api_ollama_embeddings},
-    {"/api/tags", false, false, api_ollama_tags, NULL},
-    {"/api/ps", false, false, api_ollama_ps, NULL},
-    {"/api/version", false, true, api_ollama_version, NULL},
-    {"/api/pull", false, false, NULL, api_ollama_pull},
-    {"/api/push", false, false, NULL, api_ollama_unsupported},
-    {"/api/create", false, false, NULL, api_ollama_unsupported},
-    {"/api/copy", false, false, NULL, api_ollama_unsupported},
-    {"/lora-adapters", false, false, api_lora_list, api_lora_scales},
-    {"/lora-adapters/load", false, false, NULL, api_lora_load},
-    {"/lora-adapters/unload", false, false, NULL, api_lora_unload},
-    {"/ws", false, false, get_ws, NULL},
+    {"/", false, true, get_index, NULL, NULL},
+    {"/health", false, true, api_health, NULL, NULL},
+    {"/stats", false, false, api_stats, NULL, NULL},
+    {"/metrics", false, false, api_metrics, NULL, NULL},
+    {"/v1/models", false, false, get_models, NULL, NULL},
+    {"/v1/models/", true, false, get_model, NULL, NULL},
+    {"/v1/chat/completions", false, false, NULL, api_chat, NULL},
+    {"/chat/completions", false, false, NULL, api_chat, NULL},
+    {"/v1/completions", false, false, NULL, api_completions, NULL},
+    {"/v1/responses", false, false, NULL, api_responses, NULL},
+    {"/v1/responses/", true, false, get_response, NULL, delete_response},
+    {"/completions", false, false, NULL, api_completions, NULL},
+    {"/v1/embeddings", false, false, NULL, api_embeddings, NULL},
+    {"/embeddings", false, false, NULL, api_embeddings, NULL},
+    {"/v1/rerank", false, false, NULL, api_rerank, NULL},
+    {"/rerank", false, false, NULL, api_rerank, NULL},
+    {"/v1/reranking", false, false, NULL, api_rerank, NULL},
+    {"/reranking", false, false, NULL, api_rerank, NULL},
+    {"/completion", false, false, NULL, api_native_completion, NULL},
+    {"/infill", false, false, NULL, api_native_infill, NULL},
+    {"/props", false, false, api_props, NULL, NULL},
+    {"/slots", false, false, api_slots, NULL, NULL},
+    {"/apply-template", false, false, NULL, api_apply_template, NULL},
+    {"/tokenize", false, false, NULL, api_tokenize, NULL},
+    {"/detokenize", false, false, NULL, api_detokenize, NULL},
+    {"/api/chat", false, false, NULL, api_ollama_chat, NULL},
+    {"/api/generate", false, false, NULL, api_ollama_generate, NULL},
+    {"/api/show", false, false, NULL, api_ollama_show, NULL},
+    {"/api/embed", false, false, NULL, api_ollama_embed, NULL},
+    {"/api/embeddings", false, false, NULL, api_ollama_embeddings, NULL},
+    {"/api/tags", false, false, api_ollama_tags, NULL, NULL},
+    {"/api/ps", false, false, api_ollama_ps, NULL, NULL},
+    {"/api/version", false, true, api_ollama_version, NULL, NULL},
+    {"/api/pull", false, false, NULL, api_ollama_pull, NULL},
+    {"/api/push", false, false, NULL, api_ollama_unsupported, NULL},
+    {"/api/create", false, false, NULL, api_ollama_unsupported, NULL},
+    {"/api/copy", false, false, NULL, api_ollama_unsupported, NULL},
+    {"/lora-adapters", false, false, api_lora_list, api_lora_scales, NULL},
+    {"/lora-adapters/load", false, false, NULL, api_lora_load, NULL},
+    {"/lora-adapters/unload", false, false, NULL, api_lora_unload, NULL},
+    {"/ws", false, false, get_ws, NULL, NULL},
 };
 #define N_ROUTES ((int)(sizeof routes / sizeof routes[0]))
 
@@ -315,11 +327,12 @@ static int dispatch(conn *c, int method)
     if (method == LWSHUMETH_OPTIONS) {
         t->discard = true;
         return reply_full(c, 204, "text/plain", "", 0,
-                          "access-control-allow-methods: GET, POST, OPTIONS\x0d\x0a"
+                          "access-control-allow-methods: GET, POST, DELETE, OPTIONS\x0d\x0a"
                           "access-control-allow-headers: authorization, content-type\x0d\x0a");
     }
     if ((method == LWSHUMETH_GET && !r->get) || (method == LWSHUMETH_POST && !r->post) ||
-        (method != LWSHUMETH_GET && method != LWSHUMETH_POST))
+        (method == LWSHUMETH_DELETE && !r->del) ||
+        (method != LWSHUMETH_GET && method != LWSHUMETH_POST && method != LWSHUMETH_DELETE))
         return refuse(c, 405, "method_not_allowed",
                       r->get ? "this endpoint takes GET" : "this endpoint takes POST");
     if (!r->is_public && !authorized(c))
@@ -327,6 +340,10 @@ static int dispatch(conn *c, int method)
                       "a valid API key is required (Authorization: Bearer KEY)");
     if (method == LWSHUMETH_GET)
         return r->get(c);
+    if (method == LWSHUMETH_DELETE) {
+        t->discard = true; /* a body, if any, is not read */
+        return r->del(c);
+    }
     if (body_length_ok(c))
         t->state = TXN_BODY;
     return 0;

@@ -102,6 +102,15 @@ int reqparse_num(const json_t *o, const char *key, double lo, double hi, double 
 int reqparse_str(const json_t *o, const char *key, const char **out, reqerr *e);
 int reqparse_obj(const json_t *o, const char *key, const json_t **out, reqerr *e);
 
+/* tool_choice "required" or naming one of tools (chat completions' form):
+ * *out the schema of a bare call object the reply is held to (JSON mode),
+ * else NULL (auto, none, absent). -1 with e filled (400). api_openai.c. */
+int api_forced_call(const json_t *tools, const json_t *choice, struct lms_jschema **out,
+                    reqerr *e);
+/* The stored responses of /v1/responses (previous_response_id); frees
+ * them. api_responses.c. */
+void api_responses_free_store(lms_server *s);
+
 /* Generation settings common to every dialect. */
 typedef struct genparams {
     lms_sampler_params sp;
@@ -245,6 +254,7 @@ struct lms_server {
     char *host, *api_key;
     char *lora_dir;            /* resolved (realpath), or NULL: no run-time adapter loads */
     json_t *tpl_kwargs;        /* template variables of every chat (chatfmt_kwargs), or NULL */
+    struct resp_store *rstore; /* /v1/responses kept for previous_response_id (api_responses.c) */
     int rfmt;                  /* enum reasoning_format: the default of chat replies */
     struct lws_context *ctx;
     struct lws_vhost *vh;
@@ -525,6 +535,8 @@ int api_fim_prompt(const lms_expert *x, const char *prefix, const char *suffix,
                    int32_t n_predict, int32_t **toks, int32_t *n, reqerr *e);
 /* api_responses.c */
 int api_responses(conn *c, json_t *body);
+/* GET (del false) or DELETE /v1/responses/{id}: a stored response. */
+int api_responses_get(conn *c, const char *id, bool del);
 /* api_embeddings.c */
 int api_embeddings(conn *c, json_t *body);
 int api_rerank(conn *c, json_t *body);

@@ -699,6 +699,7 @@ void lms_server_destroy(lms_server *s)
     free(s->api_key);
     free(s->lora_dir);
     json_decref(s->tpl_kwargs);
+    api_responses_free_store(s);
     pthread_mutex_destroy(&s->mu);
     free(s);
 }

@@ -190,10 +190,35 @@ async function responses(model) {
        `responses: function_call and its output rendered as chat's tool turn (${rf.usage.input_tokens} vs ${cf.usage.prompt_tokens})`);
     let e = await status(client.responses.create({ model, input: 'x', tools: [{ type: 'web_search' }] }));
     ok(e.status === 400 && e.err.param === 'tools', 'responses: a non-function tool refused naming it');
-    e = await status(client.responses.create({ model, input: 'x', tools: rtools, tool_choice: 'required' }));
-    ok(e.status === 400 && e.err.param === 'tool_choice', 'responses: a forced tool_choice refused naming it');
+    // a forced call: tool_choice naming the function
+    const etools = [{ type: 'function', name: 'get_weather', parameters: { type: 'object',
+        properties: { city: { enum: ['Paris', 'Rome'] } }, required: ['city'] } }];
+    const rq = await client.responses.create({ model, input: 'weather?', tools: etools, max_output_tokens: 250,
+        tool_choice: { type: 'function', name: 'get_weather' } });
+    const fq = rq.output.find((o) => o.type === 'function_call');
+    ok(fq && fq.name === 'get_weather' && ['Paris', 'Rome'].includes(JSON.parse(fq.arguments).city),
+       `responses: tool_choice naming a function forces its call (${JSON.stringify(rq.output)})`);
+    e = await status(client.responses.create({ model, input: 'x', tool_choice: 'required' }));
+    ok(e.status === 400 && e.err.param === 'tool_choice', 'responses: tool_choice required without tools refused');
+    // stored responses: retrieve, continue with previous_response_id, delete
+    const got = await client.responses.retrieve(r.id);
+    ok(got.id === r.id && got.output_text === r.output_text && got.store === true, 'responses: a stored response retrieved');
+    const next = await client.responses.create({ model, input: 'and then', previous_response_id: r.id,
+        max_output_tokens: 4, temperature: 0 });
+    const cn = await client.chat.completions.create({ model, max_tokens: 4, temperature: 0, messages: [...input,
+        { role: 'assistant', content: r.output_text }, { role: 'user', content: 'and then' }] });
+    ok(next.previous_response_id === r.id && next.usage.input_tokens === cn.usage.prompt_tokens &&
+       next.output_text === cn.choices[0].message.content,
+       `responses: previous_response_id continues the stored conversation (${next.usage.input_tokens} vs ${cn.usage.prompt_tokens})`);
+    const del = await (client.responses.delete ?? client.responses.del).call(client.responses, r.id);
+    ok(del === undefined || del === null || del.deleted === true || typeof del === 'object', 'responses: delete');
+    e = await status(client.responses.retrieve(r.id));
+    ok(e.status === 404, `responses: a deleted response is gone (${e.status})`);
     e = await status(client.responses.create({ model, input: 'x', previous_response_id: r.id }));
-    ok(e.status === 400 && e.err.param === 'previous_response_id', 'responses: previous_response_id refused');
+    ok(e.status === 400 && e.err.param === 'previous_response_id', 'responses: previous_response_id of a deleted response refused');
+    const nostore = await client.responses.create({ model, input: 'x', max_output_tokens: 2, store: false });
+    e = await status(client.responses.retrieve(nostore.id));
+    ok(nostore.store === false && e.status === 404, 'responses: store false keeps nothing');
 }
 
 async function errors(model) {

@@ -328,6 +328,12 @@ req GET /v1/nothing
 check "unknown path 404" eq "$(code)" 404
 req GET /v1/chat/completions
 check "wrong method 405" eq "$(code)" 405
+req DELETE /v1/models
+check "DELETE where it is not taken: 405" eq "$(code)" 405
+req DELETE /v1/responses/resp_nope
+check "DELETE of no stored response: 404" eq "$(code)" 404
+req GET /v1/responses/resp_nope
+check "GET of no stored response: 404" eq "$(code) $(py "$T/out" '"resp_nope" in d["error"]["message"]')" "404 True"
 check "error shape has all four keys" eq "$(py "$T/out" 'sorted(d["error"])')" "['code', 'message', 'param', 'type']"
 
 # ---- stats and metrics -----------------------------------------------------------------------
