@@ -17,7 +17,7 @@
  *                [--chat-template NAME|FILE] [--chat-template-file FILE]
  *                [--chat-template-kwargs JSON] [--reasoning on|off|auto]
  *                [--reasoning-format none|auto|deepseek|deepseek-legacy]
- *                [--reasoning-budget -1|0]
+ *                [--reasoning-budget N]
  *
  * Environment (flags win): INFERENCE_MODEL_NAME (model path),
  * INFERENCE_HOST, INFERENCE_PORT, LMSERV_API_KEY.
@@ -84,6 +84,7 @@ typedef struct serve_opts {
     bool lora_no_apply;        /* --lora-init-without-apply */
     const char *lora_dir;
     const char *chat_template, *tpl_kwargs, *reasoning, *reasoning_format;
+    int32_t reasoning_budget;  /* --reasoning-budget N > 0, else -1 */
     double grace_s, thermal_limit, min_tps, timeout_s;
     bool log_prompts;
     char default_model[1024];
@@ -110,6 +111,7 @@ static void defaults(serve_opts *o)
     o->log_level = "info";
     o->thermal_limit = 80;
     o->stall_ms = 120000;
+    o->reasoning_budget = -1;
 }
 
 static bool int_flag(int argc, char **argv, int *i, serve_opts *o, bool *ok)
@@ -177,9 +179,11 @@ static int parse(int argc, char **argv, serve_opts *o)
             ok = i + 1 < argc && args_float(a, argv[++i], 0, 1e6, &o->min_tps);
         else if (!strcmp(a, "--reasoning-budget")) {
             int64_t b;
-            ok = i + 1 < argc && args_int(a, argv[++i], -1, 0, &b);
+            ok = i + 1 < argc && args_int(a, argv[++i], -1, INT32_MAX, &b);
             if (ok && b == 0)
                 o->reasoning = "off"; /* no thoughts at all: thinking switched off */
+            else if (ok)
+                o->reasoning_budget = (int32_t)b;
         } else if (!strcmp(a, "--log-prompts"))
             o->log_prompts = true;
         else if (!strcmp(a, "--lora-init-without-apply"))
@@ -411,6 +415,7 @@ static int start_server(const serve_opts *o, lms_route_cfg *route, lms_server **
         .thermal = g_ops.thermal, .min_tps = o->min_tps, .log_prompts = o->log_prompts,
         .request_timeout_ms = o->timeout_s * 1000.0, .lora_dir = o->lora_dir,
         .chat_template_kwargs = o->tpl_kwargs, .reasoning = o->reasoning,
+        .reasoning_budget = o->reasoning_budget,
         .reasoning_format = o->reasoning_format,
     };
     char err[256];

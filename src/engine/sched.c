@@ -86,7 +86,15 @@ typedef struct sreq {
     int32_t n_drafted, n_accepted;
     lms_event *final;        /* the terminal event, allocated at submit so
                               * that it can always be sent */
+    /* reasoning budget (lms_request.think_close) */
+    int think;               /* THINK_*: where the reply is */
+    int32_t think_n;         /* tokens drawn in the thoughts */
+    char think_text[16];     /* the last bytes of the reply (the tags), NUL-ended */
+    int32_t *force;          /* think_close, copied; NULL: no budget */
+    int32_t n_force, i_force; /* forcing while i_force < n_force (i_force: the next) */
 } sreq;
+
+enum { THINK_START, THINK_IN, THINK_OUT, THINK_FORCING };
 
 struct lms_sched {
     lms_model *m;
@@ -186,6 +194,7 @@ static void sreq_free(lms_sched *s, sreq *q)
         lms_lora_release(q->lora.use[i].lora);
     lms_sampler_destroy(q->smp);
     lms_stopstr_deinit(&q->stop);
+    free(q->force);
     for (int i = 0; i < LMS_MAX_STOP; i++)
         free(q->stops[i]);
     free(q->tokens);
@@ -358,6 +367,13 @@ static int check_request(const lms_sched *s, const lms_request *r, char *err, si
     }
     if (r->n_logprobs < 0 || r->n_logprobs > LMS_MAX_LOGPROBS)
         return lms_errf(err, errsz, LMS_ERR_INVAL, "logprobs must be in [0, %d]", LMS_MAX_LOGPROBS);
+    if (r->think_close && (r->n_think_close < 1 || r->n_think_close > 64 || r->think_budget < 0))
+        return lms_errf(err, errsz, LMS_ERR_INVAL, "the reasoning budget needs 1 to 64 closing "
+                        "tokens and a budget >= 0");
+    for (int32_t i = 0; r->think_close && i < r->n_think_close; i++)
+        if (r->think_close[i] < 0 || r->think_close[i] >= n_vocab)
+            return lms_errf(err, errsz, LMS_ERR_RANGE, "closing token id %d is not in [0, %d)",
+                            r->think_close[i], n_vocab);
     if (r->n_loras < 0 || r->n_loras > LMS_LORA_MAX || (r->n_loras > 0 && !r->loras))
         return lms_errf(err, errsz, LMS_ERR_LIMIT, "at most %d LoRA adapters per request",
                         LMS_LORA_MAX);
@@ -414,6 +430,16 @@ static sreq *sreq_new(const lms_sched *s, const lms_request *r, const lms_lora_s
             memcpy(q->grammar, r->grammar, n);
     }
     q->r.grammar = q->grammar;
+    if (ok && r->think_close && r->n_think_close > 0 && !q->r.json && !q->grammar) {
+        ok = (q->force = malloc((size_t)r->n_think_close * sizeof *q->force)) != NULL;
+        if (ok)
+            memcpy(q->force, r->think_close, (size_t)r->n_think_close * sizeof *q->force);
+        q->n_force = r->n_think_close;
+    }
+    q->think = q->force && r->think_open ? THINK_IN : q->force ? THINK_START : THINK_OUT;
+    if (q->think == THINK_IN && r->think_budget == 0)
+        q->think = THINK_FORCING; /* no thoughts at all: closed at once */
+    q->r.think_close = q->force;
     for (int i = 0; i < r->n_stop && ok; i++)
         ok = (q->stops[i] = strdup(r->stop[i])) != NULL;
     if (!ok) {
@@ -423,6 +449,7 @@ static sreq *sreq_new(const lms_sched *s, const lms_request *r, const lms_lora_s
         free(q->final);
         free(q->schema);
         free(q->grammar);
+        free(q->force);
         free(q);
         return NULL;
     }
@@ -533,6 +560,10 @@ static bool constrained(const sreq *q)
  * allows none. */
 static int32_t sample_row(sreq *q, const float *logits, float *prob)
 {
+    if (q->think == THINK_FORCING) { /* the reasoning budget is spent: its closing tokens */
+        *prob = 1.0f;
+        return q->force[q->i_force];
+    }
     return q->cons ? lms_constraint_sample(q->cons, q->smp, logits, prob)
                    : lms_sampler_sample(q->smp, logits, prob);
 }
@@ -847,6 +878,52 @@ static void register_blocks(lms_sched *s, sreq *q)
     }
 }
 
+/* ---- reasoning budget -------------------------------------------------------- */
+
+/* Token tok (its text piece[0, n)) was taken: follows the reply in and out
+ * of its thoughts, and starts the closing tokens when the budget is spent. */
+static void think_track(sreq *q, int32_t tok, const char *piece, size_t n)
+{
+    if (q->think == THINK_OUT)
+        return;
+    if (q->think == THINK_FORCING) {
+        if (tok == q->force[q->i_force] && ++q->i_force == q->n_force)
+            q->think = THINK_OUT;
+        return;
+    }
+    /* the last 15 bytes of the reply, for the tags */
+    size_t len = strlen(q->think_text);
+    for (size_t i = 0; i < n; i++) {
+        if (len == sizeof q->think_text - 1) {
+            memmove(q->think_text, q->think_text + 1, --len);
+        }
+        q->think_text[len++] = piece[i];
+    }
+    q->think_text[len] = 0;
+    if (q->think == THINK_START) {
+        const char *t = q->think_text;
+        while (*t == ' ' || *t == '\n' || *t == '\t' || *t == '\r')
+            t++;
+        static const char open[] = "<think>";
+        const size_t k = strlen(t) < sizeof open - 1 ? strlen(t) : sizeof open - 1;
+        if (strncmp(t, open, k) != 0 || q->n_gen > 16)
+            q->think = THINK_OUT; /* the reply does not think */
+        else if (k == sizeof open - 1)
+            q->think = THINK_IN, q->think_text[0] = 0;
+        else
+            return;
+        if (q->think == THINK_OUT)
+            return;
+    } else if (strstr(q->think_text, "</think>")) {
+        q->think = THINK_OUT;
+        return;
+    } else {
+        q->think_n++;
+    }
+    if (q->think_n >= q->r.think_budget)
+        q->think = THINK_FORCING, q->i_force = 0;
+}
+
 /* Streams a generated token (sampled with probability prob); returns a
  * finish reason or NULL to go on. */
 static const char *handle_token(lms_sched *s, sreq *q, int32_t tok, float prob)
@@ -863,6 +940,7 @@ static const char *handle_token(lms_sched *s, sreq *q, int32_t tok, float prob)
         return "stop";
     }
     int n = lms_detok_push(&q->detok, tok, q->piece, q->piece_cap);
+    think_track(q, tok, q->piece, n > 0 ? (size_t)n : 0);
     const char *out;
     size_t n_out;
     bool hit = lms_stopstr_feed(&q->stop, q->piece, n > 0 ? (size_t)n : 0, &out, &n_out);

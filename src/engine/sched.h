@@ -163,6 +163,16 @@ typedef struct lms_request {
      * the scheduler's, < 0: none), p_min (0: the scheduler's, < 0: none). */
     int32_t spec_n_max, spec_n_min;
     float spec_p_min;
+    /* Reasoning budget (thinking models, <think> ... </think>): with
+     * think_close set (n_think_close tokens, copied), once think_budget
+     * tokens of thoughts are drawn the next ones are think_close (e.g. the
+     * tokens of "\n</think>\n\n"), ending the thoughts; then sampling goes on.
+     * The thoughts start with the reply when think_open (the prompt opened
+     * them), else where the reply opens with "<think>"; they end at the
+     * first "</think>". NULL: no budget. Not with json or grammar. */
+    const int32_t *think_close;
+    int32_t n_think_close, think_budget;
+    bool think_open;
     lms_event_fn cb;
     void *user;
 } lms_request;

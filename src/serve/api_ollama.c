@@ -490,6 +490,8 @@ static int generate(conn *c, json_t *body, bool chat)
     int think = -1;
     if (rc == 0 && (rc = prompt_tokens(c, body, chat, gp.max_tokens, &toks, &n, &open, &e)) == 0)
         rc = parse_think(body, &think, &e);
+    if (rc == 0 && !json && !schema)
+        rc = api_think_budget(c, &gp, open, &e);
     oll_job *j = rc == 0 ? calloc(1, sizeof *j) : NULL;
     if (rc == 0 && !j)
         rc = reqerr_set(&e, 503, NULL, "out of memory");

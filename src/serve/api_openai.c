@@ -748,6 +748,8 @@ static int parse_chat(conn *c, const json_t *body, gen_resp *r, gen_prompt *pr, 
      * may write them: it is the user's) */
     if (r->json)
         r->think_open = false;
+    else if (rc == 0)
+        rc = api_think_budget(c, &r->gp, r->think_open, e);
     return rc;
 }
 

@@ -750,6 +750,8 @@ int api_responses(conn *c, json_t *body)
         rc = chatfmt_tokens(xfmt(c->x), c->x->model, &in, &toks, &n, &open, &e);
     json_decref(msgs);
     json_decref(kw);
+    if (rc == 0 && !json)
+        rc = api_think_budget(c, &gp, open, &e);
     resp_job *j = rc == 0 ? calloc(1, sizeof *j) : NULL;
     if (rc == 0 && !j)
         rc = reqerr_set(&e, 503, NULL, "out of memory");

@@ -283,3 +283,20 @@ int chatfmt_tokens(const chatfmt *cf, const lms_model *m, const chat_in *in, int
     free(text);
     return rc;
 }
+
+int api_think_budget(conn *c, genparams *gp, bool open, reqerr *e)
+{
+    const int32_t srv = c->srv->p.reasoning_budget > 0 ? c->srv->p.reasoning_budget : -1;
+    const int32_t budget = gp->reasoning_budget == -2 ? srv : gp->reasoning_budget;
+    gp->think_open = open;
+    if (budget < 0 || gp->grammar)
+        return 0;
+    static const char close[] = "\n</think>\n\n";
+    free(gp->think_close);
+    gp->think_close = NULL;
+    if (tokenize(c->x->model, close, sizeof close - 1, false, true, &gp->think_close,
+                 &gp->n_think_close, e) < 0)
+        return -1;
+    gp->reasoning_budget = budget;
+    return 0;
+}

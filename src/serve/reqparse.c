@@ -220,6 +220,7 @@ void genparams_init(genparams *gp, uint64_t seed)
     gp->sp = lms_sampler_defaults();
     gp->sp.seed = seed;
     gp->max_tokens = -1;
+    gp->reasoning_budget = -2;
 }
 
 void genparams_deinit(genparams *gp)
@@ -229,6 +230,9 @@ void genparams_deinit(genparams *gp)
     gp->n_stop = 0;
     free(gp->grammar);
     gp->grammar = NULL;
+    free(gp->think_close);
+    gp->think_close = NULL;
+    gp->n_think_close = 0;
 }
 
 json_t *reqparse_upstream(const json_t *o)
@@ -269,6 +273,8 @@ lms_request genparams_request(const genparams *gp, const int32_t *toks, int32_t 
         .loras = gp->n_loras ? gp->loras : NULL, .n_loras = gp->n_loras,
         .spec_n_max = gp->spec_n_max, .spec_n_min = gp->spec_n_min, .spec_p_min = gp->spec_p_min,
         .grammar = gp->grammar,
+        .think_close = gp->think_close, .n_think_close = gp->n_think_close,
+        .think_budget = gp->reasoning_budget, .think_open = gp->think_open,
     };
     return r;
 }
@@ -457,6 +463,10 @@ int reqparse_gen(const json_t *o, genparams *gp, reqerr *e)
     if (reqparse_num(o, "timeout", 0.001, 86400, &tmo, e) < 0)
         return -1;
     gp->timeout_ms = tmo * 1000.0;
+    if ((rc = reqparse_int(o, "reasoning_budget", -1, INT32_MAX, &x, e)) < 0)
+        return -1;
+    if (rc)
+        gp->reasoning_budget = (int32_t)x;
     return parse_grammar(o, gp, e) < 0 ? -1 : parse_stop(o, gp, e);
 }
 

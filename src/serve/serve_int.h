@@ -128,6 +128,11 @@ typedef struct genparams {
     int32_t spec_n_max, spec_n_min; /* "speculative.n_max" / "n_min" / "p_min", as lms_request */
     float spec_p_min;
     struct lms_gbnf *grammar;    /* "grammar" (GBNF text), compiled; owned */
+    int32_t reasoning_budget;    /* "reasoning_budget": tokens of thoughts (-1 unlimited, -2
+                                  * not given: the server's --reasoning-budget) */
+    int32_t *think_close;        /* api_think_budget: the tokens closing thoughts; owned */
+    int32_t n_think_close;
+    bool think_open;             /* the prompt opened the thoughts */
 } genparams;
 
 /* Reads temperature (or `temp`), top_k, top_p, min_p, typical_p, mirostat
@@ -150,6 +155,11 @@ void genparams_deinit(genparams *gp);
 /* The scheduler request for a prompt under these parameters (borrows gp's
  * stop strings and toks until submitted). */
 lms_request genparams_request(const genparams *gp, const int32_t *toks, int32_t n);
+/* A chat whose prompt opened its thoughts (open) or whose reply may: the
+ * reasoning budget of the request (else the server's) as gp's closing
+ * tokens ("\n</think>\n\n"); nothing when unlimited. -1 with e filled.
+ * chatfmt.c. */
+int api_think_budget(conn *c, genparams *gp, bool open, reqerr *e);
 
 /* ---- chat template (chatfmt.c) ---------------------------------------------- */
 

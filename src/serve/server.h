@@ -56,6 +56,10 @@ typedef struct lms_server_params {
                                * request gets under its own chat_template_kwargs (NULL: none) */
     const char *reasoning;    /* "on" / "off": enable_thinking true / false for every chat
                                * (over chat_template_kwargs); NULL or "auto": the template's */
+    int32_t reasoning_budget; /* tokens of thoughts a chat reply may write before they are
+                               * closed ("\n</think>\n\n" forced); <= 0: no limit (no
+                               * thoughts at all is --reasoning off, set through
+                               * `reasoning`); a request's "reasoning_budget" wins */
     const char *reasoning_format; /* thoughts (<think>...</think>) in chat replies: "none",
                                * "deepseek", "deepseek-legacy"; NULL or "auto": deepseek */
 } lms_server_params;

@@ -53,6 +53,20 @@ check "an unknown reasoning_format: 400 naming it" eq "$(code) $(py "$T/out" 'd[
 req POST /v1/chat/completions -d "{$MSG,\"chat_template_kwargs\":[1]}"
 check "chat_template_kwargs not an object: 400 naming it" eq "$(code) $(py "$T/out" 'd["error"]["param"]')" "400 chat_template_kwargs"
 
+# the reasoning budget: after N tokens of thoughts "\n</think>\n\n" is forced, then the answer
+req POST /v1/chat/completions -d "{$MSG,\"max_tokens\":12,\"temperature\":0}"
+py "$T/out" 'd["choices"][0]["message"]["reasoning_content"]' >"$T/free"
+req POST /v1/chat/completions -d "{$MSG,\"max_tokens\":12,\"temperature\":0,\"reasoning_budget\":5}"
+check "reasoning_budget 5: the first thoughts, closed, then an answer" eq "$(py "$T/out" '(open(sys.argv[3]).read().startswith(d["choices"][0]["message"]["reasoning_content"]), 0 < len(d["choices"][0]["message"]["reasoning_content"]) < len(open(sys.argv[3]).read()), len(d["choices"][0]["message"]["content"]) > 0, d["usage"]["completion_tokens"])' "$T/free")" "(True, True, True, 12)"
+req POST /v1/chat/completions -d "{$MSG,\"max_tokens\":12,\"temperature\":0,\"reasoning_budget\":0}"
+check "reasoning_budget 0: no thoughts, only an answer" eq "$(py "$T/out" '("reasoning_content" in d["choices"][0]["message"], len(d["choices"][0]["message"]["content"]) > 0)')" "(False, True)"
+req POST /v1/chat/completions -d "{$MSG,\"max_tokens\":12,\"temperature\":0,\"reasoning_budget\":5}"
+BUDGET_PARTS=$(py "$T/out" 'repr(d["choices"][0]["message"]["reasoning_content"]) + " " + repr(d["choices"][0]["message"]["content"])')
+curl -sN "$BASE/v1/chat/completions" -d "{$MSG,\"max_tokens\":12,\"temperature\":0,\"reasoning_budget\":5,\"stream\":true}" >"$T/bsse"
+check "reasoning_budget streamed: the same thoughts and answer" eq "$(sse_field "$T/bsse" reasoning_content) $(sse_field "$T/bsse" content)" "$BUDGET_PARTS"
+req POST /v1/chat/completions -d "{$MSG,\"reasoning_budget\":-3}"
+check "a reasoning_budget under -1: 400 naming it" eq "$(code) $(py "$T/out" 'd["error"]["param"]')" "400 reasoning_budget"
+
 # Responses API: a reasoning item before the message
 req POST /v1/responses -d "{\"input\":\"hi\",\"max_output_tokens\":40,\"temperature\":0,$G_OPEN}"
 check "responses: a reasoning item, then the message" eq "$(py "$T/out" '[o["type"] for o in d["output"]]')" "['reasoning', 'message']"
@@ -94,6 +108,14 @@ N_ON=$(py "$T/out" 'd["prompt_eval_count"]')
 check "ollama think false renders the closed empty block (4 more prompt tokens or so)" eq "$([ "$N_OFF" -gt "$N_ON" ] && echo yes)" yes
 req POST /api/chat -d "{\"model\":\"qwen3-synth-f16\",$MSG,\"think\":\"maybe\"}"
 check "ollama think of another kind: 400" eq "$(code) $(py "$T/out" '"think" in d["error"]')" "400 True"
+stop_server
+
+# ---- --reasoning-budget: the server's budget, a request's wins ---------------------------
+start_serve -m "$QWEN" -c 512 --chat-template-file "$TPL/Qwen3.5-4B.jinja" --reasoning-budget 5
+req POST /v1/chat/completions -d "{$MSG,\"max_tokens\":12,\"temperature\":0}"
+check "--reasoning-budget 5 closes the thoughts after 5 tokens" eq "$(py "$T/out" '(open(sys.argv[3]).read().startswith(d["choices"][0]["message"]["reasoning_content"]), len(d["choices"][0]["message"]["content"]) > 0)' "$T/free")" "(True, True)"
+req POST /v1/chat/completions -d "{$MSG,\"max_tokens\":12,\"temperature\":0,\"reasoning_budget\":-1}"
+check "a request's reasoning_budget -1 lifts it" eq "$(py "$T/out" 'd["choices"][0]["message"]["reasoning_content"]')" "$(cat "$T/free")"
 stop_server
 
 # ---- a template whose reply opens the thoughts (Qwen3); --reasoning off -----------------
