@@ -87,6 +87,72 @@ static json_t *load(const char *s, size_t n, size_t *used)
     return j;
 }
 
+/* A parameter's text as a JSON value: itself where it reads as JSON (an
+ * object, array, number, true, false, null), else the string. */
+static json_t *xml_value(const char *s, size_t n)
+{
+    json_t *v = json_loadb(s, n, JSON_DECODE_ANY, NULL);
+    return v && !json_is_string(v) ? v : (json_decref(v), json_stringn(s, n));
+}
+
+/* The XML form inside a <tool_call> block (Qwen3-Coder, Qwen3.5):
+ *   <function=NAME>
+ *   <parameter=KEY>
+ *   VALUE (any text, several lines)
+ *   </parameter>
+ *   ...
+ *   </function>
+ * Returns 1 added, 0 not this form (or incomplete), < 0 out of memory. */
+static int add_xml_call(toolcalls *tc, const char *s, size_t n)
+{
+    static const char FN[] = "<function=", PAR[] = "<parameter=", PAR_END[] = "</parameter>",
+                      FN_END[] = "</function>";
+    size_t i = text_skip_space(s, 0, n);
+    if (!starts_with(s + i, n - i, FN, LIT_LEN(FN)))
+        return 0;
+    i += LIT_LEN(FN);
+    size_t e = find(s + i, n - i, ">", 1);
+    if (e == 0 || i + e >= n)
+        return 0;
+    json_t *call = json_pack("{s:s%, s:{}}", "name", s + i, e, "arguments");
+    json_t *args = json_object_get(call, "arguments");
+    int rc = 1;
+    for (i += e + 1; rc == 1;) {
+        i = text_skip_space(s, i, n);
+        if (i == n || starts_with(s + i, n - i, FN_END, LIT_LEN(FN_END)))
+            break;
+        if (!starts_with(s + i, n - i, PAR, LIT_LEN(PAR))) {
+            rc = 0;
+            break;
+        }
+        i += LIT_LEN(PAR);
+        const size_t k = find(s + i, n - i, ">", 1);
+        if (i + k >= n) {
+            rc = 0;
+            break;
+        }
+        char *key = strndup(s + i, k);
+        i += k + 1;
+        size_t v = i, ve = i + find(s + i, n - i, PAR_END, LIT_LEN(PAR_END));
+        if (ve >= n || !key) { /* a parameter still being written */
+            free(key);
+            rc = key ? 0 : -1;
+            break;
+        }
+        i = ve + LIT_LEN(PAR_END);
+        if (v < ve && s[v] == '\n') /* the template's line breaks around the value */
+            v++;
+        if (ve > v && s[ve - 1] == '\n')
+            ve--;
+        json_object_set_new(args, key, xml_value(s + v, ve - v));
+        free(key);
+    }
+    if (rc == 1)
+        rc = add_call(tc, call);
+    json_decref(call);
+    return rc;
+}
+
 /* `<tool_call>` blocks from offset i on; text after the last block is
  * dropped. Returns > 0 calls read, 0 not this form, < 0 out of memory. */
 static int parse_tags(const char *s, size_t n, size_t i, toolcalls *tc)
@@ -96,7 +162,7 @@ static int parse_tags(const char *s, size_t n, size_t i, toolcalls *tc)
         i += LIT_LEN(TAG_OPEN);
         size_t body = find(s + i, n - i, TAG_CLOSE, LIT_LEN(TAG_CLOSE));
         json_t *o = load(s + i, body, NULL);
-        int rc = add_call(tc, o);
+        int rc = o ? add_call(tc, o) : add_xml_call(tc, s + i, body);
         json_decref(o);
         if (rc <= 0)
             return rc;

@@ -7,6 +7,10 @@
  *   - tags: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one
  *     block per call, possibly after some text (Qwen2/2.5/3, Hermes,
  *     SmolLM3; the closing tag may be missing at the end of the reply);
+ *     inside the tags also the XML form of Qwen3-Coder and Qwen3.5,
+ *     `<function=NAME>` then `<parameter=KEY>\nVALUE\n</parameter>` per
+ *     argument and `</function>` (a value that reads as JSON other than a
+ *     string is taken as that value, any other text as a string);
  *   - a bare JSON object `{"name": ..., "parameters"|"arguments": {...}}`
  *     (Llama 3.x; several may follow each other, separated by `;`);
  *   - a JSON array of such objects, optionally after `[TOOL_CALLS]`

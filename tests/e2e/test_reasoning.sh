@@ -67,6 +67,17 @@ check "reasoning_budget streamed: the same thoughts and answer" eq "$(sse_field 
 req POST /v1/chat/completions -d "{$MSG,\"reasoning_budget\":-3}"
 check "a reasoning_budget under -1: 400 naming it" eq "$(code) $(py "$T/out" 'd["error"]["param"]')" "400 reasoning_budget"
 
+# Qwen3.5's tool calls: the XML form inside <tool_call>, after the thoughts
+TOOLS='"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"},"days":{"type":"integer"}}}}}]'
+G_CALL='"grammar":"root ::= \"sunny?\\n</think>\\n\\n<tool_call>\\n<function=get_weather>\\n<parameter=city>\\n\" (\"Paris\" | \"Rome\") \"\\n</parameter>\\n<parameter=days>\\n\" [1-9] \"\\n</parameter>\\n</function>\\n</tool_call>\""'
+req POST /v1/chat/completions -d "{$MSG,$TOOLS,\"max_tokens\":80,$G_CALL}"
+check "Qwen3.5 XML call: thoughts apart, the call with typed arguments" eq "$(py "$T/out" '(d["choices"][0]["finish_reason"], d["choices"][0]["message"]["reasoning_content"], d["choices"][0]["message"]["content"], d["choices"][0]["message"]["tool_calls"][0]["function"]["name"], sorted(json.loads(d["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"])), type(json.loads(d["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"])["days"]).__name__)')" "('tool_calls', 'sunny?', None, 'get_weather', ['city', 'days'], 'int')"
+curl -sN "$BASE/v1/chat/completions" -d "{$MSG,$TOOLS,\"max_tokens\":80,$G_CALL,\"stream\":true}" >"$T/csse"
+check "Qwen3.5 XML call streamed: thoughts, no content, one tool_calls delta" eq "$(python3 -c 'import json,sys
+ch=[json.loads(l[6:]) for l in open(sys.argv[1]) if l.startswith("data: {")]
+d=[c["choices"][0]["delta"] for c in ch if c["choices"]]
+print(("".join(x.get("reasoning_content","") for x in d), "".join(x.get("content") or "" for x in d), [t["function"]["name"] for x in d for t in x.get("tool_calls",[])], ch[-1]["choices"][0]["finish_reason"]))' "$T/csse")" "('sunny?', '', ['get_weather'], 'tool_calls')"
+
 # Responses API: a reasoning item before the message
 req POST /v1/responses -d "{\"input\":\"hi\",\"max_output_tokens\":40,\"temperature\":0,$G_OPEN}"
 check "responses: a reasoning item, then the message" eq "$(py "$T/out" '[o["type"] for o in d["output"]]')" "['reasoning', 'message']"

@@ -38,6 +38,37 @@ static void test_tags(void **state)
     toolcalls_free(&tc);
 }
 
+/* Qwen3-Coder / Qwen3.5: <function=...> with <parameter=...> inside the tags */
+static void test_xml(void **state)
+{
+    (void)state;
+    toolcalls tc = parse("I'll check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\n"
+                         "New York\n</parameter>\n<parameter=days>\n3\n</parameter>\n"
+                         "<parameter=opts>\n{\"unit\": \"C\", \"hourly\": true}\n</parameter>\n"
+                         "<parameter=note>\nline one\nline two\n</parameter>\n</function>\n"
+                         "</tool_call>\n<tool_call>\n<function=now>\n</function>\n</tool_call>");
+    assert_int_equal(tc.n, 2);
+    assert_int_equal(tc.content_len, strlen("I'll check."));
+    assert_string_equal(tc.v[0].name, "get_weather");
+    assert_string_equal(tc.v[0].arguments, "{\"city\":\"New York\",\"days\":3,\"opts\":{\"unit\":"
+                                           "\"C\",\"hourly\":true},\"note\":\"line one\\nline two\"}");
+    assert_string_equal(tc.v[1].name, "now");
+    assert_string_equal(tc.v[1].arguments, "{}");
+    toolcalls_free(&tc);
+    /* the reply ended before </function> and </tool_call>: the call stands */
+    tc = parse("<tool_call>\n<function=f>\n<parameter=a>\nx\n</parameter>\n");
+    assert_int_equal(tc.n, 1);
+    assert_string_equal(tc.v[0].arguments, "{\"a\":\"x\"}");
+    toolcalls_free(&tc);
+    /* a parameter cut mid-way, or stray text: no call, all content */
+    tc = parse("<tool_call>\n<function=f>\n<parameter=a>\nx");
+    assert_int_equal(tc.n, 0);
+    tc = parse("<tool_call>\n<function=f>\nhello\n</function>\n</tool_call>");
+    assert_int_equal(tc.n, 0);
+    tc = parse("<tool_call>\n<function=>\n</function>\n</tool_call>");
+    assert_int_equal(tc.n, 0);
+}
+
 static void test_bare_json(void **state)
 {
     (void)state;
@@ -114,6 +145,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tags),
+        cmocka_unit_test(test_xml),
         cmocka_unit_test(test_bare_json),
         cmocka_unit_test(test_not_calls),
         cmocka_unit_test(test_stream_hold),
