@@ -178,6 +178,7 @@ static void stats_of(const sreq *q, const char *finish, lms_req_stats *st)
     st->tps = q->n_gen > 1 && now > q->t_first ? (q->n_gen - 1) * 1000.0 / (now - q->t_first) : 0;
     st->finish = finish;
     st->stop_word = q->stop.hit;
+    st->stop_index = q->stop.hit ? q->stop.hit_index : -1;
     st->n_drafted = q->n_drafted;
     st->n_accepted = q->n_accepted;
 }

@@ -90,6 +90,7 @@ typedef struct lms_req_stats {
     double tps;            /* generated tokens per second after the first */
     const char *finish;    /* "stop", "length", "abort", "deadline" (static) */
     bool stop_word;        /* "stop" came from one of the request's stop strings (not EOS) */
+    int stop_index;        /* then which: its index in lms_request.stop */
     int32_t n_drafted;     /* speculative decoding: tokens proposed */
     int32_t n_accepted;    /* of which the target took */
 } lms_req_stats;

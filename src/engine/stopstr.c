@@ -21,7 +21,7 @@ int lms_stopstr_init(lms_stopstr *m, const char *const *stop, int n_stop)
             lms_stopstr_deinit(m);
             return n > 1024 ? LMS_ERR_LIMIT : LMS_ERR_NOMEM;
         }
-        m->n_stop++;
+        m->index[m->n_stop++] = (signed char)i;
         m->max_len = n > m->max_len ? n : m->max_len;
     }
     return 0;
@@ -86,8 +86,10 @@ bool lms_stopstr_feed(lms_stopstr *m, const char *text, size_t n, const char **o
     size_t cut = m->n_held;
     for (int i = 0; i < m->n_stop; i++) {
         const char *hit = memmem(m->held, m->n_held, m->stop[i], strlen(m->stop[i]));
-        if (hit && (size_t)(hit - m->held) < cut)
+        if (hit && (size_t)(hit - m->held) < cut) {
             cut = (size_t)(hit - m->held);
+            m->hit_index = m->index[i];
+        }
     }
     *out = m->held;
     if (cut < m->n_held) {

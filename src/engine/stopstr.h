@@ -25,6 +25,9 @@ typedef struct lms_stopstr {
     size_t n_held, cap_held;
     size_t shift;             /* bytes at the front of held already emitted */
     bool hit;
+    int hit_index;            /* after a hit: which stop string, by its index in the
+                               * list given to init */
+    signed char index[LMS_MAX_STOP]; /* stop[i] was given at index[i] */
 } lms_stopstr;
 
 /* Copies the stop strings (empty ones are ignored). < 0 on bad input. */

@@ -379,13 +379,8 @@ static void resp_on_event(task *t, const lms_event *ev, double t_ms)
     }
     if (ev->type != LMS_EV_END && ev->type != LMS_EV_ERROR)
         return;
-    const char *f = ev->stats.finish;
-    const bool failed = ev->type == LMS_EV_ERROR || (f && !strcmp(f, "abort"));
     reqerr e;
-    if (failed)
-        reqerr_set(&e, ev->type == LMS_EV_ERROR ? task_error_status(t, ev) : 503, NULL, "%s",
-                   ev->type == LMS_EV_ERROR ? ev->message : "the generation was aborted");
-    if (failed) {
+    if (task_end_failed(t, ev, &e)) {
         if (!j->stream)
             http_reply_err(c, &e);
         else {

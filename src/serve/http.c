@@ -86,6 +86,8 @@ static const route routes[] = {
     {"/v1/completions", false, false, NULL, api_completions, NULL},
     {"/v1/responses", false, false, NULL, api_responses, NULL},
     {"/v1/responses/", true, false, get_response, NULL, delete_response},
+    {"/v1/messages", false, false, NULL, api_anthropic_messages, NULL},
+    {"/v1/messages/count_tokens", false, false, NULL, api_anthropic_count, NULL},
     {"/completions", false, false, NULL, api_completions, NULL},
     {"/v1/embeddings", false, false, NULL, api_embeddings, NULL},
     {"/embeddings", false, false, NULL, api_embeddings, NULL},
@@ -278,7 +280,11 @@ static bool authorized(conn *c)
     if (!s->api_key)
         return true;
     char buf[512];
-    int n = lws_hdr_copy(c->wsi, buf, sizeof buf, WSI_TOKEN_HTTP_AUTHORIZATION);
+    /* Anthropic's clients send the key as x-api-key */
+    int n = lws_hdr_custom_copy(c->wsi, buf, sizeof buf, "x-api-key:", 10);
+    if (n > 0 && server_key_ok(s, buf, (size_t)n))
+        return true;
+    n = lws_hdr_copy(c->wsi, buf, sizeof buf, WSI_TOKEN_HTTP_AUTHORIZATION);
     if (n < 8 || strncasecmp(buf, "Bearer ", 7) != 0)
         return false;
     const char *k = buf + 7;
@@ -328,7 +334,8 @@ static int dispatch(conn *c, int method)
         t->discard = true;
         return reply_full(c, 204, "text/plain", "", 0,
                           "access-control-allow-methods: GET, POST, DELETE, OPTIONS\x0d\x0a"
-                          "access-control-allow-headers: authorization, content-type\x0d\x0a");
+                          "access-control-allow-headers: authorization, content-type, x-api-key, "
+                          "anthropic-version\x0d\x0a");
     }
     if ((method == LWSHUMETH_GET && !r->get) || (method == LWSHUMETH_POST && !r->post) ||
         (method == LWSHUMETH_DELETE && !r->del) ||

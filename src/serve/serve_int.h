@@ -395,6 +395,10 @@ task *task_submit(conn *c, lms_request *r, const task_ops *ops, void *state, req
  * text goes upstream as it is (route/remote.h). */
 task *task_submit_remote(conn *c, lms_remote_request *r, const task_ops *ops, void *state,
                          reqerr *e);
+/* Whether a terminal event ended t abnormally (an engine error, or an
+ * abort): then e holds the error to answer with (task_error_status, or
+ * 503 "the generation was aborted"). */
+bool task_end_failed(const task *t, const lms_event *ev, reqerr *e);
 /* The HTTP status of an LMS_EV_ERROR of t: 500 (the engine failed), or
  * for a remote expert the upstream's own 4xx, 504 (too slow) or 502. */
 int task_error_status(const task *t, const lms_event *ev);
@@ -545,6 +549,9 @@ int api_fim_prompt(const lms_expert *x, const char *prefix, const char *suffix,
                    int32_t n_predict, int32_t **toks, int32_t *n, reqerr *e);
 /* api_responses.c */
 int api_responses(conn *c, json_t *body);
+/* api_anthropic.c: POST /v1/messages and /v1/messages/count_tokens */
+int api_anthropic_messages(conn *c, json_t *body);
+int api_anthropic_count(conn *c, json_t *body);
 /* GET (del false) or DELETE /v1/responses/{id}: a stored response. */
 int api_responses_get(conn *c, const char *id, bool del);
 /* api_embeddings.c */

@@ -337,3 +337,13 @@ void task_sched_cb(void *user, lms_event *ev)
     }
     pthread_mutex_unlock(&s->mu);
 }
+
+bool task_end_failed(const task *t, const lms_event *ev, reqerr *e)
+{
+    const char *f = ev->stats.finish;
+    if (ev->type != LMS_EV_ERROR && !(f && !strcmp(f, "abort")))
+        return false;
+    reqerr_set(e, ev->type == LMS_EV_ERROR ? task_error_status(t, ev) : 503, NULL, "%s",
+               ev->type == LMS_EV_ERROR ? ev->message : "the generation was aborted");
+    return true;
+}

@@ -121,7 +121,7 @@ stop_server() {
 
 node_modules_ok() {
     local p
-    for p in openai ws playwright-core; do
+    for p in openai ws playwright-core @anthropic-ai/sdk; do
         [ -d "$E2E_DIR/node_modules/$p" ] || return 1
     done
 }

@@ -70,9 +70,9 @@ check "a reasoning_budget under -1: 400 naming it" eq "$(code) $(py "$T/out" 'd[
 # Qwen3.5's tool calls: the XML form inside <tool_call>, after the thoughts
 TOOLS='"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"},"days":{"type":"integer"}}}}}]'
 G_CALL='"grammar":"root ::= \"sunny?\\n</think>\\n\\n<tool_call>\\n<function=get_weather>\\n<parameter=city>\\n\" (\"Paris\" | \"Rome\") \"\\n</parameter>\\n<parameter=days>\\n\" [1-9] \"\\n</parameter>\\n</function>\\n</tool_call>\""'
-req POST /v1/chat/completions -d "{$MSG,$TOOLS,\"max_tokens\":80,$G_CALL}"
+req POST /v1/chat/completions -d "{$MSG,$TOOLS,\"max_tokens\":160,$G_CALL}"
 check "Qwen3.5 XML call: thoughts apart, the call with typed arguments" eq "$(py "$T/out" '(d["choices"][0]["finish_reason"], d["choices"][0]["message"]["reasoning_content"], d["choices"][0]["message"]["content"], d["choices"][0]["message"]["tool_calls"][0]["function"]["name"], sorted(json.loads(d["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"])), type(json.loads(d["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"])["days"]).__name__)')" "('tool_calls', 'sunny?', None, 'get_weather', ['city', 'days'], 'int')"
-curl -sN "$BASE/v1/chat/completions" -d "{$MSG,$TOOLS,\"max_tokens\":80,$G_CALL,\"stream\":true}" >"$T/csse"
+curl -sN "$BASE/v1/chat/completions" -d "{$MSG,$TOOLS,\"max_tokens\":160,$G_CALL,\"stream\":true}" >"$T/csse"
 check "Qwen3.5 XML call streamed: thoughts, no content, one tool_calls delta" eq "$(python3 -c 'import json,sys
 ch=[json.loads(l[6:]) for l in open(sys.argv[1]) if l.startswith("data: {")]
 d=[c["choices"][0]["delta"] for c in ch if c["choices"]]
@@ -101,6 +101,22 @@ assert [o["type"] for o in final["output"]] == ["reasoning", "message"]
 print("ok")
 PY
 check "responses streamed: reasoning_text deltas, then the message's, items in order" eq "$(cat "$T/rcheck")" ok
+# Anthropic's Messages API: a thinking block, then the text
+req POST /v1/messages -d "{$MSG,\"max_tokens\":40,\"temperature\":0,$G_OPEN}"
+check "messages: a thinking block, then the text block" eq "$(py "$T/out" '([b["type"] for b in d["content"]], d["content"][0]["thinking"], d["content"][1]["text"], d["stop_reason"])')" "(['thinking', 'text'], $(cat "$T/thoughts"), $(cat "$T/answer"), 'end_turn')"
+curl -sN "$BASE/v1/messages" -d "{$MSG,\"max_tokens\":40,\"temperature\":0,$G_OPEN,\"stream\":true}" >"$T/asse"
+check "messages streamed: thinking_delta pieces in block 0, text_delta in block 1" eq "$(python3 -c 'import json,sys
+ev=[json.loads(l[6:]) for l in open(sys.argv[1]) if l.startswith("data: ")]
+th="".join(e["delta"]["thinking"] for e in ev if e["type"]=="content_block_delta" and e["delta"]["type"]=="thinking_delta" and e["index"]==0)
+tx="".join(e["delta"]["text"] for e in ev if e["type"]=="content_block_delta" and e["delta"]["type"]=="text_delta" and e["index"]==1)
+print((th, tx, [e["content_block"]["type"] for e in ev if e["type"]=="content_block_start"], ev[-1]["type"]))' "$T/asse")" "($(cat "$T/thoughts"), $(cat "$T/answer"), ['thinking', 'text'], 'message_stop')"
+req POST /v1/messages -d "{$MSG,\"max_tokens\":12,\"temperature\":0,\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":5}}"
+check "messages thinking.budget_tokens 5: short thoughts, then text" eq "$(py "$T/out" '([b["type"] for b in d["content"]], open(sys.argv[3]).read().startswith(d["content"][0]["thinking"]))' "$T/free")" "(['thinking', 'text'], True)"
+req POST /v1/messages/count_tokens -d "{$MSG,\"thinking\":{\"type\":\"disabled\"}}"
+N_DIS=$(py "$T/out" 'd["input_tokens"]')
+req POST /v1/messages/count_tokens -d "{$MSG}"
+check "messages thinking disabled: the template's closed empty block (more prompt tokens)" eq "$([ "$N_DIS" -gt "$(py "$T/out" 'd["input_tokens"]')" ] && echo yes)" yes
+
 # a follow-up turn carrying the reasoning item back: it renders
 req POST /v1/responses -d '{"input":[{"role":"user","content":"hi"},{"type":"reasoning","id":"rs_1","summary":[],"content":[{"type":"reasoning_text","text":"greet"}]},{"role":"assistant","content":"hello"},{"role":"user","content":"again"}],"max_output_tokens":2}'
 check "responses: a reasoning input item is taken" eq "$(code)" 200
