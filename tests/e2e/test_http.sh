@@ -330,6 +330,19 @@ req GET /v1/chat/completions
 check "wrong method 405" eq "$(code)" 405
 req DELETE /v1/models
 check "DELETE where it is not taken: 405" eq "$(code)" 405
+# Anthropic's Messages API fed bad input: each a 400 in Anthropic's error shape
+for bad in '{"max_tokens":4,"messages":"x"}|messages' '{"max_tokens":4,"messages":[]}|messages' \
+           '{"max_tokens":4,"messages":[{"role":"user","content":5}]}|messages' \
+           '{"max_tokens":4,"messages":[{"role":"assistant","content":[{"type":"tool_use","name":"f"}]}]}|tool_use' \
+           '{"max_tokens":4,"messages":[{"role":"user","content":[{"type":"tool_result","content":"x"}]}]}|tool_result' \
+           '{"max_tokens":0,"messages":[{"role":"user","content":"x"}]}|max_tokens' \
+           '{"max_tokens":4,"system":7,"messages":[{"role":"user","content":"x"}]}|system' \
+           '{"max_tokens":4,"tools":[{"input_schema":{}}],"messages":[{"role":"user","content":"x"}]}|tools' \
+           '{"max_tokens":4,"tool_choice":{"type":"maybe"},"messages":[{"role":"user","content":"x"}]}|tool_choice' \
+           '{"max_tokens":4,"thinking":{"type":"on"},"messages":[{"role":"user","content":"x"}]}|thinking'; do
+    req POST /v1/messages -d "${bad%|*}"
+    check "messages: ${bad%|*} refused naming ${bad##*|}" eq "$(code) $(py "$T/out" '(d["type"], d["error"]["type"], sys.argv[3] in d["error"]["message"])' "${bad##*|}")" "400 ('error', 'invalid_request_error', True)"
+done
 req DELETE /v1/responses/resp_nope
 check "DELETE of no stored response: 404" eq "$(code)" 404
 req GET /v1/responses/resp_nope
