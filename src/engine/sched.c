@@ -179,6 +179,7 @@ static void stats_of(const sreq *q, const char *finish, lms_req_stats *st)
     st->finish = finish;
     st->stop_word = q->stop.hit;
     st->stop_index = q->stop.hit ? q->stop.hit_index : -1;
+    st->n_think = q->think_n;
     st->n_drafted = q->n_drafted;
     st->n_accepted = q->n_accepted;
 }
@@ -437,8 +438,8 @@ static sreq *sreq_new(const lms_sched *s, const lms_request *r, const lms_lora_s
             memcpy(q->force, r->think_close, (size_t)r->n_think_close * sizeof *q->force);
         q->n_force = r->n_think_close;
     }
-    q->think = q->force && r->think_open ? THINK_IN : q->force ? THINK_START : THINK_OUT;
-    if (q->think == THINK_IN && r->think_budget == 0)
+    q->think = r->embedding ? THINK_OUT : r->think_open ? THINK_IN : THINK_START;
+    if (q->force && q->think == THINK_IN && r->think_budget == 0)
         q->think = THINK_FORCING; /* no thoughts at all: closed at once */
     q->r.think_close = q->force;
     for (int i = 0; i < r->n_stop && ok; i++)
@@ -882,7 +883,8 @@ static void register_blocks(lms_sched *s, sreq *q)
 /* ---- reasoning budget -------------------------------------------------------- */
 
 /* Token tok (its text piece[0, n)) was taken: follows the reply in and out
- * of its thoughts, and starts the closing tokens when the budget is spent. */
+ * of its thoughts (counting their tokens: lms_req_stats.n_think), and with
+ * a reasoning budget starts the closing tokens when it is spent. */
 static void think_track(sreq *q, int32_t tok, const char *piece, size_t n)
 {
     if (q->think == THINK_OUT)
@@ -921,7 +923,7 @@ static void think_track(sreq *q, int32_t tok, const char *piece, size_t n)
     } else {
         q->think_n++;
     }
-    if (q->think_n >= q->r.think_budget)
+    if (q->force && q->think_n >= q->r.think_budget)
         q->think = THINK_FORCING, q->i_force = 0;
 }
 

@@ -84,6 +84,8 @@ typedef struct lms_req_stats {
     int32_t n_prompt;      /* prompt tokens */
     int32_t n_cached;      /* prompt tokens reused from the prefix cache */
     int32_t n_gen;         /* generated tokens */
+    int32_t n_think;       /* of which thoughts: between a <think> the reply (or, with
+                            * lms_request.think_open, the prompt) opened and its </think> */
     double queue_ms;       /* submit to first scheduled step */
     double ttft_ms;        /* submit to first token */
     double total_ms;       /* submit to end */
@@ -164,7 +166,10 @@ typedef struct lms_request {
      * the scheduler's, < 0: none), p_min (0: the scheduler's, < 0: none). */
     int32_t spec_n_max, spec_n_min;
     float spec_p_min;
-    /* Reasoning budget (thinking models, <think> ... </think>): with
+    /* Thinking models (<think> ... </think>): think_open says the prompt
+     * opened the thoughts (else they start where the reply opens with
+     * "<think>"); their tokens are counted (lms_req_stats.n_think).
+     * Reasoning budget: with
      * think_close set (n_think_close tokens, copied), once think_budget
      * tokens of thoughts are drawn the next ones are think_close (e.g. the
      * tokens of "\n</think>\n\n"), ending the thoughts; then sampling goes on.

@@ -337,10 +337,10 @@ static json_t *stop_sequence(const anth_job *j, const lms_req_stats *st, const t
 
 static json_t *usage(const lms_req_stats *st, int32_t n_prompt)
 {
-    return json_pack("{s:i, s:i, s:i, s:i}", "input_tokens",
+    return json_pack("{s:I, s:I, s:I, s:I}", "input_tokens",
                      (json_int_t)(st ? st->n_prompt - st->n_cached : n_prompt),
                      "cache_read_input_tokens", (json_int_t)(st ? st->n_cached : 0),
-                     "cache_creation_input_tokens", 0, "output_tokens",
+                     "cache_creation_input_tokens", (json_int_t)0, "output_tokens",
                      (json_int_t)(st ? st->n_gen : 0));
 }
 
@@ -554,7 +554,7 @@ int api_anthropic_count(conn *c, json_t *body)
     free(toks);
     if (rc < 0)
         return reply_err(c, &e);
-    return http_reply_json(c, 200, json_pack("{s:i}", "input_tokens", (json_int_t)n));
+    return http_reply_json(c, 200, json_pack("{s:I}", "input_tokens", (json_int_t)n));
 }
 
 int api_anthropic_messages(conn *c, json_t *body)

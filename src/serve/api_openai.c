@@ -279,10 +279,11 @@ static int sse_choice(conn *c, const gen_job *j, json_t *choice)
  * tokens once (from its first choice). */
 static json_t *usage_json(const gen_resp *r)
 {
-    int64_t n_prompt = 0, n_cached = 0, n_gen = 0;
+    int64_t n_prompt = 0, n_cached = 0, n_gen = 0, n_think = 0;
     for (int i = 0; i < r->n_choices; i++) {
         const gen_job *j = r->jobs[i];
         n_gen += j->stats.n_gen;
+        n_think += j->stats.n_think;
         if (i % r->n == 0) {
             n_prompt += j->stats.n_prompt;
             n_cached += j->stats.n_cached;
@@ -295,6 +296,9 @@ static json_t *usage_json(const gen_resp *r)
     json_t *det = json_object();
     json_object_set_new(det, "cached_tokens", json_integer(n_cached));
     json_object_set_new(u, "prompt_tokens_details", det);
+    if (r->kind == JOB_CHAT)
+        json_object_set_new(u, "completion_tokens_details",
+                            json_pack("{s:I}", "reasoning_tokens", (json_int_t)n_think));
     return u;
 }
 

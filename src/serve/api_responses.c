@@ -168,10 +168,10 @@ static json_t *response_obj(const resp_job *j, const lms_req_stats *st, const re
     if (st)
         json_object_set_new(
             o, "usage",
-            json_pack("{s:i, s:{s:i}, s:i, s:{s:i}, s:i}", "input_tokens", (json_int_t)st->n_prompt,
+            json_pack("{s:I, s:{s:I}, s:I, s:{s:I}, s:I}", "input_tokens", (json_int_t)st->n_prompt,
                       "input_tokens_details", "cached_tokens", (json_int_t)st->n_cached,
                       "output_tokens", (json_int_t)st->n_gen, "output_tokens_details",
-                      "reasoning_tokens", 0, "total_tokens", (json_int_t)(st->n_prompt + st->n_gen)));
+                      "reasoning_tokens", (json_int_t)st->n_think, "total_tokens", (json_int_t)(st->n_prompt + st->n_gen)));
     else
         json_object_set_new(o, "usage", json_null());
     return o;

@@ -35,6 +35,8 @@ RAW=$(py "$T/out" 'repr(d["choices"][0]["message"]["content"])')
 check "reasoning_format none: the reply as written" eq "$(py "$T/out" '"\n</think>\n\n" in d["choices"][0]["message"]["content"] and "reasoning_content" not in d["choices"][0]["message"]')" True
 req POST /v1/chat/completions -d "{$MSG,\"max_tokens\":40,\"temperature\":0,$G_OPEN}"
 check "default: thoughts in reasoning_content, the answer in content" eq "$(py "$T/out" 'repr(d["choices"][0]["message"]["reasoning_content"] + "\n</think>\n\n" + d["choices"][0]["message"]["content"])')" "$RAW"
+check "usage counts the thoughts' tokens (reasoning_tokens)" eq "$(py "$T/out" '0 < d["usage"]["completion_tokens_details"]["reasoning_tokens"] < d["usage"]["completion_tokens"]')" True
+N_THINK=$(py "$T/out" 'd["usage"]["completion_tokens_details"]["reasoning_tokens"]')
 check "the thoughts hold no tag, the answer no whitespace around" eq "$(py "$T/out" '("</think>" in d["choices"][0]["message"]["reasoning_content"], d["choices"][0]["message"]["content"] == d["choices"][0]["message"]["content"].strip())')" "(False, True)"
 py "$T/out" 'repr(d["choices"][0]["message"]["reasoning_content"])' >"$T/thoughts"
 py "$T/out" 'repr(d["choices"][0]["message"]["content"])' >"$T/answer"
@@ -81,6 +83,7 @@ print(("".join(x.get("reasoning_content","") for x in d), "".join(x.get("content
 # Responses API: a reasoning item before the message
 req POST /v1/responses -d "{\"input\":\"hi\",\"max_output_tokens\":40,\"temperature\":0,$G_OPEN}"
 check "responses: a reasoning item, then the message" eq "$(py "$T/out" '[o["type"] for o in d["output"]]')" "['reasoning', 'message']"
+check "responses: output_tokens_details.reasoning_tokens as chat counts them" eq "$(py "$T/out" 'd["usage"]["output_tokens_details"]["reasoning_tokens"]')" "$N_THINK"
 check "responses: the thoughts and the answer as chat gives them" eq "$(py "$T/out" '(d["output"][0]["content"][0]["text"], d["output"][1]["content"][0]["text"])')" "($(cat "$T/thoughts"), $(cat "$T/answer"))"
 curl -sN "$BASE/v1/responses" -d "{\"input\":\"hi\",\"max_output_tokens\":40,\"temperature\":0,$G_OPEN,\"stream\":true}" >"$T/rsse"
 python3 - "$T/rsse" "$T/thoughts" "$T/answer" >"$T/rcheck" <<'PY'
@@ -155,7 +158,7 @@ G_TAG='"grammar":"root ::= \"<think>\\n\" [a-z]{3,8} \"\\n</think>\\n\\n\" [a-z]
 req POST /v1/chat/completions -d "{$MSG,\"max_tokens\":40,\"temperature\":0,$G_TAG}"
 check "a reply that opens <think> itself: thoughts apart" eq "$(py "$T/out" '(d["choices"][0]["message"]["reasoning_content"].isalpha(), d["choices"][0]["message"]["content"].isalpha())')" "(True, True)"
 req POST /v1/chat/completions -d "{$MSG,\"max_tokens\":6,\"temperature\":0,\"grammar\":\"root ::= [a-z]{2,6}\"}"
-check "a reply without thoughts: all content, no reasoning_content" eq "$(py "$T/out" '(d["choices"][0]["message"]["content"].isalpha(), "reasoning_content" in d["choices"][0]["message"])')" "(True, False)"
+check "a reply without thoughts: all content, no reasoning_content, no reasoning tokens" eq "$(py "$T/out" '(d["choices"][0]["message"]["content"].isalpha(), "reasoning_content" in d["choices"][0]["message"], d["usage"]["completion_tokens_details"]["reasoning_tokens"])')" "(True, False, 0)"
 stop_server
 
 # ---- bad flags and config fields are refused before anything starts -------------------
