@@ -450,14 +450,36 @@ void lms_registry_poll(lms_registry *r, void (*changed)(void *ud, lms_expert *x)
     }
 }
 
+void lms_registry_keep(lms_expert *x, bool set, double ms)
+{
+    x->keep_set = set;
+    x->keep_ms = set ? ms : 0;
+}
+
+/* How long x may stay idle: its own keep_alive, else the configuration's
+ * (0 there: for good); < 0: for good. */
+static double keep_after(const lms_registry *r, const lms_expert *x)
+{
+    if (x->keep_set)
+        return x->keep_ms;
+    return r->cfg.unload_after_s > 0 ? r->cfg.unload_after_s * 1000.0 : -1.0;
+}
+
+double lms_registry_expiry(const lms_registry *r, const lms_expert *x, double now_ms)
+{
+    const double after = keep_after(r, x);
+    if (after < 0 || x->state != LMS_EXPERT_READY)
+        return -1.0;
+    return (x->n_live > 0 || x->n_waiting > 0 ? now_ms : x->t_used_ms) + after;
+}
+
 void lms_registry_tick(lms_registry *r, double now_ms)
 {
-    double after = r->cfg.unload_after_s * 1000.0;
-    if (after <= 0)
-        return;
-    for (int i = 0; i < r->n_all; i++)
-        if (idle(&r->x[i]) && now_ms - r->x[i].t_used_ms >= after)
-            start_unload(r, &r->x[i], "idle");
+    for (int i = 0; i < r->n_all; i++) {
+        const double after = keep_after(r, &r->x[i]);
+        if (after >= 0 && idle(&r->x[i]) && now_ms - r->x[i].t_used_ms >= after)
+            start_unload(r, &r->x[i], r->x[i].keep_set ? "keep_alive" : "idle");
+    }
 }
 
 void lms_registry_begin(lms_expert *x, double now_ms)

@@ -79,6 +79,10 @@ typedef struct lms_expert {
                                  * model: never unloaded */
     uint64_t n_loads, n_unloads, n_load_failures, n_requests, n_restarts;
     double load_ms;             /* duration of the last load */
+    bool keep_set;              /* keep_ms holds (Ollama's keep_alive), else the
+                                 * configuration's idle unload applies */
+    double keep_ms;             /* unload this long after the last use (0: at once); < 0:
+                                 * never */
     char error[384];            /* why the last load failed or was refused */
 } lms_expert;
 
@@ -137,6 +141,13 @@ int lms_registry_unload(lms_registry *r, lms_expert *x, const char *reason);
 /* Unloads experts idle for longer than unload_after_s (call every second). */
 void lms_registry_tick(lms_registry *r, double now_ms);
 /* Live request accounting (task start / end). */
+/* How long x stays loaded once idle, until set again: set false gives it
+ * back to the configuration (lazy_loading.auto_unload_after_s); ms < 0:
+ * for good. Loop thread. */
+void lms_registry_keep(lms_expert *x, bool set, double ms);
+/* When x, loaded, would be unloaded for idleness (lms_now_ms clock), or a
+ * negative value when it would not. */
+double lms_registry_expiry(const lms_registry *r, const lms_expert *x, double now_ms);
 void lms_registry_begin(lms_expert *x, double now_ms);
 void lms_registry_end(lms_expert *x, double now_ms);
 /* Replaces a stalled scheduler: its requests end with an error carrying

@@ -397,18 +397,64 @@ static bool empty_request(const json_t *body, bool chat)
            !(json_is_string(sfx) && json_string_length(sfx) > 0);
 }
 
-/* keep_alive 0 (a number, or a duration such as "0" or "0s") */
-static bool keep_alive_zero(const json_t *body)
+/* A Go duration ("5m", "1h30m", "1.5h", "300ms", "-1m") or a bare number
+ * of seconds, in milliseconds. */
+static bool parse_duration(const char *s, double *ms)
 {
-    const json_t *k = json_object_get(body, "keep_alive");
-    if (json_is_number(k))
-        return json_number_value(k) == 0;
-    const char *v = json_string_value(k);
-    if (!v || !v[0])
+    static const struct { const char *unit; double ms; } units[] = {
+        {"ns", 1e-6}, {"us", 1e-3}, {"\xc2\xb5s", 1e-3}, {"ms", 1.0}, {"s", 1e3}, {"m", 6e4},
+        {"h", 3.6e6}};
+    double sign = 1.0, total = 0.0;
+    if (*s == '-' || *s == '+')
+        sign = *s++ == '-' ? -1.0 : 1.0;
+    if (!((*s >= '0' && *s <= '9') || *s == '.'))
         return false;
     char *end;
-    const double d = strtod(v, &end);
-    return end != v && d == 0 && (!*end || !strcmp(end, "s") || !strcmp(end, "m") || !strcmp(end, "h"));
+    double v = strtod(s, &end);
+    if (!*end) { /* a number alone: seconds */
+        *ms = sign * v * 1e3;
+        return true;
+    }
+    while (end != s) {
+        size_t k = 0, best = 0;
+        for (size_t u = 0; u < sizeof units / sizeof units[0]; u++) {
+            const size_t n = strlen(units[u].unit);
+            if (!strncmp(end, units[u].unit, n) && n > best)
+                best = n, k = u;
+        }
+        if (!best)
+            return false;
+        total += v * units[k].ms;
+        s = end + best;
+        if (!*s) {
+            *ms = sign * total;
+            return true;
+        }
+        if (!((*s >= '0' && *s <= '9') || *s == '.'))
+            return false;
+        v = strtod(s, &end);
+    }
+    return false;
+}
+
+/* keep_alive: *set false when absent (the server's idle unload applies),
+ * else *ms (< 0: keep the model loaded for good). -1 with e when it is
+ * neither a number nor a duration. */
+static int keep_alive(const json_t *body, bool *set, double *ms, reqerr *e)
+{
+    const json_t *k = json_object_get(body, "keep_alive");
+    *set = k && !json_is_null(k);
+    *ms = 0;
+    if (!*set)
+        return 0;
+    if (json_is_number(k)) {
+        *ms = json_number_value(k) * 1e3;
+        return 0;
+    }
+    if (json_is_string(k) && parse_duration(json_string_value(k), ms))
+        return 0;
+    return reqerr_set(e, 400, "keep_alive", "'keep_alive' must be a number of seconds or a "
+                      "duration such as \"5m\", \"1h30m\" or \"-1\" (for good)");
 }
 
 /* The answer to a load or unload request: nothing generated, done. */
@@ -453,11 +499,17 @@ static int generate(conn *c, json_t *body, bool chat)
     lms_server *s = c->srv;
     reqerr e;
     const bool empty = empty_request(body, chat);
-    if (empty && keep_alive_zero(body))
+    bool keep;
+    double keep_ms;
+    if (keep_alive(body, &keep, &keep_ms, &e) < 0)
+        return reply_err(c, &e);
+    if (empty && keep && keep_ms == 0)
         return unload_request(c, body, chat);
     int picked = pick_expert(c, body, chat ? api_ollama_chat : api_ollama_generate, &e);
     if (picked <= 0)
         return picked < 0 ? reply_err(c, &e) : 0;
+    if (!c->x->remote) /* how long it stays loaded after this request */
+        lms_registry_keep(c->x, keep, keep_ms);
     if (empty) /* loaded (pick_expert waited for it): Ollama's preload */
         return reply_done(c, c->x, chat, "load");
     int rc = 0;
@@ -562,6 +614,23 @@ static json_t *model_entry(const lms_expert *x)
     return o;
 }
 
+/* /api/ps's expires_at: when the model would be unloaded for idleness. */
+static void add_expiry(json_t *o, const lms_server *s, const lms_expert *x)
+{
+    const double now = lms_now_ms(), at = lms_registry_expiry(s->reg, x, now);
+    if (at < 0)
+        return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    const time_t t = ts.tv_sec + (time_t)((at - now) / 1e3);
+    struct tm tm;
+    char buf[64];
+    gmtime_r(&t, &tm);
+    strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    json_object_set_new(o, "expires_at", json_string(buf));
+    json_object_set_new(o, "size_vram", json_integer(0));
+}
+
 /* /api/tags: every expert; /api/ps: the loaded ones. */
 static int list_models(conn *c, bool running)
 {
@@ -569,8 +638,13 @@ static int list_models(conn *c, bool running)
     json_t *arr = json_array();
     for (int i = 0; i < lms_registry_count(s->reg); i++) {
         const lms_expert *x = lms_registry_at(s->reg, i);
-        if (!running || x->state == LMS_EXPERT_READY)
+        if (running && x->state == LMS_EXPERT_READY) {
+            json_t *o = model_entry(x);
+            add_expiry(o, s, x);
+            json_array_append_new(arr, o);
+        } else if (!running) {
             json_array_append_new(arr, model_entry(x));
+        }
     }
     json_t *o = json_object();
     json_object_set_new(o, "models", arr);

@@ -44,6 +44,26 @@ req POST /api/generate -d '{"model":"stories260K","prompt":"Once","stream":false
 check "the next request loads it again" eq "$(code) $(py "$T/out" 'd["done"]')" "200 True"
 req POST /api/generate -d '{"model":"nope","keep_alive":"0s"}'
 check "unload of a model not served: 404" eq "$(code)" 404
+# keep_alive with a generation: how long the model stays loaded after it
+req POST /api/generate -d '{"model":"stories260K","prompt":"Once","stream":false,"keep_alive":"1h30m","options":{"num_predict":2}}'
+req GET /api/ps
+check "keep_alive 1h30m: ps says when it expires" eq "$(py "$T/out" '5390 <= (__import__("datetime").datetime.strptime(d["models"][0]["expires_at"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=__import__("datetime").timezone.utc).timestamp() - __import__("time").time()) <= 5401')" True
+req POST /api/generate -d '{"model":"stories260K","prompt":"Once","stream":false,"keep_alive":-1,"options":{"num_predict":2}}'
+req GET /api/ps
+check "keep_alive -1: loaded for good (no expiry)" eq "$(py "$T/out" '(len(d["models"]), "expires_at" in d["models"][0])')" "(1, False)"
+req POST /api/generate -d '{"model":"stories260K","prompt":"Once","stream":false,"keep_alive":"300ms","options":{"num_predict":2}}'
+n_ps=1
+for _ in $(seq 60); do
+    req GET /api/ps
+    n_ps=$(py "$T/out" 'len(d["models"])')
+    [ "$n_ps" = 0 ] && break
+    sleep 0.05
+done
+check "keep_alive 300ms: unloaded soon after the request" eq "$n_ps" 0
+req POST /api/generate -d '{"model":"stories260K","prompt":"Once","keep_alive":"5 minutes"}'
+check "keep_alive that is no duration: 400 naming it" eq "$(code) $(py "$T/out" '"keep_alive" in d["error"]')" "400 True"
+req POST /api/chat -d '{"model":"stories260K","messages":[],"keep_alive":"-1m"}'
+check "a preload with keep_alive loads the model" eq "$(code) $(py "$T/out" 'd["done_reason"]')" "200 load"
 for ep in push create copy; do
     req POST /api/$ep -d '{"model":"x"}'
     check "/api/$ep: 501 with Ollama's error shape" eq "$(code) $(py "$T/out" '"is not supported" in d["error"]')" "501 True"
