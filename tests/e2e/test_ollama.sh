@@ -8,6 +8,18 @@ command -v python3 >/dev/null || skip "python3 is not installed"
 T=$(mktemp -d /tmp/lmserv-ollama.XXXXXX)
 trap 'cleanup; rm -rf "$T"' EXIT
 
+# loaded_after N: the models /api/ps lists once none is, or after N looks 50 ms apart
+loaded_after() {
+    local n=1
+    for _ in $(seq "$1"); do
+        req GET /api/ps
+        n=$(py "$T/out" 'len(d["models"])')
+        [ "$n" = 0 ] && break
+        sleep 0.05
+    done
+    echo "$n"
+}
+
 start_server -c 512
 req GET /api/version
 check "version 200" eq "$(code)" 200
@@ -32,14 +44,7 @@ req POST /api/chat -d '{"model":"stories260K","messages":[]}'
 check "chat without messages: loaded, done" eq "$(code) $(py "$T/out" '(d["done_reason"], d["message"]["content"])')" "200 ('load', '')"
 req POST /api/generate -d '{"model":"stories260K","keep_alive":0}'
 check "keep_alive 0 without a prompt: unloaded" eq "$(code) $(py "$T/out" 'd["done_reason"]')" "200 unload"
-n_ps=1
-for _ in $(seq 50); do
-    req GET /api/ps
-    n_ps=$(py "$T/out" 'len(d["models"])')
-    [ "$n_ps" = 0 ] && break
-    sleep 0.05
-done
-check "ps: no model loaded after the unload" eq "$n_ps" 0
+check "ps: no model loaded after the unload" eq "$(loaded_after 50)" 0
 req POST /api/generate -d '{"model":"stories260K","prompt":"Once","stream":false,"options":{"num_predict":4}}'
 check "the next request loads it again" eq "$(code) $(py "$T/out" 'd["done"]')" "200 True"
 req POST /api/generate -d '{"model":"nope","keep_alive":"0s"}'
@@ -52,14 +57,7 @@ req POST /api/generate -d '{"model":"stories260K","prompt":"Once","stream":false
 req GET /api/ps
 check "keep_alive -1: loaded for good (no expiry)" eq "$(py "$T/out" '(len(d["models"]), "expires_at" in d["models"][0])')" "(1, False)"
 req POST /api/generate -d '{"model":"stories260K","prompt":"Once","stream":false,"keep_alive":"300ms","options":{"num_predict":2}}'
-n_ps=1
-for _ in $(seq 60); do
-    req GET /api/ps
-    n_ps=$(py "$T/out" 'len(d["models"])')
-    [ "$n_ps" = 0 ] && break
-    sleep 0.05
-done
-check "keep_alive 300ms: unloaded soon after the request" eq "$n_ps" 0
+check "keep_alive 300ms: unloaded soon after the request" eq "$(loaded_after 60)" 0
 req POST /api/generate -d '{"model":"stories260K","prompt":"Once","keep_alive":"5 minutes"}'
 check "keep_alive that is no duration: 400 naming it" eq "$(code) $(py "$T/out" '"keep_alive" in d["error"]')" "400 True"
 req POST /api/chat -d '{"model":"stories260K","messages":[],"keep_alive":"-1m"}'
