@@ -25,6 +25,10 @@ void reply_cut_next(reply_cut *rc, const char *text, size_t n, reply_part *out, 
         out->r_from = rc->r_sent > rc->rs.r0 ? rc->r_sent : rc->rs.r0;
         out->r_n = rc->rs.r1 > out->r_from ? rc->rs.r1 - out->r_from : 0;
         rc->r_sent = out->r_from + out->r_n;
+        if (rc->rs.phase == 0) { /* whether it opens with thoughts is not known yet */
+            out->c_from = rc->c_sent;
+            return;
+        }
         c0 = reasoning_answer(&rc->rs, n);
     }
     if (rc->c_sent < c0)

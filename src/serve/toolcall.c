@@ -223,6 +223,15 @@ int toolcall_parse(const char *text, size_t len, toolcalls *out)
     return 0;
 }
 
+/* Content released while streaming stops short of trailing whitespace: a
+ * call after it would trim it from the content (content_len). */
+static size_t trim_end(const char *text, size_t n)
+{
+    while (n > 0 && text_is_space(text[n - 1]))
+        n--;
+    return n;
+}
+
 size_t toolcall_safe_len(const char *text, size_t len)
 {
     size_t i = text_skip_space(text, 0, len);
@@ -233,10 +242,10 @@ size_t toolcall_safe_len(const char *text, size_t len)
         return 0;
     size_t tag = find(text, len, TAG_OPEN, tl);
     if (tag < len)
-        return tag;
+        return trim_end(text, tag);
     /* hold a tail that may grow into the tag */
     for (size_t k = tl - 1 < len ? tl - 1 : len; k > 0; k--)
         if (memcmp(text + len - k, TAG_OPEN, k) == 0)
-            return len - k;
-    return len;
+            return trim_end(text, len - k);
+    return trim_end(text, len);
 }

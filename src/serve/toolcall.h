@@ -42,8 +42,9 @@ int toolcall_parse(const char *text, size_t len, toolcalls *out);
 void toolcalls_free(toolcalls *tc);
 
 /* While streaming: how many leading bytes of the reply so far are content
- * for sure, i.e. cannot belong to a call that is still being written. The
- * value never decreases as text is appended. */
+ * for sure, i.e. cannot belong to a call that is still being written (nor
+ * be whitespace that a call after it would trim). The value never
+ * decreases as text is appended. */
 size_t toolcall_safe_len(const char *text, size_t len);
 
 #endif

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "serve/reasoning.h"
+#include "serve/reply.h"
 #include "testutil.h"
 
 typedef struct parts {
@@ -109,6 +110,37 @@ static void test_prompt_open(void **state)
     assert_false(reasoning_prompt_open("think>", 6));
 }
 
+/* reply_cut streamed a byte at a time: the content that a partial "<think"
+ * held back is released once it is known not to be the tag, and content
+ * before a call keeps no trailing whitespace (as the whole reply's). */
+static void test_reply_stream(void **state)
+{
+    (void)state;
+    static const char *const texts[] = {"<thinking>x", "<thi", "  <think>a</think> b <tool_call>\n"
+                                        "{\"name\": \"f\", \"arguments\": {}}\n</tool_call>",
+                                        "Hi  \n<tool_call>{\"name\": \"g\"}"};
+    for (size_t k = 0; k < sizeof texts / sizeof texts[0]; k++) {
+        const char *t = texts[k];
+        const size_t n = strlen(t);
+        reply_cut w, s;
+        reply_part p;
+        toolcalls tw, ts;
+        reply_cut_init(&w, true, false, true);
+        reply_cut_next(&w, t, n, &p, &tw);
+        char whole[256] = "", streamed[256] = "";
+        strncat(whole, t + p.c_from, p.c_n);
+        reply_cut_init(&s, true, false, true);
+        for (size_t len = 1; len <= n; len++) {
+            reply_cut_next(&s, t, len, &p, len == n ? &ts : NULL);
+            strncat(streamed, t + p.c_from, p.c_n);
+        }
+        assert_string_equal(streamed, whole);
+        assert_int_equal(ts.n, tw.n);
+        toolcalls_free(&tw);
+        toolcalls_free(&ts);
+    }
+}
+
 static void test_formats(void **state)
 {
     (void)state;
@@ -126,6 +158,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_forms),
         cmocka_unit_test(test_prompt_open),
+        cmocka_unit_test(test_reply_stream),
         cmocka_unit_test(test_formats),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -133,11 +133,13 @@ static void test_stream_hold(void **state)
 {
     (void)state;
     check_stream("Hello there", 11);
-    check_stream("Sure.\n<tool_call>\n{\"name\": \"f\"}\n</tool_call>", 6);
+    /* whitespace before a call is held: the call trims it from the content */
+    check_stream("Hello there \n", 11);
+    check_stream("Sure.\n<tool_call>\n{\"name\": \"f\"}\n</tool_call>", 5);
     check_stream("  {\"name\": \"f\", \"parameters\": {}}", 0);
     check_stream("[TOOL_CALLS][{\"name\": \"f\"}]", 0);
-    check_stream("a < b and <tool", 10);
-    check_stream("x <tool_cal", 2);
+    check_stream("a < b and <tool", 9);
+    check_stream("x <tool_cal", 1);
     check_stream("<tool", 0);
 }
 
