@@ -63,6 +63,7 @@ struct rreq {
     char curl_err[CURL_ERROR_SIZE];
     lms_sse sse;
     long status;               /* HTTP status once the headers came; 0 before */
+    bool thinking;             /* the pieces passed on are inside <think> (on_data) */
     bool json_body;            /* a 2xx answer in one JSON body (an upstream that does not
                                 * stream): kept in eb, read at the end */
     char *eb;                  /* non-2xx body or json_body (capped) */
@@ -205,6 +206,7 @@ static char *error_of(const json_t *root)
 void lms_remote_delta_free(lms_remote_delta *d)
 {
     free(d->text);
+    free(d->thought);
     free(d->error);
     memset(d, 0, sizeof *d);
 }
@@ -229,19 +231,23 @@ int lms_remote_parse_chunk(const char *data, size_t n, bool chat, lms_remote_del
     }
     out->error = error_of(root);
     const json_t *c0 = json_array_get(json_object_get(root, "choices"), 0);
-    const json_t *t = chat ? json_object_get(json_object_get(c0, "delta"), "content")
-                           : json_object_get(c0, "text");
-    if (chat && !json_is_object(json_object_get(c0, "delta"))) /* a full message */
-        t = json_object_get(json_object_get(c0, "message"), "content");
-    if (json_is_string(t) && json_string_length(t) > 0) {
-        out->n_text = json_string_length(t);
-        if (!(out->text = malloc(out->n_text + 1))) {
-            json_decref(root);
-            lms_remote_delta_free(out);
-            return LMS_ERR_NOMEM;
-        }
-        memcpy(out->text, json_string_value(t), out->n_text + 1);
+    const json_t *msg = json_object_get(c0, "delta");
+    if (chat && !json_is_object(msg)) /* a full message */
+        msg = json_object_get(c0, "message");
+    const json_t *t = chat ? json_object_get(msg, "content") : json_object_get(c0, "text");
+    const json_t *th = chat ? json_object_get(msg, "reasoning_content") : NULL;
+    if (chat && !json_is_string(th))
+        th = json_object_get(msg, "reasoning");
+    if ((json_is_string(t) && json_string_length(t) > 0 &&
+         !(out->text = strndup(json_string_value(t), json_string_length(t)))) ||
+        (json_is_string(th) && json_string_length(th) > 0 &&
+         !(out->thought = strndup(json_string_value(th), json_string_length(th))))) {
+        json_decref(root);
+        lms_remote_delta_free(out);
+        return LMS_ERR_NOMEM;
     }
+    out->n_text = out->text ? json_string_length(t) : 0;
+    out->n_thought = out->thought ? json_string_length(th) : 0;
     const json_t *f = json_object_get(c0, "finish_reason");
     if (json_is_string(f))
         out->finish = finish_static(json_string_value(f));
@@ -277,6 +283,21 @@ static lms_event *new_event(const rreq *q, int type)
     return ev;
 }
 
+/* One text piece of the reply as a token event. */
+static void piece(rreq *q, const char *text, size_t n)
+{
+    lms_event *ev = new_event(q, LMS_EV_TOKEN);
+    if (!ev || !(ev->text = strndup(text, n))) {
+        free(ev);
+        return;
+    }
+    ev->text_len = n;
+    ev->prob = 1.0f;
+    if (q->n_pieces++ == 0)
+        q->t_first = lms_now_ms();
+    q->cb(q->user, ev);
+}
+
 static void on_data(void *ud, const char *d, size_t n, bool overflow)
 {
     rreq *q = ud;
@@ -291,18 +312,16 @@ static void on_data(void *ud, const char *d, size_t n, bool overflow)
         q->stream_err = dl.error;
         dl.error = NULL;
     }
-    if (dl.text) {
-        lms_event *ev = new_event(q, LMS_EV_TOKEN);
-        if (ev) {
-            ev->text = dl.text;
-            ev->text_len = dl.n_text;
-            ev->prob = 1.0f;
-            dl.text = NULL;
-            if (q->n_pieces++ == 0)
-                q->t_first = lms_now_ms();
-            q->cb(q->user, ev);
-        }
-    }
+    /* thoughts come as the model wrote them, in <think> ... </think>, so
+     * that the serve layer takes them apart as it does a local model's */
+    if (dl.thought && !q->thinking)
+        piece(q, "<think>\n", 8), q->thinking = true;
+    if (dl.thought)
+        piece(q, dl.thought, dl.n_thought);
+    if (dl.text && q->thinking)
+        piece(q, "\n</think>\n\n", 11), q->thinking = false;
+    if (dl.text)
+        piece(q, dl.text, dl.n_text);
     if (dl.finish)
         q->finish = dl.finish;
     if (dl.n_prompt >= 0)

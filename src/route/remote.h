@@ -105,6 +105,9 @@ typedef struct lms_remote_delta {
     bool done;                 /* "[DONE]" */
     char *text;                /* malloc'd text piece (content delta / completion text) or NULL */
     size_t n_text;
+    char *thought;             /* malloc'd piece of the reply's thoughts (chat: the delta's or
+                                * message's reasoning_content, or vLLM's reasoning) or NULL */
+    size_t n_thought;
     const char *finish;        /* static: "stop", "length", ... or NULL */
     int64_t n_prompt, n_gen;   /* usage; -1 when absent */
     char *error;               /* malloc'd error message ({"error": ...} in the stream) or NULL */

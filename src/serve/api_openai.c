@@ -603,6 +603,19 @@ static const task_ops gen_ops = {gen_on_event, gen_destroy};
 
 /* ---- requests ------------------------------------------------------------------------ */
 
+/* Chat: reasoning_format, else the server's (--reasoning-format). */
+static int parse_rfmt(conn *c, const json_t *body, gen_resp *r, reqerr *e)
+{
+    const char *rfn = NULL;
+    if (r->kind != JOB_CHAT || reqparse_str(body, "reasoning_format", &rfn, e) < 0)
+        return r->kind != JOB_CHAT ? 0 : -1;
+    r->rfmt = rfn ? reasoning_format_parse(rfn) : c->srv->rfmt;
+    if (r->rfmt < 0)
+        return reqerr_set(e, 400, "reasoning_format", "reasoning_format '%.40s' is not one of "
+                          "none, auto, deepseek, deepseek-legacy", rfn);
+    return 0;
+}
+
 /* Fields shared by chat and completions. */
 static int parse_common(conn *c, const json_t *body, gen_resp *r, genparams *gp, reqerr *e)
 {
@@ -729,13 +742,6 @@ static int parse_chat(conn *c, const json_t *body, gen_resp *r, gen_prompt *pr, 
         if (call)
             r->json = true, r->schema = call;
     }
-    const char *rfn = NULL;
-    if (reqparse_str(body, "reasoning_format", &rfn, e) < 0)
-        return -1;
-    r->rfmt = rfn ? reasoning_format_parse(rfn) : c->srv->rfmt;
-    if (r->rfmt < 0)
-        return reqerr_set(e, 400, "reasoning_format", "reasoning_format '%.40s' is not one of "
-                          "none, auto, deepseek, deepseek-legacy", rfn);
     json_t *kw;
     if (chatfmt_kwargs(c->srv, body, &kw, e) < 0)
         return -1;
@@ -1002,6 +1008,8 @@ static int api_generate(conn *c, json_t *body, int kind)
     r->n_prompts = 1;
     genparams_init(&r->gp, server_rand(s));
     rc = parse_common(c, body, r, &r->gp, &e);
+    if (rc == 0)
+        rc = parse_rfmt(c, body, r, &e);
     if (rc == 0 && c->x->remote)
         rc = parse_remote(body, r, &e);
     else if (rc == 0)

@@ -8,6 +8,8 @@ POST /v1/chat/completions by the request's "model":
   midfail   one streamed piece, then an error event in the stream
   garbage   a streamed event that is not JSON
   echokey   401 with the Authorization header quoted in the message
+  thinker   streamed thoughts (delta.reasoning_content), then the content
+  thinkjson one JSON answer whose message has reasoning_content and content
 
 GET /last gives the last request as it came: its body and Authorization.
 """
@@ -47,6 +49,12 @@ class H(BaseHTTPRequestHandler):
                    "usage": {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}}
             self.send(200, "application/json", json.dumps(ans).encode())
             return
+        if model == "thinkjson":
+            msg = {"role": "assistant", "reasoning_content": "Mull it over", "content": "Done"}
+            ans = {"choices": [{"index": 0, "message": msg, "finish_reason": "stop"}],
+                   "usage": {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}}
+            self.send(200, "application/json", json.dumps(ans).encode())
+            return
         if model == "echokey":
             err = {"error": {"message": "refused %s" % self.headers.get("Authorization")}}
             self.send(401, "application/json", json.dumps(err).encode())
@@ -54,6 +62,11 @@ class H(BaseHTTPRequestHandler):
         if model == "slow":
             time.sleep(5)
         chunks = [{"choices": [{"index": 0, "delta": {"content": "piece"}, "finish_reason": None}]}]
+        if model == "thinker":
+            chunks = [{"choices": [{"index": 0, "delta": {"reasoning_content": t}, "finish_reason": None}]}
+                      for t in ("Let me", " think")]
+            chunks += [{"choices": [{"index": 0, "delta": {"content": t}, "finish_reason": None}]}
+                       for t in ("The ", "answer")]
         if model == "midfail":
             chunks.append({"error": {"message": "boom in the middle"}})
         out = "".join("data: %s\n\n" % json.dumps(c) for c in chunks)

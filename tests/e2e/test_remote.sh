@@ -46,7 +46,9 @@ cat >"$T/cfg.json" <<JSON
   {"expert_id": "slow", "endpoint": "$FAKE", "timeout_s": 1},
   {"expert_id": "midfail", "endpoint": "$FAKE"},
   {"expert_id": "garbage", "endpoint": "$FAKE"},
-  {"expert_id": "echokey", "endpoint": "$FAKE", "api_key": "fake-secret-key"}],
+  {"expert_id": "echokey", "endpoint": "$FAKE", "api_key": "fake-secret-key"},
+  {"expert_id": "thinker", "endpoint": "$FAKE"},
+  {"expert_id": "thinkjson", "endpoint": "$FAKE"}],
  "router": {"default": "local"}}
 JSON
 LMS_TEST_BAD_KEY=wrong-key start_serve --config "$T/cfg.json" -c 512
@@ -222,6 +224,17 @@ req POST /v1/chat/completions -d '{"model":"garbage","messages":[{"role":"user",
 check "not JSON: 502" eq "$(code)" 502
 req POST /v1/chat/completions -d '{"model":"echokey","messages":[{"role":"user","content":"hi"}]}'
 check "a quoted key is masked" eq "$(code) $(grep -c fake-secret-key "$T/out") $(grep -c 'refused Bearer \*\*\*' "$T/out")" "401 0 1"
+# an upstream thinking model: its reasoning_content comes back apart
+req POST /v1/chat/completions -d '{"model":"thinker","messages":[{"role":"user","content":"hi"}]}'
+check "upstream thoughts: reasoning_content apart from content" eq "$(py "$T/out" '(d["choices"][0]["message"]["reasoning_content"], d["choices"][0]["message"]["content"])')" "('Let me think', 'The answer')"
+curl -sN "$BASE/v1/chat/completions" -d '{"model":"thinker","stream":true,"messages":[{"role":"user","content":"hi"}]}' >"$T/tsse"
+check "upstream thoughts streamed: reasoning_content deltas, then content" eq "$(python3 -c 'import json,sys
+d=[json.loads(l[6:])["choices"][0]["delta"] for l in open(sys.argv[1]) if l.startswith("data: {") and json.loads(l[6:])["choices"]]
+print(("".join(x.get("reasoning_content","") for x in d), "".join(x.get("content") or "" for x in d)))' "$T/tsse")" "('Let me think', 'The answer')"
+req POST /v1/chat/completions -d '{"model":"thinkjson","messages":[{"role":"user","content":"hi"}]}'
+check "upstream whole answer with thoughts: apart" eq "$(py "$T/out" '(d["choices"][0]["message"]["reasoning_content"], d["choices"][0]["message"]["content"])')" "('Mull it over', 'Done')"
+req POST /v1/chat/completions -d '{"model":"thinker","reasoning_format":"none","messages":[{"role":"user","content":"hi"}]}'
+check "upstream thoughts with reasoning_format none: in the content, tagged" eq "$(py "$T/out" 'd["choices"][0]["message"]["content"]')" "$(printf '<think>\nLet me think\n</think>\n\nThe answer')"
 
 # ---- abort: the client goes, the upstream request stops --------------------------------------------------
 aborted() { # the upstream's aborted requests
