@@ -18,6 +18,8 @@
  *                [--chat-template-kwargs JSON] [--reasoning on|off|auto]
  *                [--reasoning-format none|auto|deepseek|deepseek-legacy]
  *                [--reasoning-budget N]
+ *   and llama-server's own flags (-ngl, --ctx-size, -ctk/-ctv, --temp, -fa, --jinja, ...:
+ *   llama_args.c)
  *
  * Environment (flags win): INFERENCE_MODEL_NAME (model path),
  * INFERENCE_HOST, INFERENCE_PORT, LMSERV_API_KEY.
@@ -84,6 +86,8 @@ typedef struct serve_opts {
     bool lora_no_apply;        /* --lora-init-without-apply */
     const char *lora_dir;
     const char *chat_template, *tpl_kwargs, *reasoning, *reasoning_format;
+    const char *sampling;      /* llama-server's --temp, --top-k, ... (llama_args.c) */
+    bool no_web;
     int32_t reasoning_budget;  /* --reasoning-budget N > 0, else -1 */
     double grace_s, thermal_limit, min_tps, timeout_s;
     bool log_prompts;
@@ -415,7 +419,8 @@ static int start_server(const serve_opts *o, lms_route_cfg *route, lms_server **
         .thermal = g_ops.thermal, .min_tps = o->min_tps, .log_prompts = o->log_prompts,
         .request_timeout_ms = o->timeout_s * 1000.0, .lora_dir = o->lora_dir,
         .chat_template_kwargs = o->tpl_kwargs, .reasoning = o->reasoning,
-        .reasoning_budget = o->reasoning_budget,
+        .reasoning_budget = o->reasoning_budget, .sampling_defaults = o->sampling,
+        .no_web = o->no_web,
         .reasoning_format = o->reasoning_format,
     };
     char err[256];
@@ -430,8 +435,16 @@ int cmd_serve(int argc, char **argv)
 {
     serve_opts o;
     defaults(&o);
-    if (parse(argc, argv, &o) < 0)
+    app_llama_out ll; /* llama-server's flags, in lmserv's words */
+    if (app_llama_args(argc, argv, &ll) < 0)
         return 2;
+    o.sampling = ll.sampling;
+    o.no_web = ll.no_web;
+    int prc = parse(ll.argc, ll.argv, &o);
+    if (prc < 0) {
+        app_llama_args_free(&ll);
+        return 2;
+    }
     if (o.config)
         o.model = NULL; /* INFERENCE_MODEL_NAME gives way to --config */
     block_signals(); /* before any thread starts: only the signal thread takes them */
@@ -460,5 +473,6 @@ int cmd_serve(int argc, char **argv)
     lms_thermal_destroy(g_ops.thermal);
     lms_log(LMS_LOG_INFO, "server_stopped", "exit", LMS_LOG_I64(rc));
     lms_log_close();
+    app_llama_args_free(&ll);
     return rc;
 }

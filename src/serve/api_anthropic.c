@@ -564,7 +564,7 @@ int api_anthropic_messages(conn *c, json_t *body)
     if (picked <= 0)
         return picked < 0 ? reply_err(c, &e) : 0;
     genparams gp;
-    genparams_init(&gp, server_rand(c->srv));
+    server_genparams(c->srv, &gp);
     bool stream = false, open = false;
     int64_t max_tokens = 0;
     json_t *tools = NULL, *forced = NULL, *kw = NULL, *gen = gen_fields(body);

@@ -431,7 +431,7 @@ static int native_run(conn *c, json_t *body, pick_fn fn, bool infill)
     int rc = 0;
     bool stream = false;
     genparams gp;
-    genparams_init(&gp, server_rand(c->srv));
+    server_genparams(c->srv, &gp);
     const json_t *schema_j = json_object_get(body, "json_schema");
     lms_jschema *schema = NULL;
     int64_t n_probs = 0;

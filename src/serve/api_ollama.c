@@ -516,7 +516,7 @@ static int generate(conn *c, json_t *body, bool chat)
     bool stream = true;
     const json_t *opts = NULL, *fmt = json_object_get(body, "format");
     genparams gp;
-    genparams_init(&gp, server_rand(s));
+    server_genparams(s, &gp);
     int32_t *toks = NULL, n = 0;
     if (rc == 0 && (reqparse_bool(body, "stream", &stream, &e) < 0 ||
                     reqparse_obj(body, "options", &opts, &e) < 0 ||

@@ -1006,7 +1006,7 @@ static int api_generate(conn *c, json_t *body, int kind)
     r->x = c->x;
     r->logprobs = -1;
     r->n_prompts = 1;
-    genparams_init(&r->gp, server_rand(s));
+    server_genparams(s, &r->gp);
     rc = parse_common(c, body, r, &r->gp, &e);
     if (rc == 0)
         rc = parse_rfmt(c, body, r, &e);

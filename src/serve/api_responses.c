@@ -697,7 +697,7 @@ int api_responses(conn *c, json_t *body)
         return http_reply_err(c, &e);
     }
     genparams gp;
-    genparams_init(&gp, server_rand(c->srv));
+    server_genparams(c->srv, &gp);
     bool stream = false, json = false;
     lms_jschema *schema = NULL;
     int64_t max_out = -1;

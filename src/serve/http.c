@@ -70,6 +70,11 @@ extern const size_t lms_web_index_len;
 
 static int get_index(conn *c)
 {
+    if (c->srv->p.no_web) {
+        reqerr e;
+        reqerr_set(&e, 404, NULL, "the web page is off (--no-webui)");
+        return http_reply_err(c, &e);
+    }
     return http_reply(c, 200, "text/html; charset=utf-8", (const char *)lms_web_index,
                       lms_web_index_len);
 }

@@ -155,6 +155,8 @@ void genparams_deinit(genparams *gp);
 /* The scheduler request for a prompt under these parameters (borrows gp's
  * stop strings and toks until submitted). */
 lms_request genparams_request(const genparams *gp, const int32_t *toks, int32_t n);
+/* genparams_init with a fresh seed and the server's sampling defaults. */
+void server_genparams(lms_server *s, genparams *gp);
 /* A chat whose prompt opened its thoughts (open) or whose reply may: the
  * reasoning budget of the request (else the server's) as gp's closing
  * tokens ("\n</think>\n\n"); nothing when unlimited. -1 with e filled.
@@ -264,6 +266,7 @@ struct lms_server {
     char *host, *api_key;
     char *lora_dir;            /* resolved (realpath), or NULL: no run-time adapter loads */
     json_t *tpl_kwargs;        /* template variables of every chat (chatfmt_kwargs), or NULL */
+    json_t *gen_defaults;      /* sampling_defaults parsed (server_genparams), or NULL */
     struct resp_store *rstore; /* /v1/responses kept for previous_response_id (api_responses.c) */
     int rfmt;                  /* enum reasoning_format: the default of chat replies */
     struct lws_context *ctx;

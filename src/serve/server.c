@@ -548,12 +548,34 @@ static int chat_defaults(lms_server *s, const lms_server_params *p, char *err, s
             return lms_errf(err, errsz, LMS_ERR_INVAL, "chat template kwargs: %s",
                             s->tpl_kwargs ? "must be a JSON object" : je.text);
     }
+    if (p->sampling_defaults && p->sampling_defaults[0]) {
+        json_error_t je;
+        genparams gp;
+        reqerr e;
+        s->gen_defaults = json_loads(p->sampling_defaults, 0, &je);
+        if (!json_is_object(s->gen_defaults))
+            return lms_errf(err, errsz, LMS_ERR_INVAL, "sampling defaults: %s",
+                            s->gen_defaults ? "must be a JSON object" : je.text);
+        genparams_init(&gp, 0);
+        const int rc = reqparse_gen(s->gen_defaults, &gp, &e);
+        genparams_deinit(&gp);
+        if (rc < 0)
+            return lms_errf(err, errsz, LMS_ERR_INVAL, "sampling defaults: %s", e.msg);
+    }
     if (r && strcmp(r, "auto")) {
         if (!s->tpl_kwargs && !(s->tpl_kwargs = json_object()))
             return lms_errf(err, errsz, LMS_ERR_NOMEM, "out of memory");
         json_object_set_new(s->tpl_kwargs, "enable_thinking", json_boolean(!strcmp(r, "on")));
     }
     return 0;
+}
+
+void server_genparams(lms_server *s, genparams *gp)
+{
+    genparams_init(gp, server_rand(s));
+    reqerr e;
+    if (s->gen_defaults) /* checked at start */
+        (void)reqparse_gen(s->gen_defaults, gp, &e);
 }
 
 int lms_server_create(const lms_server_params *p, lms_server **out, char *err, size_t errsz)
@@ -699,6 +721,7 @@ void lms_server_destroy(lms_server *s)
     free(s->api_key);
     free(s->lora_dir);
     json_decref(s->tpl_kwargs);
+    json_decref(s->gen_defaults);
     api_responses_free_store(s);
     pthread_mutex_destroy(&s->mu);
     free(s);

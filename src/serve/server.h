@@ -60,6 +60,10 @@ typedef struct lms_server_params {
                                * closed ("\n</think>\n\n" forced); <= 0: no limit (no
                                * thoughts at all is --reasoning off, set through
                                * `reasoning`); a request's "reasoning_budget" wins */
+    const char *sampling_defaults; /* a JSON object of request fields (temperature, top_k,
+                               * max_tokens, seed, ...) every generation starts from, its own
+                               * fields over them (llama-server's --temp, --top-k, ...); NULL */
+    bool no_web;              /* GET / serves no page (llama-server's --no-webui) */
     const char *reasoning_format; /* thoughts (<think>...</think>) in chat replies: "none",
                                * "deepseek", "deepseek-legacy"; NULL or "auto": deepseek */
 } lms_server_params;

@@ -167,7 +167,7 @@ static void op_infer(conn *c, json_t *msg)
     const char *prompt = NULL, *system = NULL;
     bool raw = false;
     genparams gp;
-    genparams_init(&gp, server_rand(c->srv));
+    server_genparams(c->srv, &gp);
     int32_t *toks = NULL, n = 0;
     int rc = parse_infer(msg, &gp, &prompt, &system, &raw, &e);
     if (rc == 0)

@@ -141,7 +141,7 @@ static int start(conn *c, const json_t *msg, const char *sid, reqerr *e)
 {
     lms_server *s = c->srv;
     genparams gp;
-    genparams_init(&gp, server_rand(s));
+    server_genparams(s, &gp);
     int32_t *toks = NULL, n = 0;
     json_t *msgs = NULL;
     type_job *j = NULL;
