@@ -96,6 +96,8 @@ typedef struct sreq {
 
 enum { THINK_START, THINK_IN, THINK_OUT, THINK_FORCING };
 
+#define LMS_MAX_MARKERS 16
+
 struct lms_sched {
     lms_model *m;
     lms_ctx *ctx;
@@ -139,6 +141,8 @@ struct lms_sched {
     lms_drafter *drafter;    /* the draft model (LMS_SPEC_DRAFT) */
     lms_draft_job *jobs;     /* [n_parallel] a step's draft jobs */
     sreq **job_owner;        /* [n_parallel] */
+    int32_t markers[LMS_MAX_MARKERS]; /* control tokens whose text the replies keep (marker_ids) */
+    int n_markers;
     lms_toktexts *tt;        /* every token's text, made at the first JSON or grammar
                               * request (constrain.h); scheduler thread */
 };
@@ -880,6 +884,38 @@ static void register_blocks(lms_sched *s, sreq *q)
     }
 }
 
+/* ---- markers ------------------------------------------------------------------ */
+
+/* Control tokens that mark a reply's structure: the serve layer reads
+ * function calls and thoughts by them (serve/toolcall.h, reasoning.h), so
+ * their text stays in the reply although control tokens are otherwise not
+ * shown (Mistral's [TOOL_CALLS] [ARGS] [CALL_ID], Llama 3's <|python_tag|>,
+ * Granite's <|tool_call|>, <think> where a vocabulary makes it a control
+ * token). */
+static void marker_ids(lms_sched *s)
+{
+    static const char *const texts[] = {"[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<|python_tag|>",
+                                        "<|tool_call|>", "<tool_call>", "</tool_call>",
+                                        "<think>", "</think>"};
+    const lms_tokenizer *t = s->m->tok;
+    for (int32_t id = 0; id < s->m->hp.n_vocab && s->n_markers < LMS_MAX_MARKERS; id++) {
+        if (lms_token_type(t, id) != LMS_TOKEN_TYPE_CONTROL)
+            continue;
+        const char *x = lms_token_text(t, id);
+        for (size_t k = 0; k < sizeof texts / sizeof texts[0]; k++)
+            if (!strcmp(x, texts[k]))
+                s->markers[s->n_markers++] = id;
+    }
+}
+
+static bool is_marker(const lms_sched *s, int32_t tok)
+{
+    for (int i = 0; i < s->n_markers; i++)
+        if (s->markers[i] == tok)
+            return true;
+    return false;
+}
+
 /* ---- reasoning budget -------------------------------------------------------- */
 
 /* Token tok (its text piece[0, n)) was taken: follows the reply in and out
@@ -942,7 +978,9 @@ static const char *handle_token(lms_sched *s, sreq *q, int32_t tok, float prob)
         lms_event_free(ev);
         return "stop";
     }
+    q->detok.special = is_marker(s, tok);
     int n = lms_detok_push(&q->detok, tok, q->piece, q->piece_cap);
+    q->detok.special = false;
     think_track(q, tok, q->piece, n > 0 ? (size_t)n : 0);
     const char *out;
     size_t n_out;
@@ -1394,6 +1432,8 @@ int lms_sched_create(lms_model *m, const lms_sched_params *p, lms_sched **out, c
                                 errsz);
     if (rc == 0 && (rc = alloc_buffers(s)) < 0)
         lms_errf(err, errsz, rc, "scheduler: out of memory");
+    if (rc == 0 && !m->hp.is_encoder)
+        marker_ids(s);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     pthread_cond_init(&s->hang_cv, NULL);

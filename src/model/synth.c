@@ -41,6 +41,9 @@ typedef struct shape_row {
 static const shape_row shapes[] = {
     /* name            arch     embd  lay head kv  hd   ff     vocab   ctx     base     eps  tied l3 */
     {{"tiny", "llama", 128, 4, 4, 2, 32, 384, 1024, 2048, 10000.0f, 1e-5f, 1, 0}, NO_EXTRA},
+    /* "tiny" with Mistral's tool-call control tokens [TOOL_CALLS] and [ARGS] in its vocabulary */
+    {{"mistral-tiny", "llama", 128, 4, 4, 2, 32, 384, 1024, 2048, 10000.0f, 1e-5f, 1, 0},
+     NO_EXTRA},
     {{"llama-3.2-1b", "llama", 2048, 16, 32, 8, 64, 8192, 128256, 131072, 500000.0f, 1e-5f, 1, 1},
      NO_EXTRA},
     {{"llama-3.2-3b", "llama", 3072, 28, 24, 8, 128, 8192, 128256, 131072, 500000.0f, 1e-5f, 1, 1},
@@ -246,6 +249,9 @@ static int build_vocab(const lms_synth_shape *s, vocab *v)
         return build_vocab_wpm(s, v);
     static const char *llama_sp[] = {"<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>",
                                      "<|start_header_id|>", "<|end_header_id|>"};
+    static const char *mistral_sp[] = {"<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>",
+                                       "<|start_header_id|>", "<|end_header_id|>", "[TOOL_CALLS]",
+                                       "[ARGS]"};
     static const char *qwen_sp[] = {"<|endoftext|>", "<|im_start|>",  "<|im_end|>",
                                     "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>",
                                     "<|fim_pad|>",    "<|repo_name|>",  "<|file_sep|>"};
@@ -255,8 +261,9 @@ static int build_vocab(const lms_synth_shape *s, vocab *v)
                                     "<|assistant|>", "</s>",          "<unk>"};
     bool qwen = strncmp(s->arch, "qwen", 4) == 0, gemma = strncmp(s->arch, "gemma", 5) == 0;
     bool phi3 = strcmp(s->arch, "phi3") == 0;
-    const char **sp = qwen ? qwen_sp : gemma ? gemma_sp : phi3 ? phi3_sp : llama_sp;
-    int n_sp = qwen ? 9 : gemma ? 4 : phi3 ? 7 : 5;
+    const bool mistral = strncmp(s->name, "mistral", 7) == 0;
+    const char **sp = qwen ? qwen_sp : gemma ? gemma_sp : phi3 ? phi3_sp : mistral ? mistral_sp : llama_sp;
+    int n_sp = qwen ? 9 : gemma ? 4 : phi3 ? 7 : mistral ? 7 : 5;
     memset(v, 0, sizeof *v);
     v->tok = calloc((size_t)s->n_vocab, sizeof *v->tok);
     v->type = calloc((size_t)s->n_vocab, sizeof *v->type);

@@ -204,19 +204,76 @@ static int parse_bare(const char *s, size_t n, size_t i, toolcalls *tc)
     return i == n ? tc->n : 0;
 }
 
+/* Mistral's newer form after [TOOL_CALLS] (at i): NAME[ARGS]{...}, with
+ * [CALL_ID]ID before [ARGS] in some replies, again after each further
+ * [TOOL_CALLS]. Returns > 0 calls read, 0 not this form, < 0 out of memory. */
+static int parse_mistral_args(const char *s, size_t n, size_t i, toolcalls *tc)
+{
+    static const char ARGS[] = "[ARGS]", CALL_ID[] = "[CALL_ID]";
+    while (i < n) {
+        const size_t a = find(s + i, n - i, ARGS, LIT_LEN(ARGS));
+        const size_t id = find(s + i, a, CALL_ID, LIT_LEN(CALL_ID));
+        const size_t name_len = id < a ? id : a;
+        if (i + a >= n || name_len == 0)
+            return 0;
+        size_t used = 0;
+        json_t *args = load(s + i + a + LIT_LEN(ARGS), n - i - a - LIT_LEN(ARGS), &used);
+        json_t *call = json_is_object(args)
+                           ? json_pack("{s:s%, s:O}", "name", s + i, name_len, "arguments", args)
+                           : NULL;
+        const int rc = call ? add_call(tc, call) : 0;
+        json_decref(call);
+        json_decref(args);
+        if (rc <= 0)
+            return rc;
+        i = text_skip_space(s, i + a + LIT_LEN(ARGS) + used, n);
+        if (starts_with(s + i, n - i, MISTRAL_MARK, LIT_LEN(MISTRAL_MARK)))
+            i = text_skip_space(s, i + LIT_LEN(MISTRAL_MARK), n);
+        else if (i < n)
+            return 0;
+    }
+    return tc->n;
+}
+
+/* The markers a reply's calls may start with: the text before the first
+ * is content. */
+static const char *const MARKS[] = {TAG_OPEN, MISTRAL_MARK, "<|python_tag|>", "<|tool_call|>"};
+#define N_MARKS (sizeof MARKS / sizeof MARKS[0])
+
+/* The first marker in text[0, len): its offset (len: none) and index. */
+static size_t first_mark(const char *text, size_t len, int *which)
+{
+    size_t at = len;
+    for (int k = 0; k < (int)N_MARKS; k++) {
+        const size_t m = find(text, at, MARKS[k], strlen(MARKS[k]));
+        if (m < at)
+            at = m, *which = k;
+    }
+    return at;
+}
+
 int toolcall_parse(const char *text, size_t len, toolcalls *out)
 {
     *out = (toolcalls){0};
     if (!text)
         return 0;
-    size_t start = text_skip_space(text, 0, len);
-    size_t tag = find(text, len, TAG_OPEN, LIT_LEN(TAG_OPEN));
-    int rc = tag < len ? parse_tags(text, len, tag, out) : parse_bare(text, len, start, out);
+    int which = -1;
+    const size_t mark = first_mark(text, len, &which);
+    int rc;
+    if (mark == len) { /* no marker: the whole reply may be a bare call */
+        rc = parse_bare(text, len, text_skip_space(text, 0, len), out);
+    } else if (which == 0) {
+        rc = parse_tags(text, len, mark, out);
+    } else {
+        const size_t i = text_skip_space(text, mark + strlen(MARKS[which]), len);
+        rc = which == 1 && i < len && text[i] != '[' ? parse_mistral_args(text, len, i, out)
+                                                     : parse_bare(text, len, i, out);
+    }
     if (rc <= 0) {
         toolcalls_free(out);
         return rc < 0 ? -1 : 0;
     }
-    size_t c = tag < len ? tag : 0;
+    size_t c = mark < len ? mark : 0;
     while (c > 0 && text_is_space(text[c - 1]))
         c--;
     out->content_len = c;
@@ -237,15 +294,15 @@ size_t toolcall_safe_len(const char *text, size_t len)
     size_t i = text_skip_space(text, 0, len);
     if (i == len || text[i] == '{' || text[i] == '[')
         return 0; /* nothing yet, or perhaps a bare call: hold it all */
-    const size_t tl = LIT_LEN(TAG_OPEN);
-    if (len - i < tl && starts_with(TAG_OPEN, tl, text + i, len - i))
-        return 0;
-    size_t tag = find(text, len, TAG_OPEN, tl);
-    if (tag < len)
-        return trim_end(text, tag);
-    /* hold a tail that may grow into the tag */
-    for (size_t k = tl - 1 < len ? tl - 1 : len; k > 0; k--)
-        if (memcmp(text + len - k, TAG_OPEN, k) == 0)
-            return trim_end(text, len - k);
-    return trim_end(text, len);
+    int which = -1;
+    size_t safe = first_mark(text, len, &which);
+    for (size_t k = 0; k < N_MARKS; k++) { /* hold a tail that may grow into a marker */
+        const size_t ml = strlen(MARKS[k]);
+        for (size_t t = ml - 1 < len ? ml - 1 : len; t > 0; t--)
+            if (len - t < safe && memcmp(text + len - t, MARKS[k], t) == 0) {
+                safe = len - t;
+                break;
+            }
+    }
+    return trim_end(text, safe);
 }

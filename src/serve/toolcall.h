@@ -14,9 +14,16 @@
  *   - a bare JSON object `{"name": ..., "parameters"|"arguments": {...}}`
  *     (Llama 3.x; several may follow each other, separated by `;`);
  *   - a JSON array of such objects, optionally after `[TOOL_CALLS]`
- *     (Mistral; the marker is a control token and usually not in the text).
- * A bare object or array counts only when it is the whole reply. Anything
- * that does not parse completely is plain content, never an error.
+ *     (Mistral Nemo), or Mistral's newer `[TOOL_CALLS]NAME[ARGS]{...}`
+ *     (Mistral Small 3.x, Magistral, Devstral; `[CALL_ID]ID` before
+ *     `[ARGS]` allowed), one per `[TOOL_CALLS]`;
+ *   - after `<|python_tag|>` (Llama 3.x) an object or objects as above,
+ *     after `<|tool_call|>` (Granite) a JSON array.
+ * These markers are control tokens: the scheduler keeps their text in the
+ * reply (sched.c, marker_ids). Text before the first marker is content; a
+ * bare object or array without a marker counts only when it is the whole
+ * reply. Anything that does not parse completely is plain content, never
+ * an error.
  *
  * Pure functions over text: no I/O, no global state.
  */

@@ -161,6 +161,18 @@ req POST /v1/chat/completions -d "{$MSG,\"max_tokens\":6,\"temperature\":0,\"gra
 check "a reply without thoughts: all content, no reasoning_content, no reasoning tokens" eq "$(py "$T/out" '(d["choices"][0]["message"]["content"].isalpha(), "reasoning_content" in d["choices"][0]["message"], d["usage"]["completion_tokens_details"]["reasoning_tokens"])')" "(True, False, 0)"
 stop_server
 
+# ---- control-token markers: a tool-call marker's text stays in the reply ------------------
+"$LMSERV" synth --shape mistral-tiny --type F16 "$T/mt.gguf" >/dev/null || die "synth failed"
+start_serve -m "$T/mt.gguf" -c 256
+req POST /tokenize -d '{"content":"[TOOL_CALLS]<|start_header_id|>","with_pieces":true}'
+TC=$(py "$T/out" 'd["tokens"][0]["id"]')
+SH=$(py "$T/out" 'd["tokens"][1]["id"]')
+req POST /v1/chat/completions -d "{$MSG,\"max_tokens\":2,\"temperature\":0,\"logit_bias\":{\"$TC\":100}}"
+check "a drawn [TOOL_CALLS] (a control token) keeps its text" eq "$(py "$T/out" 'd["choices"][0]["message"]["content"]')" "[TOOL_CALLS][TOOL_CALLS]"
+req POST /v1/chat/completions -d "{$MSG,\"max_tokens\":2,\"temperature\":0,\"logit_bias\":{\"$SH\":100}}"
+check "other control tokens stay unshown" eq "$(py "$T/out" '(d["choices"][0]["message"]["content"], d["usage"]["completion_tokens"])')" "('', 2)"
+stop_server
+
 # ---- bad flags and config fields are refused before anything starts -------------------
 check "--chat-template naming nothing: refused" eq "$("$LMSERV" serve -m "$QWEN" --port 0 --chat-template /nonexistent.jinja 2>&1 | grep -c 'neither a built-in name nor a readable file')" 1
 echo '{% if %}' >"$T/bad.jinja"

@@ -69,6 +69,43 @@ static void test_xml(void **state)
     assert_int_equal(tc.n, 0);
 }
 
+/* the marker forms: Mistral's newer [TOOL_CALLS]NAME[ARGS]{...}, Llama's
+ * <|python_tag|>, Granite's <|tool_call|>; text before a marker is content */
+static void test_markers(void **state)
+{
+    (void)state;
+    toolcalls tc = parse("Checking.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}"
+                         "[TOOL_CALLS]now[CALL_ID]a1b2c3d4e[ARGS]{}");
+    assert_int_equal(tc.n, 2);
+    assert_int_equal(tc.content_len, strlen("Checking."));
+    assert_string_equal(tc.v[0].name, "get_weather");
+    assert_string_equal(tc.v[0].arguments, "{\"city\":\"Paris\"}");
+    assert_string_equal(tc.v[1].name, "now");
+    assert_string_equal(tc.v[1].arguments, "{}");
+    toolcalls_free(&tc);
+    tc = parse("[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"a\": 1}}]");
+    assert_int_equal(tc.n, 1);
+    assert_int_equal(tc.content_len, 0);
+    toolcalls_free(&tc);
+    tc = parse("<|python_tag|>{\"name\": \"search\", \"parameters\": {\"q\": \"x\"}}");
+    assert_int_equal(tc.n, 1);
+    assert_string_equal(tc.v[0].arguments, "{\"q\":\"x\"}");
+    toolcalls_free(&tc);
+    tc = parse("Sure. <|tool_call|>[{\"name\": \"g\", \"arguments\": {}}]");
+    assert_int_equal(tc.n, 1);
+    assert_int_equal(tc.content_len, strlen("Sure."));
+    toolcalls_free(&tc);
+    /* incomplete or stray: content */
+    tc = parse("[TOOL_CALLS]get_weather[ARGS]{\"city\": ");
+    assert_int_equal(tc.n, 0);
+    tc = parse("[TOOL_CALLS][ARGS]{}");
+    assert_int_equal(tc.n, 0);
+    tc = parse("[TOOL_CALLS]f[ARGS]{} and then text");
+    assert_int_equal(tc.n, 0);
+    tc = parse("<|python_tag|>print(1)");
+    assert_int_equal(tc.n, 0);
+}
+
 static void test_bare_json(void **state)
 {
     (void)state;
@@ -141,6 +178,9 @@ static void test_stream_hold(void **state)
     check_stream("a < b and <tool", 9);
     check_stream("x <tool_cal", 1);
     check_stream("<tool", 0);
+    check_stream("ok [TOOL_CALLS]f[ARGS]{}", 2);
+    check_stream("ok [TOOL_", 2);
+    check_stream("ok <|python", 2);
 }
 
 int main(void)
@@ -148,6 +188,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tags),
         cmocka_unit_test(test_xml),
+        cmocka_unit_test(test_markers),
         cmocka_unit_test(test_bare_json),
         cmocka_unit_test(test_not_calls),
         cmocka_unit_test(test_stream_hold),
