@@ -30,7 +30,10 @@
  * as an error event once the stream has begun.
  *
  * count_tokens: the same system, messages and tools; {"input_tokens"}.
- * Local models only; image and document blocks are refused naming them.
+ * A remote expert (route/remote.h) gets the conversation as chat messages
+ * with the sampling fields (its stream opens with the first piece, so a
+ * refusal upstream stays an HTTP error); tools and count_tokens stay
+ * local-only. Image and document blocks are refused naming them.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +54,7 @@ typedef struct anth_job {
     char *stops[LMS_MAX_STOP]; /* the stop sequences, to name the one that ended it */
     int n_stop;
     int32_t n_prompt;          /* prompt tokens (message_start's usage) */
+    bool begun;                /* streamed: the 200 and message_start went out */
     int n_blocks;              /* streamed: content blocks started */
     int open;                  /* streamed: BLK_* of the block open now */
 } anth_job;
@@ -417,6 +421,7 @@ static void block_piece(conn *c, anth_job *j, int kind, const char *p, size_t n)
 
 static void stream_begin(conn *c, anth_job *j)
 {
+    j->begun = true;
     http_stream_begin(c, 200, "text/event-stream");
     json_t *m = message_obj(j, json_array());
     json_object_set_new(m, "usage", usage(NULL, j->n_prompt));
@@ -464,17 +469,22 @@ static void anth_on_event(task *t, const lms_event *ev, double t_ms)
     anth_job *j = t->state;
     conn *c = t->c;
     (void)t_ms;
+    reqerr e;
+    const bool terminal = ev->type == LMS_EV_END || ev->type == LMS_EV_ERROR;
+    const bool failed = terminal && task_end_failed(t, ev, &e);
+    /* a remote expert's stream opens with its first piece: a refusal stays an HTTP error */
+    if (j->stream && !j->begun && (ev->type == LMS_EV_TOKEN || (terminal && !failed)))
+        stream_begin(c, j);
     if (ev->type == LMS_EV_TOKEN) {
         sbuf_add(&j->text, ev->text, ev->text_len);
         if (j->stream)
             stream_part(c, j, NULL);
         return;
     }
-    if (ev->type != LMS_EV_END && ev->type != LMS_EV_ERROR)
+    if (!terminal)
         return;
-    reqerr e;
-    if (task_end_failed(t, ev, &e)) {
-        if (!j->stream)
+    if (failed) {
+        if (!j->begun)
             reply_err(c, &e);
         else {
             send_event(c, "error", error_obj(&e));
@@ -520,20 +530,35 @@ static int prompt(conn *c, const json_t *body, json_t *kw, const json_t *tools, 
     return rc;
 }
 
-/* The expert of a request, local only; 1 ready, 0 parked, -1 with e. */
-static int local_expert(conn *c, json_t *body, pick_fn fn, reqerr *e)
+/* The expert of a request; local only (tokens are counted here), or
+ * remote allowed; 1 ready, 0 parked, -1 with e. */
+static int expert_of(conn *c, json_t *body, pick_fn fn, bool remote_ok, reqerr *e)
 {
     int picked = pick_expert(c, body, fn, e);
-    if (picked == 1 && c->x->remote)
-        return reqerr_set(e, 400, "model", "/v1/messages is for local models; '%s' is a remote "
+    if (picked == 1 && c->x->remote && !remote_ok)
+        return reqerr_set(e, 400, "model", "token counts are for local models; '%s' is a remote "
                           "expert", c->x->cfg->id);
     return picked;
+}
+
+/* A remote expert: the conversation goes upstream as chat messages with
+ * the generation fields (gen); tools stay local-only. */
+static task *submit_remote(conn *c, const json_t *body, const json_t *gen, const genparams *gp,
+                           anth_job *j, reqerr *e)
+{
+    if (json_array_size(json_object_get(body, "tools")) > 0) {
+        reqerr_set(e, 400, "tools", "'tools' is not available for remote expert '%s'",
+                   c->x->cfg->id);
+        return NULL;
+    }
+    json_t *msgs = chat_messages(body, e);
+    return msgs ? task_submit_upstream(c, msgs, gen, gp, &anth_ops, j, e) : NULL;
 }
 
 int api_anthropic_count(conn *c, json_t *body)
 {
     reqerr e;
-    int picked = local_expert(c, body, api_anthropic_count, &e);
+    int picked = expert_of(c, body, api_anthropic_count, false, &e);
     if (picked <= 0)
         return picked < 0 ? reply_err(c, &e) : 0;
     json_t *tools = NULL, *forced = NULL, *kw = NULL;
@@ -560,9 +585,10 @@ int api_anthropic_count(conn *c, json_t *body)
 int api_anthropic_messages(conn *c, json_t *body)
 {
     reqerr e;
-    int picked = local_expert(c, body, api_anthropic_messages, &e);
+    int picked = expert_of(c, body, api_anthropic_messages, true, &e);
     if (picked <= 0)
         return picked < 0 ? reply_err(c, &e) : 0;
+    const bool remote = c->x->remote != NULL;
     genparams gp;
     server_genparams(c->srv, &gp);
     bool stream = false, open = false;
@@ -579,11 +605,11 @@ int api_anthropic_messages(conn *c, json_t *body)
                     api_lora_pick(c, body, &gp, &e) < 0 || chat_tools(body, &tools, &forced, &e) < 0 ||
                     chatfmt_kwargs(c->srv, NULL, &kw, &e) < 0 || thinking(body, &kw, &gp, &e) < 0))
         rc = -1;
-    if (rc == 0 && forced && api_forced_call(tools, forced, &call, &e) < 0)
+    if (rc == 0 && !remote && forced && api_forced_call(tools, forced, &call, &e) < 0)
         rc = -1;
-    if (rc == 0)
+    if (rc == 0 && !remote)
         rc = prompt(c, body, kw, tools, &toks, &n, &open, &e);
-    if (rc == 0 && !call)
+    if (rc == 0 && !remote && !call)
         rc = api_think_budget(c, &gp, open, &e);
     anth_job *j = rc == 0 ? calloc(1, sizeof *j) : NULL;
     if (rc == 0 && !j)
@@ -602,7 +628,7 @@ int api_anthropic_messages(conn *c, json_t *body)
         lms_request r = genparams_request(&gp, toks, n);
         r.json = call != NULL;
         r.schema = call;
-        t = task_submit(c, &r, &anth_ops, j, &e);
+        t = remote ? submit_remote(c, body, gen, &gp, j, &e) : task_submit(c, &r, &anth_ops, j, &e);
         if (!t)
             anth_destroy(&(task){.state = j});
     }
@@ -615,7 +641,7 @@ int api_anthropic_messages(conn *c, json_t *body)
     genparams_deinit(&gp);
     if (!t)
         return reply_err(c, &e);
-    if (stream)
+    if (stream && !remote) /* remote: with the first piece */
         stream_begin(c, j);
     return 0;
 }

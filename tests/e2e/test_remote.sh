@@ -84,6 +84,28 @@ check "far chat usage" eq "$(py "$T/out" "(d['usage']['prompt_tokens'], d['usage
 check "far chat finish" eq "$(py "$T/out" "d['choices'][0]['finish_reason']")" \
     "$(py "$T/up" "d['choices'][0]['finish_reason']")"
 
+# Anthropic's Messages API on a remote expert: the same conversation upstream
+MSGS='"messages":[{"role":"user","content":"Once upon a time"}],"temperature":0,"max_tokens":24'
+req POST /v1/messages -d "{\"model\":\"far\",$MSGS}"
+check "far messages: the upstream's text" eq "$(py "$T/out" "d['content'][0]['text']")" "$WANT"
+check "far messages: one text block, stop_reason, usage" eq "$(py "$T/out" "(len(d['content']), d['content'][0]['type'], d['stop_reason'], d['usage']['output_tokens'])")" \
+    "(1, 'text', '$([ "$(py "$T/up" "d['choices'][0]['finish_reason']")" = length ] && echo max_tokens || echo end_turn)', $(py "$T/up" "d['usage']['completion_tokens']"))"
+curl -sN "$BASE/v1/messages" -d "{\"model\":\"far\",\"stream\":true,$MSGS}" >"$T/asse"
+check "far messages streamed: text_delta pieces make the text" eq "$(python3 -c 'import json,sys
+ev=[json.loads(l[6:]) for l in open(sys.argv[1]) if l.startswith("data: ")]
+print("".join(e["delta"]["text"] for e in ev if e["type"]=="content_block_delta"))' "$T/asse")" "$WANT"
+check "far messages streamed: message_start first, message_stop last" eq "$(python3 -c 'import json,sys
+ev=[json.loads(l[6:]) for l in open(sys.argv[1]) if l.startswith("data: ")]
+print(ev[0]["type"], ev[-1]["type"])' "$T/asse")" "message_start message_stop"
+req POST /v1/messages -d '{"model":"thinker","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}'
+check "messages on an upstream thinking model: a thinking block, then text" eq "$(py "$T/out" "[(b['type'], b.get('thinking', b.get('text'))) for b in d['content']]")" "[('thinking', 'Let me think'), ('text', 'The answer')]"
+req POST /v1/messages -d '{"model":"down","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}'
+check "messages, upstream down, streamed: an HTTP 502 in Anthropic's shape" eq "$(code) $(py "$T/out" "d['type']")" "502 error"
+req POST /v1/messages -d '{"model":"far","max_tokens":8,"tools":[{"name":"f","input_schema":{}}],"messages":[{"role":"user","content":"hi"}]}'
+check "messages with tools on a remote expert: 400 naming tools" eq "$(code) $(py "$T/out" "'tools' in d['error']['message']")" "400 True"
+req POST /v1/messages/count_tokens -d '{"model":"far","messages":[{"role":"user","content":"hi"}]}'
+check "count_tokens on a remote expert: 400" eq "$(code)" 400
+
 # ---- chat, streamed ------------------------------------------------------------------------
 sse_text() { # FILE KIND: the streamed text (chat deltas or completion text) and the usage
     python3 - "$1" "$2" <<'PY'
