@@ -45,7 +45,9 @@
  * response.incomplete); a failure mid-way sends an error event. With tools
  * the text streams as far as it cannot be a call yet (toolcall_safe_len),
  * and each call follows as its own output item (added, its arguments as
- * one delta and done, done). Local models only.
+ * one delta and done, done). A remote expert gets the conversation as chat
+ * messages (its stream opening with the first piece); tools and
+ * text.format stay local-only.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,6 +62,7 @@
 typedef struct resp_job {
     bool stream;
     bool store;               /* kept for previous_response_id when finished */
+    bool begun;               /* streamed: the 200 and the first events went out */
     json_t *conv;             /* the conversation (without the instructions) to store */
     char id[40], msg_id[40], rs_id[40];
     int64_t created;
@@ -180,6 +183,7 @@ static json_t *response_obj(const resp_job *j, const lms_req_stats *st, const re
 /* The events before the first piece. */
 static void stream_begin(conn *c, resp_job *j)
 {
+    j->begun = true;
     http_stream_begin(c, 200, "text/event-stream");
     send_event(c, j, "response.created",
                json_pack("{s:o}", "response", response_obj(j, NULL, NULL, NULL)));
@@ -371,17 +375,22 @@ static void resp_on_event(task *t, const lms_event *ev, double t_ms)
     resp_job *j = t->state;
     conn *c = t->c;
     (void)t_ms;
+    reqerr e;
+    const bool terminal = ev->type == LMS_EV_END || ev->type == LMS_EV_ERROR;
+    const bool failed = terminal && task_end_failed(t, ev, &e);
+    /* a remote expert's stream opens with its first piece: a refusal stays an HTTP error */
+    if (j->stream && !j->begun && (ev->type == LMS_EV_TOKEN || (terminal && !failed)))
+        stream_begin(c, j);
     if (ev->type == LMS_EV_TOKEN) {
         sbuf_add(&j->text, ev->text, ev->text_len);
         if (j->stream)
             stream_part(c, j, NULL);
         return;
     }
-    if (ev->type != LMS_EV_END && ev->type != LMS_EV_ERROR)
+    if (!terminal)
         return;
-    reqerr e;
-    if (task_end_failed(t, ev, &e)) {
-        if (!j->stream)
+    if (failed) {
+        if (!j->begun)
             http_reply_err(c, &e);
         else {
             send_event(c, j, "error", json_pack("{s:s, s:s}", "code", "server_error", "message", e.msg));
@@ -670,6 +679,18 @@ static int text_format(const json_t *body, bool *json, lms_jschema **schema, req
                       "json_object, json_schema)", type ? type : "?");
 }
 
+/* What a remote expert's responses cannot have: tools, text.format. */
+static int remote_refusals(conn *c, const json_t *body, bool json, reqerr *e)
+{
+    if (json_array_size(json_object_get(body, "tools")) > 0)
+        return reqerr_set(e, 400, "tools", "'tools' is not available for remote expert '%s'",
+                          c->x->cfg->id);
+    if (json)
+        return reqerr_set(e, 400, "text.format", "text.format other than text is not available "
+                          "for remote expert '%s'", c->x->cfg->id);
+    return 0;
+}
+
 /* The messages rendered: the instructions (a system message) and conv. */
 static json_t *with_instructions(const json_t *body, const json_t *conv, reqerr *e)
 {
@@ -691,11 +712,7 @@ int api_responses(conn *c, json_t *body)
     int picked = pick_expert(c, body, api_responses, &e);
     if (picked <= 0)
         return picked < 0 ? http_reply_err(c, &e) : 0;
-    if (c->x->remote) {
-        reqerr_set(&e, 400, "model", "/v1/responses is for local models; '%s' is a remote expert",
-                   c->x->cfg->id);
-        return http_reply_err(c, &e);
-    }
+    const bool remote = c->x->remote != NULL;
     genparams gp;
     server_genparams(c->srv, &gp);
     bool stream = false, json = false;
@@ -714,6 +731,8 @@ int api_responses(conn *c, json_t *body)
                  : 0;
     if (rc == 0 && max_out > 0)
         gp.max_tokens = (int32_t)max_out;
+    if (rc == 0 && remote)
+        rc = remote_refusals(c, body, json, &e);
     json_t *tools = NULL, *forced = NULL;
     lms_jschema *call = NULL;
     if (rc == 0 && chat_tools(body, &tools, &forced, &e) < 0)
@@ -738,14 +757,13 @@ int api_responses(conn *c, json_t *body)
         rc = -1;
     json_t *kw = NULL;
     bool open = false;
-    if (rc == 0)
+    if (rc == 0 && !remote)
         rc = chatfmt_kwargs(c->srv, body, &kw, &e);
     chat_in in = {msgs, tools, kw};
-    if (rc == 0)
+    if (rc == 0 && !remote)
         rc = chatfmt_tokens(xfmt(c->x), c->x->model, &in, &toks, &n, &open, &e);
-    json_decref(msgs);
     json_decref(kw);
-    if (rc == 0 && !json)
+    if (rc == 0 && !json && !remote)
         rc = api_think_budget(c, &gp, open, &e);
     resp_job *j = rc == 0 ? calloc(1, sizeof *j) : NULL;
     if (rc == 0 && !j)
@@ -781,10 +799,19 @@ int api_responses(conn *c, json_t *body)
         lms_request r2 = genparams_request(&gp, toks, n);
         r2.json = json;
         r2.schema = schema;
-        t = task_submit(c, &r2, &resp_ops, j, &e);
+        if (remote) { /* upstream: the messages, with max_output_tokens as max_tokens */
+            json_t *params = json_deep_copy(body);
+            if (max_out > 0)
+                json_object_set_new(params, "max_tokens", json_integer(max_out));
+            t = task_submit_upstream(c, json_incref(msgs), params, &gp, &resp_ops, j, &e);
+            json_decref(params);
+        } else {
+            t = task_submit(c, &r2, &resp_ops, j, &e);
+        }
         if (!t)
             resp_destroy(&(task){.state = j});
     }
+    json_decref(msgs);
     free(toks);
     free(schema); /* the scheduler made its copy */
     json_decref(tools);
@@ -792,7 +819,7 @@ int api_responses(conn *c, json_t *body)
     genparams_deinit(&gp);
     if (!t)
         return http_reply_err(c, &e);
-    if (stream)
+    if (stream && !remote) /* remote: with the first piece */
         stream_begin(c, j);
     return 0;
 }

@@ -278,7 +278,7 @@ static bool remote_ok(pick_fn fn)
 {
     return fn == api_chat || fn == api_completions || fn == api_ollama_chat ||
            fn == api_ollama_generate || fn == ws_op_infer_again || fn == ws_type_again ||
-           fn == api_anthropic_messages;
+           fn == api_anthropic_messages || fn == api_responses;
 }
 
 int pick_expert(conn *c, json_t *body, pick_fn fn, reqerr *e)
@@ -312,7 +312,7 @@ int pick_expert(conn *c, json_t *body, pick_fn fn, reqerr *e)
     }
     if (x->remote && !remote_ok(fn)) {
         reqerr_set(e, 400, "model", "'%s' is a remote expert: this endpoint is not available for "
-                   "it (chat, completions and Anthropic's messages are)", x->cfg->id);
+                   "it (chat, completions, responses and Anthropic's messages are)", x->cfg->id);
         e->code = "model_not_supported";
         return -1;
     }

@@ -105,6 +105,20 @@ req POST /v1/messages -d '{"model":"far","max_tokens":8,"tools":[{"name":"f","in
 check "messages with tools on a remote expert: 400 naming tools" eq "$(code) $(py "$T/out" "'tools' in d['error']['message']")" "400 True"
 req POST /v1/messages/count_tokens -d '{"model":"far","messages":[{"role":"user","content":"hi"}]}'
 check "count_tokens on a remote expert: 400" eq "$(code)" 400
+# the Responses API on a remote expert
+req POST /v1/responses -d '{"model":"far","input":"Once upon a time","temperature":0,"max_output_tokens":24}'
+check "far responses: the upstream's text" eq "$(py "$T/out" "d['output'][-1]['content'][0]['text']")" "$WANT"
+check "far responses: one message, usage" eq "$(py "$T/out" "([o['type'] for o in d['output']], d['usage']['output_tokens'])")" "(['message'], $(py "$T/up" "d['usage']['completion_tokens']"))"
+curl -sN "$BASE/v1/responses" -d '{"model":"far","input":"Once upon a time","temperature":0,"max_output_tokens":24,"stream":true}' >"$T/rsse"
+check "far responses streamed: the deltas make the text" eq "$(python3 -c 'import json,sys
+ev=[json.loads(l[6:]) for l in open(sys.argv[1]) if l.startswith("data: ")]
+print("".join(e["delta"] for e in ev if e["type"]=="response.output_text.delta"))' "$T/rsse")" "$WANT"
+req POST /v1/responses -d '{"model":"thinker","input":"hi"}'
+check "responses on an upstream thinking model: a reasoning item, then the message" eq "$(py "$T/out" "[(o['type'], o['content'][0]['text']) for o in d['output']]")" "[('reasoning', 'Let me think'), ('message', 'The answer')]"
+req POST /v1/responses -d '{"model":"down","input":"hi","stream":true}'
+check "responses, upstream down, streamed: an HTTP 502" eq "$(code)" 502
+req POST /v1/responses -d '{"model":"far","input":"hi","text":{"format":{"type":"json_object"}}}'
+check "responses with text.format on a remote expert: 400 naming it" eq "$(code) $(py "$T/out" "d['error']['param']")" "400 text.format"
 
 # ---- chat, streamed ------------------------------------------------------------------------
 sse_text() { # FILE KIND: the streamed text (chat deltas or completion text) and the usage
