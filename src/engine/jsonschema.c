@@ -49,6 +49,7 @@ typedef struct js_node {
     int16_t map;            /* an object of any keys with values of this node, or NONE */
     int16_t items;          /* array: node of every item, NONE: any */
     uint16_t min_items, max_items;
+    uint16_t min_props, max_props; /* object: members */
     uint16_t n_enum;
     uint32_t enums;         /* first in the text table */
     uint32_t min_len, max_len; /* string characters */
@@ -172,6 +173,7 @@ static int new_node(builder *b)
         n->alt[k] = NONE;
     n->map = n->items = NONE;
     n->max_items = UINT16_MAX;
+    n->max_props = UINT16_MAX;
     n->max_len = UINT32_MAX;
     n->pattern = NONE;
     return b->n_nodes++;
@@ -432,6 +434,31 @@ static int compile_limits(builder *b, int id, const json_t *sch)
     return 0;
 }
 
+/* minProperties / maxProperties of an object node. With named properties
+ * (no map) minProperties must be reachable: at most their number. */
+static int compile_member_counts(builder *b, int id, const json_t *sch)
+{
+    const json_t *mn = json_object_get(sch, "minProperties"), *mx = json_object_get(sch, "maxProperties");
+    if (!mn && !mx)
+        return 0;
+    js_node *n = &b->nodes[id];
+    const json_int_t lo = mn ? json_integer_value(mn) : 0, hi = mx ? json_integer_value(mx) : UINT16_MAX;
+    if ((mn && !json_is_integer(mn)) || (mx && !json_is_integer(mx)) || lo < 0 || hi > UINT16_MAX ||
+        lo > hi)
+        return fail(b, "'minProperties' / 'maxProperties' must be integers in 0..65535, min <= max");
+    if (n->any) {
+        if (lo > 0 || mx) /* an object of anything: keep it an object node to count its members */
+            return fail(b, "'minProperties' / 'maxProperties' need 'type': 'object'");
+        return 0;
+    }
+    if (n->map == NONE && lo > n->n_props)
+        return fail(b, "'minProperties' %lld is more than the %d properties allowed", (long long)lo,
+                    n->n_props);
+    n->min_props = (uint16_t)lo;
+    n->max_props = (uint16_t)hi;
+    return 0;
+}
+
 static int compile(builder *b, const json_t *sch, int depth)
 {
     if (depth > MAX_COMPILE_DEPTH)
@@ -447,8 +474,7 @@ static int compile(builder *b, const json_t *sch, int depth)
     static const char *const refused[] = {
         "patternProperties", "multipleOf", "not", "if", "then", "else",
         "prefixItems", "contains", "minContains", "maxContains", "uniqueItems", "propertyNames",
-        "dependentRequired", "dependentSchemas", "unevaluatedProperties", "unevaluatedItems",
-        "minProperties", "maxProperties"};
+        "dependentRequired", "dependentSchemas", "unevaluatedProperties", "unevaluatedItems"};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
         if (json_object_get(sch, refused[i]))
             return fail(b, "schema keyword '%s' is not supported", refused[i]);
@@ -554,6 +580,8 @@ static int compile(builder *b, const json_t *sch, int depth)
     if (compile_limits(b, id, sch) < 0)
         return NONE;
     if ((node->kinds & K_OBJ) && !node->any && compile_object(b, id, sch, depth) < 0)
+        return NONE;
+    if ((b->nodes[id].kinds & K_OBJ) && compile_member_counts(b, id, sch) < 0)
         return NONE;
     if (node->kinds & K_ARR) {
         const json_t *it = json_object_get(sch, "items");
@@ -1003,10 +1031,12 @@ static bool scalar_ends(lms_jschk *k)
 
 /* The properties a key may name next: from `next` up to the first
  * required one (optional ones may be skipped, required ones not). */
-static uint64_t keys_allowed(const js_node *n, const js_prop *p, int next)
+static uint64_t keys_allowed(const js_node *n, const js_prop *p, int next, int count)
 {
     uint64_t m = 0;
     for (int i = next; i < n->n_props; i++) {
+        if (count + (n->n_props - i) < n->min_props)
+            break; /* skipping to i would leave too few properties for minProperties */
         m |= (uint64_t)1 << i;
         if (p[i].required)
             break;
@@ -1032,6 +1062,8 @@ static bool structural(lms_jschk *k, unsigned char c, int old_depth, int new_dep
             const js_node *n = &nodes_of(k->sc)[fr->node];
             if (c == '}' && n->map == NONE && required_left(n, props_of(k->sc) + n->props, fr->next))
                 return false;
+            if (c == '}' && fr->count < n->min_props)
+                return false;
             if (c == ']' && fr->count < n->min_items)
                 return false;
         }
@@ -1046,7 +1078,7 @@ static bool structural(lms_jschk *k, unsigned char c, int old_depth, int new_dep
         const js_node *n = &nodes_of(k->sc)[fr->node];
         if (new_phase == LMS_JSON_PH_VALUE) /* in an array */
             return fr->count < n->max_items;
-        return n->map != NONE || fr->next < n->n_props;
+        return fr->count < n->max_props && (n->map != NONE || fr->next < n->n_props);
     }
     return true;
 }
@@ -1065,12 +1097,14 @@ static const js_node *named_object(const lms_jschk *k)
 static bool key_byte(lms_jschk *k, unsigned char c, bool first)
 {
     lms_jsframe *fr = &k->fr[k->depth - 1];
+    if (first && fr->node != NONE && fr->count >= nodes_of(k->sc)[fr->node].max_props)
+        return false; /* maxProperties reached (the first key of an object of at most 0) */
     const js_node *n = named_object(k);
     if (!n)
         return true;
     const js_prop *p = props_of(k->sc) + n->props;
     if (first) { /* the opening quote */
-        fr->cand = keys_allowed(n, p, fr->next);
+        fr->cand = keys_allowed(n, p, fr->next, fr->count);
         fr->pos = 0;
         return fr->cand != 0;
     }

@@ -246,6 +246,33 @@ static void test_bounds_random(void **state)
 #undef RND
 }
 
+/* minProperties / maxProperties: on maps and on objects of named
+ * properties, whose optional ones cannot all be skipped below the minimum */
+static void test_member_counts(void **state)
+{
+    (void)state;
+    lms_jschema *m = compile_ok("{\"type\":\"object\",\"additionalProperties\":{\"type\":"
+                                "\"integer\"},\"minProperties\":1,\"maxProperties\":2}");
+    check_valid(m, "{\"a\":1}");
+    check_valid(m, "{\"a\":1,\"b\":2}");
+    check_refused(m, "{}", 1);                  /* too few: no closing */
+    check_refused(m, "{\"a\":1,\"b\":2,\"c\":3}", 12); /* a third member: no comma */
+    free(m);
+    lms_jschema *o = compile_ok("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":"
+                                "\"integer\"},\"b\":{\"type\":\"integer\"},\"c\":{\"type\":"
+                                "\"integer\"}},\"minProperties\":2}");
+    check_valid(o, "{\"a\":1,\"c\":3}");
+    check_valid(o, "{\"b\":2,\"c\":3}");
+    check_refused(o, "{\"c\":3}", 2);          /* c first would leave no second property */
+    check_refused(o, "{\"a\":1}", 6);          /* one is too few */
+    free(o);
+    lms_jschema *z = compile_ok("{\"type\":\"object\",\"properties\":{\"p\":{\"type\":"
+                                "\"object\",\"maxProperties\":0}},\"required\":[\"p\"]}");
+    check_valid(z, "{\"p\":{}}");
+    check_refused(z, "{\"p\":{\"", 6);
+    free(z);
+}
+
 static void test_refused_schemas(void **state)
 {
     (void)state;
@@ -269,6 +296,11 @@ static void test_refused_schemas(void **state)
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"minLength\":-1}}}", "'minLength'"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"allOf\":[{},{}]}}}", "one schema"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"maximum\":\"9\"}}}", "a number"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{}},\"minProperties\":2}",
+         "more than the 1 properties"},
+        {"{\"type\":\"object\",\"minProperties\":3,\"maxProperties\":1}", "min <= max"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\","
+         "\"uniqueItems\":true}}}", "'uniqueItems'"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char err[256] = "";
@@ -309,6 +341,7 @@ int main(void)
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_bounds_random),
         cmocka_unit_test(test_patterns),
+        cmocka_unit_test(test_member_counts),
         cmocka_unit_test(test_refused_schemas),
         cmocka_unit_test(test_plain_and_copy),
     };
