@@ -256,12 +256,7 @@ static int chat_tools(const json_t *body, json_t **out, json_t **forced, reqerr 
             return reqerr_set(e, 400, "tools", "tools[%zu] needs a string 'name' and an object "
                               "'input_schema' (only custom tools are supported)", i);
         }
-        json_t *fn = json_pack("{s:O, s:O}", "name", name, "parameters",
-                               schema ? schema : json_object());
-        const json_t *d = json_object_get(t, "description");
-        if (json_is_string(d))
-            json_object_set(fn, "description", (json_t *)d);
-        json_array_append_new(a, json_pack("{s:s, s:o}", "type", "function", "function", fn));
+        json_array_append_new(a, chatfmt_tool(name, json_object_get(t, "description"), schema));
     }
     *out = a;
     const json_t *name = json_object_get(tc, "name");
@@ -530,17 +525,6 @@ static int prompt(conn *c, const json_t *body, json_t *kw, const json_t *tools, 
     return rc;
 }
 
-/* The expert of a request; local only (tokens are counted here), or
- * remote allowed; 1 ready, 0 parked, -1 with e. */
-static int expert_of(conn *c, json_t *body, pick_fn fn, bool remote_ok, reqerr *e)
-{
-    int picked = pick_expert(c, body, fn, e);
-    if (picked == 1 && c->x->remote && !remote_ok)
-        return reqerr_set(e, 400, "model", "token counts are for local models; '%s' is a remote "
-                          "expert", c->x->cfg->id);
-    return picked;
-}
-
 /* A remote expert: the conversation goes upstream as chat messages with
  * the generation fields (gen); tools stay local-only. */
 static task *submit_remote(conn *c, const json_t *body, const json_t *gen, const genparams *gp,
@@ -558,7 +542,7 @@ static task *submit_remote(conn *c, const json_t *body, const json_t *gen, const
 int api_anthropic_count(conn *c, json_t *body)
 {
     reqerr e;
-    int picked = expert_of(c, body, api_anthropic_count, false, &e);
+    int picked = pick_expert(c, body, api_anthropic_count, &e); /* refuses remote experts */
     if (picked <= 0)
         return picked < 0 ? reply_err(c, &e) : 0;
     json_t *tools = NULL, *forced = NULL, *kw = NULL;
@@ -585,7 +569,7 @@ int api_anthropic_count(conn *c, json_t *body)
 int api_anthropic_messages(conn *c, json_t *body)
 {
     reqerr e;
-    int picked = expert_of(c, body, api_anthropic_messages, true, &e);
+    int picked = pick_expert(c, body, api_anthropic_messages, &e);
     if (picked <= 0)
         return picked < 0 ? reply_err(c, &e) : 0;
     const bool remote = c->x->remote != NULL;

@@ -257,7 +257,8 @@ static int parse_think(const json_t *body, int *think, reqerr *e)
     return 0;
 }
 
-static int prompt_tokens(conn *c, const json_t *body, bool chat, int32_t max_tokens,
+/* think: parse_think's value (the template's enable_thinking when >= 0). */
+static int prompt_tokens(conn *c, const json_t *body, bool chat, int think, int32_t max_tokens,
                          int32_t **toks, int32_t *n, bool *open, reqerr *e)
 {
     const lms_expert *x = c->x;
@@ -286,11 +287,8 @@ static int prompt_tokens(conn *c, const json_t *body, bool chat, int32_t max_tok
     }
     if (!msgs)
         return -1;
-    int think;
     json_t *kw = NULL;
-    int rc = parse_think(body, &think, e);
-    if (rc == 0)
-        rc = chatfmt_kwargs(c->srv, body, &kw, e);
+    int rc = chatfmt_kwargs(c->srv, body, &kw, e);
     if (rc == 0 && think >= 0) { /* the templates' switch (Qwen3, SmolLM3, ...) */
         if (!kw)
             kw = json_object();
@@ -540,8 +538,8 @@ static int generate(conn *c, json_t *body, bool chat)
     }
     bool open = false;
     int think = -1;
-    if (rc == 0 && (rc = prompt_tokens(c, body, chat, gp.max_tokens, &toks, &n, &open, &e)) == 0)
-        rc = parse_think(body, &think, &e);
+    if (rc == 0 && (rc = parse_think(body, &think, &e)) == 0)
+        rc = prompt_tokens(c, body, chat, think, gp.max_tokens, &toks, &n, &open, &e);
     if (rc == 0 && !json && !schema)
         rc = api_think_budget(c, &gp, open, &e);
     oll_job *j = rc == 0 ? calloc(1, sizeof *j) : NULL;

@@ -549,13 +549,8 @@ static int chat_tools(const json_t *body, json_t **out, json_t **forced, reqerr 
             return reqerr_set(e, 400, "tools", "tools[%zu]: only function tools with a name are "
                               "supported", i);
         }
-        json_t *fn = json_pack("{s:O}", "name", name);
-        const json_t *d = json_object_get(t, "description"), *p = json_object_get(t, "parameters");
-        if (json_is_string(d))
-            json_object_set(fn, "description", (json_t *)d);
-        json_object_set_new(fn, "parameters",
-                            json_is_object(p) ? json_incref((json_t *)p) : json_object());
-        json_array_append_new(a, json_pack("{s:s, s:o}", "type", "function", "function", fn));
+        json_array_append_new(a, chatfmt_tool(name, json_object_get(t, "description"),
+                                               json_object_get(t, "parameters")));
     }
     *out = a;
     return 0;

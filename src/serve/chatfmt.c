@@ -300,3 +300,14 @@ int api_think_budget(conn *c, genparams *gp, bool open, reqerr *e)
     gp->reasoning_budget = budget;
     return 0;
 }
+
+json_t *chatfmt_tool(const json_t *name, const json_t *description, const json_t *parameters)
+{
+    json_t *fn = json_pack("{s:O}", "name", name);
+    if (json_is_string(description))
+        json_object_set(fn, "description", (json_t *)description);
+    json_object_set_new(fn, "parameters", json_is_object(parameters)
+                                              ? json_incref((json_t *)parameters)
+                                              : json_object());
+    return json_pack("{s:s, s:o}", "type", "function", "function", fn);
+}

@@ -37,7 +37,7 @@ void reasoning_init(reasoning *rs, bool open)
     memset(rs, 0, sizeof *rs);
     rs->lead = true;
     if (open)
-        rs->phase = 1, rs->had = true;
+        rs->phase = 1;
 }
 
 /* The longest k < lit_len whose last k bytes of s[from, n) are lit's first k:
@@ -55,7 +55,7 @@ static bool decide_start(reasoning *rs, const char *t, size_t n, bool final)
 {
     const size_t i = text_skip_space(t, 0, n), m = n - i, k = LIT_LEN(TAG_OPEN);
     if (m >= k && !memcmp(t + i, TAG_OPEN, k)) {
-        rs->phase = 1, rs->had = true;
+        rs->phase = 1;
         rs->r0 = rs->r1 = rs->scan = i + k;
         return true;
     }

@@ -53,7 +53,6 @@ typedef struct reasoning {
     size_t r0, r1;     /* the thoughts certain so far: text[r0, r1) */
     size_t c0;         /* phase 2: the answer is text[c0, len) */
     size_t scan;       /* phase 1: where the search for `</think>` resumes */
-    bool had;          /* a `<think>` was opened (the reply or the prompt) */
 } reasoning;
 
 void reasoning_init(reasoning *rs, bool open);

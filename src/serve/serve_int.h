@@ -196,6 +196,11 @@ int chatfmt_kwargs(const lms_server *s, const json_t *body, json_t **out, reqerr
 /* Renders in into *text (malloc'd, *len bytes). */
 int chatfmt_render(const chatfmt *cf, const chat_in *in, bool add_generation_prompt,
                    char **text, size_t *len, reqerr *e);
+/* One function tool in chat completions' form, which the templates render:
+ * {"type": "function", "function": {name, description (a string, else left
+ * out), parameters (an object, else {})}}. For the APIs that name tools
+ * their own way (Responses, Anthropic). */
+json_t *chatfmt_tool(const json_t *name, const json_t *description, const json_t *parameters);
 /* The template text a model is rendered with: its own, or the default. */
 const char *chatfmt_source(const lms_model *m);
 /* Renders in and tokenizes the text. think_open (may be NULL): whether the
