@@ -591,9 +591,9 @@ values_blk_c_one(const att_src *s, int hd, int nq, const float *w, size_t ws, in
                 const float a = w[q * ws + (size_t)j];
                 for (int b = 0; b < nc / LMS_QK8_0; b++) {
                     const int vb = c0 / LMS_QK8_0 + b;
-                    const float e = a * blk_d(v, vb, q4); /* as the AVX-512 kernels */
+                    const float d = blk_d(v, vb, q4); /* as the AVX-512 kernels */
                     for (int i = 0; i < LMS_QK8_0; i++)
-                        acc[b * LMS_QK8_0 + i] += e * (float)blk_q(v, vb, i, q4);
+                        acc[b * LMS_QK8_0 + i] += a * (d * (float)blk_q(v, vb, i, q4));
                 }
             }
             for (int d = 0; d < nc; d++)
@@ -1138,36 +1138,35 @@ ATT_INLINE void values_f16_pairs_x(const att_src *s, const float *w, size_t ws, 
 }
 
 /*
- * q8_0 and q4_0 values: a row's weight times each block's scale first (one
- * scalar product per row and block, w * d rounded to f32), then one FMA per
- * 16 values: acc += (w * d) * q. Folding the scale into the weight leaves
- * the FMA pipes one product per value and row (the q values are converted
- * once and shared by the rows of a pass). Every kernel below and the
+ * q8_0 and q4_0 values: each value dequantized first, q * d (exact in f32:
+ * an f16 scale times an integer of at most 8 bits), then one FMA per 16
+ * values and row: acc += w * (q * d), as for an f16 cache. The dequantized
+ * values are shared by the rows of a pass. Every kernel below and the
  * portable twin use this order.
  */
-ATT_INLINE __m512 q8_weight(const float *w, int32_t j, float d)
-{
-    return _mm512_set1_ps(w[j] * d);
-}
 
-/* Block b of a V row (q8_0, or q4_0 where Q4): its scale, and its values
- * 0-15 and 16-31 as floats (q4_0: each nibble minus 8, exact). */
-ATT_INLINE float blk_lanes(const uint8_t *row, int b, const int Q4, __m512 *x0, __m512 *x1)
+/* Block b of a V row (q8_0, or q4_0 where Q4): its values 0-15 and 16-31
+ * dequantized. q4_0: the scale times the table of q - 8, then each byte in
+ * its own lane indexes it; vpermps reads only an index's low 4 bits, so the
+ * low nibble indexes it as it is and the high one after a shift (5 vector
+ * instructions for the 32 values, where masking, offsetting, converting and
+ * scaling took 12). */
+ATT_INLINE void blk_lanes(const uint8_t *row, int b, const int Q4, __m512 *x0, __m512 *x1)
 {
     const uint8_t *blk = row + b * ATT_BLK_BYTES(Q4), *qs = blk + offsetof(lms_block_q8_0, qs);
-    uint16_t d;
-    memcpy(&d, blk, sizeof d);
+    uint16_t h;
+    memcpy(&h, blk, sizeof h);
+    const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)h));
     if (!Q4) {
-        *x0 = q8_lanes((const int8_t *)qs);
-        *x1 = q8_lanes((const int8_t *)qs + 16);
+        *x0 = _mm512_mul_ps(q8_lanes((const int8_t *)qs), d);
+        *x1 = _mm512_mul_ps(q8_lanes((const int8_t *)qs + 16), d);
     } else {
-        const __m128i v = _mm_loadu_si128((const __m128i *)qs), m = _mm_set1_epi8(0x0F);
-        const __m128i lo = _mm_sub_epi8(_mm_and_si128(v, m), _mm_set1_epi8(8));
-        const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_set1_epi8(8));
-        *x0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo));
-        *x1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi));
+        const __m512 t = _mm512_mul_ps(
+            _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7), d);
+        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qs));
+        *x0 = _mm512_permutexvar_ps(v, t);
+        *x1 = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), t);
     }
-    return _cvtsh_ss(d);
 }
 
 /* 64 columns (two blocks) at a time, NQ x 4 accumulators */
@@ -1186,9 +1185,9 @@ ATT_INLINE void values_blk_x(const att_src *s, int hd, const float *w, size_t ws
             const uint8_t *v = att_row(s, j);
             for (int b = 0; b < 2; b++) {
                 __m512 x0, x1;
-                const float d = blk_lanes(v, c0 / LMS_QK8_0 + b, Q4, &x0, &x1);
+                blk_lanes(v, c0 / LMS_QK8_0 + b, Q4, &x0, &x1);
                 for (int q = 0; q < NQ; q++) {
-                    const __m512 e = q8_weight(w + q * ws, j, d);
+                    const __m512 e = _mm512_set1_ps(w[q * ws + (size_t)j]);
                     acc[q][2 * b] = _mm512_fmadd_ps(e, x0, acc[q][2 * b]);
                     acc[q][2 * b + 1] = _mm512_fmadd_ps(e, x1, acc[q][2 * b + 1]);
                 }
@@ -1217,10 +1216,10 @@ ATT_INLINE void values_blk_pairs_x(const att_src *s, const float *w, size_t ws, 
         for (int32_t j = jb; j < ru.je; j++) {
             prefetch_run(s, &ru, j, n, 0, HD / LMS_QK8_0 * (int64_t)ATT_BLK_BYTES(Q4));
             const uint8_t *v = run_row(s, &ru, j);
+            const __m512 ea = _mm512_set1_ps(w[j]), eb = _mm512_set1_ps(w[ws + (size_t)j]);
             for (int b = 0; b < HD / LMS_QK8_0; b++) {
                 __m512 x0, x1;
-                const float d = blk_lanes(v, b, Q4, &x0, &x1);
-                const __m512 ea = q8_weight(w, j, d), eb = q8_weight(w + ws, j, d);
+                blk_lanes(v, b, Q4, &x0, &x1);
                 a0[2 * b] = _mm512_fmadd_ps(ea, x0, a0[2 * b]);
                 a0[2 * b + 1] = _mm512_fmadd_ps(ea, x1, a0[2 * b + 1]);
                 a1[2 * b] = _mm512_fmadd_ps(eb, x0, a1[2 * b]);
