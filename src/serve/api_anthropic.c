@@ -74,15 +74,18 @@ static const char *error_type(int status)
     }
 }
 
-static json_t *error_obj(const reqerr *e)
+json_t *api_anthropic_error(const reqerr *e)
 {
     return json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type",
                      error_type(e->status), "message", e->msg);
 }
 
-static int reply_err(conn *c, const reqerr *e)
+bool api_anthropic_path(const char *path)
 {
-    return http_reply_json(c, e->status, error_obj(e));
+    static const char prefix[] = "/v1/messages";
+    return strncmp(path, prefix, sizeof prefix - 1) == 0 &&
+           (path[sizeof prefix - 1] == '\0' || path[sizeof prefix - 1] == '/' ||
+            path[sizeof prefix - 1] == '?');
 }
 
 /* ---- request ------------------------------------------------------------------------ */
@@ -480,9 +483,9 @@ static void anth_on_event(task *t, const lms_event *ev, double t_ms)
         return;
     if (failed) {
         if (!j->begun)
-            reply_err(c, &e);
+            http_reply_err(c, &e);
         else {
-            send_event(c, "error", error_obj(&e));
+            send_event(c, "error", api_anthropic_error(&e));
             http_stream_end(c);
         }
         return;
@@ -544,7 +547,7 @@ int api_anthropic_count(conn *c, json_t *body)
     reqerr e;
     int picked = pick_expert(c, body, api_anthropic_count, &e); /* refuses remote experts */
     if (picked <= 0)
-        return picked < 0 ? reply_err(c, &e) : 0;
+        return picked < 0 ? http_reply_err(c, &e) : 0;
     json_t *tools = NULL, *forced = NULL, *kw = NULL;
     genparams gp;
     genparams_init(&gp, 0);
@@ -562,7 +565,7 @@ int api_anthropic_count(conn *c, json_t *body)
     genparams_deinit(&gp);
     free(toks);
     if (rc < 0)
-        return reply_err(c, &e);
+        return http_reply_err(c, &e);
     return http_reply_json(c, 200, json_pack("{s:I}", "input_tokens", (json_int_t)n));
 }
 
@@ -571,7 +574,7 @@ int api_anthropic_messages(conn *c, json_t *body)
     reqerr e;
     int picked = pick_expert(c, body, api_anthropic_messages, &e);
     if (picked <= 0)
-        return picked < 0 ? reply_err(c, &e) : 0;
+        return picked < 0 ? http_reply_err(c, &e) : 0;
     const bool remote = c->x->remote != NULL;
     genparams gp;
     server_genparams(c->srv, &gp);
@@ -624,7 +627,7 @@ int api_anthropic_messages(conn *c, json_t *body)
     json_decref(gen);
     genparams_deinit(&gp);
     if (!t)
-        return reply_err(c, &e);
+        return http_reply_err(c, &e);
     if (stream && !remote) /* remote: with the first piece */
         stream_begin(c, j);
     return 0;

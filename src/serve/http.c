@@ -212,7 +212,9 @@ int http_reply_json(conn *c, int status, json_t *j)
 int http_reply_err(conn *c, const reqerr *e)
 {
     const char *extra = e->status == 401 ? "www-authenticate: Bearer\x0d\x0a" : NULL;
-    json_t *j = reqerr_json(e);
+    /* every error of Anthropic's endpoints in its shape, those raised
+     * before the handler runs (401, 413, broken JSON...) too */
+    json_t *j = api_anthropic_path(c->txn.path) ? api_anthropic_error(e) : reqerr_json(e);
     size_t n = 0;
     char *s = json_dump_compact(j, &n);
     json_decref(j);

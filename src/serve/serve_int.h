@@ -560,6 +560,10 @@ int api_responses(conn *c, json_t *body);
 /* api_anthropic.c: POST /v1/messages and /v1/messages/count_tokens */
 int api_anthropic_messages(conn *c, json_t *body);
 int api_anthropic_count(conn *c, json_t *body);
+/* Anthropic's error object for e ({"type": "error", "error": {type, message}}) */
+json_t *api_anthropic_error(const reqerr *e);
+/* whether path is one of Anthropic's endpoints (its errors take that shape) */
+bool api_anthropic_path(const char *path);
 /* GET (del false) or DELETE /v1/responses/{id}: a stored response. */
 int api_responses_get(conn *c, const char *id, bool del);
 /* api_embeddings.c */

@@ -343,6 +343,13 @@ for bad in '{"max_tokens":4,"messages":"x"}|messages' '{"max_tokens":4,"messages
     req POST /v1/messages -d "${bad%|*}"
     check "messages: ${bad%|*} refused naming ${bad##*|}" eq "$(code) $(py "$T/out" '(d["type"], d["error"]["type"], sys.argv[3] in d["error"]["message"])' "${bad##*|}")" "400 ('error', 'invalid_request_error', True)"
 done
+# ... and refused before its handler runs: broken JSON, a body over the limit, an unknown model
+req POST /v1/messages -d '{"max_tokens":4,'
+check "messages: broken JSON in Anthropic's shape" eq "$(code) $(py "$T/out" '(d["type"], d["error"]["type"], "line 1" in d["error"]["message"])')" "400 ('error', 'invalid_request_error', True)"
+req POST /v1/messages --data-binary @"$T/big"
+check "messages: 413 in Anthropic's shape" eq "$(code) $(py "$T/out" '(d["type"], d["error"]["type"])')" "413 ('error', 'request_too_large')"
+req POST /v1/messages/count_tokens -d '{"model":"claude-x","messages":[{"role":"user","content":"x"}]}'
+check "count_tokens: unknown model 404 in Anthropic's shape" eq "$(code) $(py "$T/out" '(d["type"], d["error"]["type"])')" "404 ('error', 'not_found_error')"
 req DELETE /v1/responses/resp_nope
 check "DELETE of no stored response: 404" eq "$(code)" 404
 req GET /v1/responses/resp_nope
@@ -488,6 +495,10 @@ check "no key 401" eq "$(code)" 401
 check "401 type" eq "$(py "$T/out" 'd["error"]["type"]')" authentication_error
 req GET /v1/models -H 'Authorization: Bearer wrong'
 check "wrong key 401" eq "$(code)" 401
+req POST /v1/messages -H 'x-api-key: wrong' -d '{"max_tokens":4,"messages":[{"role":"user","content":"x"}]}'
+check "messages: 401 in Anthropic's shape" eq "$(code) $(py "$T/out" '(d["type"], d["error"]["type"])')" "401 ('error', 'authentication_error')"
+req POST /v1/chat/completions -d '{"messages":[{"role":"user","content":"x"}]}'
+check "chat: 401 keeps OpenAI's shape" eq "$(code) $(py "$T/out" 'sorted(d["error"])')" "401 ['code', 'message', 'param', 'type']"
 req GET /v1/models -H 'Authorization: Bearer s3cret'
 check "right key 200" eq "$(code)" 200
 req GET /health
