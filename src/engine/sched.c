@@ -890,13 +890,19 @@ static void register_blocks(lms_sched *s, sreq *q)
  * function calls and thoughts by them (serve/toolcall.h, reasoning.h), so
  * their text stays in the reply although control tokens are otherwise not
  * shown (Mistral's [TOOL_CALLS] [ARGS] [CALL_ID], Llama 3's <|python_tag|>,
- * Granite's <|tool_call|>, <think> where a vocabulary makes it a control
- * token). */
+ * Granite's <|tool_call|>, DeepSeek's <｜tool▁calls▁begin｜> and the rest
+ * of its call markers, <think> where a vocabulary makes it a control
+ * token). Matched by text; at most LMS_MAX_MARKERS in all. */
+#define DS_MARK(words) "<\xef\xbd\x9ctool" words "\xef\xbd\x9c>" /* <｜tool...｜>, U+FF5C */
+#define DS_SP "\xe2\x96\x81"                                     /* ▁, U+2581 */
 static void marker_ids(lms_sched *s)
 {
-    static const char *const texts[] = {"[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<|python_tag|>",
-                                        "<|tool_call|>", "<tool_call>", "</tool_call>",
-                                        "<think>", "</think>"};
+    static const char *const texts[] = {
+        "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<|python_tag|>", "<|tool_call|>", "<tool_call>",
+        "</tool_call>", "<think>", "</think>", DS_MARK(DS_SP "calls" DS_SP "begin"),
+        DS_MARK(DS_SP "calls" DS_SP "end"), DS_MARK(DS_SP "call" DS_SP "begin"),
+        DS_MARK(DS_SP "call" DS_SP "end"), DS_MARK(DS_SP "sep")};
+    _Static_assert(sizeof texts / sizeof texts[0] <= LMS_MAX_MARKERS, "room for each marker");
     const lms_tokenizer *t = s->m->tok;
     for (int32_t id = 0; id < s->m->hp.n_vocab && s->n_markers < LMS_MAX_MARKERS; id++) {
         if (lms_token_type(t, id) != LMS_TOKEN_TYPE_CONTROL)

@@ -16,6 +16,16 @@ static const char TAG_OPEN[] = "<tool_call>";
 static const char TAG_CLOSE[] = "</tool_call>";
 static const char MISTRAL_MARK[] = "[TOOL_CALLS]";
 
+/* DeepSeek's markers, written with U+FF5C FULLWIDTH VERTICAL LINE and
+ * U+2581 LOWER ONE EIGHTH BLOCK: <｜tool▁calls▁begin｜> and so on. */
+#define DS_BAR "\xef\xbd\x9c" /* U+FF5C */
+#define DS_SP "\xe2\x96\x81"  /* U+2581 */
+static const char DS_CALLS_BEGIN[] = "<" DS_BAR "tool" DS_SP "calls" DS_SP "begin" DS_BAR ">";
+static const char DS_CALLS_END[] = "<" DS_BAR "tool" DS_SP "calls" DS_SP "end" DS_BAR ">";
+static const char DS_CALL_BEGIN[] = "<" DS_BAR "tool" DS_SP "call" DS_SP "begin" DS_BAR ">";
+static const char DS_CALL_END[] = "<" DS_BAR "tool" DS_SP "call" DS_SP "end" DS_BAR ">";
+static const char DS_SEP[] = "<" DS_BAR "tool" DS_SP "sep" DS_BAR ">";
+
 
 static bool starts_with(const char *s, size_t n, const char *lit, size_t lit_len)
 {
@@ -27,6 +37,14 @@ static size_t find(const char *s, size_t n, const char *lit, size_t lit_len)
 {
     const char *p = memmem(s, n, lit, lit_len);
     return p ? (size_t)(p - s) : n;
+}
+
+/* n less the whitespace that ends text[0, n). */
+static size_t trim_end(const char *text, size_t n)
+{
+    while (n > 0 && text_is_space(text[n - 1]))
+        n--;
+    return n;
 }
 
 void toolcalls_free(toolcalls *tc)
@@ -85,6 +103,23 @@ static json_t *load(const char *s, size_t n, size_t *used)
     if (j && used)
         *used = (size_t)err.position;
     return j;
+}
+
+/* Adds the call named name[0, name_len) whose arguments are the JSON
+ * object at args[0, n): with used, text may follow it and *used gets the
+ * bytes it took; without, only whitespace may. Returns 1 added, 0 not an
+ * object (or a name that is not UTF-8), < 0 out of memory. */
+static int add_named_call(toolcalls *tc, const char *name, size_t name_len, const char *args,
+                          size_t n, size_t *used)
+{
+    json_t *a = load(args, n, used);
+    json_t *call = json_is_object(a) ? json_pack("{s:s%, s:O}", "name", name, name_len,
+                                                 "arguments", a)
+                                     : NULL;
+    const int rc = call ? add_call(tc, call) : 0;
+    json_decref(call);
+    json_decref(a);
+    return rc;
 }
 
 /* A parameter's text as a JSON value: itself where it reads as JSON (an
@@ -217,13 +252,8 @@ static int parse_mistral_args(const char *s, size_t n, size_t i, toolcalls *tc)
         if (i + a >= n || name_len == 0)
             return 0;
         size_t used = 0;
-        json_t *args = load(s + i + a + LIT_LEN(ARGS), n - i - a - LIT_LEN(ARGS), &used);
-        json_t *call = json_is_object(args)
-                           ? json_pack("{s:s%, s:O}", "name", s + i, name_len, "arguments", args)
-                           : NULL;
-        const int rc = call ? add_call(tc, call) : 0;
-        json_decref(call);
-        json_decref(args);
+        const int rc = add_named_call(tc, s + i, name_len, s + i + a + LIT_LEN(ARGS),
+                                      n - i - a - LIT_LEN(ARGS), &used);
         if (rc <= 0)
             return rc;
         i = text_skip_space(s, i + a + LIT_LEN(ARGS) + used, n);
@@ -235,10 +265,78 @@ static int parse_mistral_args(const char *s, size_t n, size_t i, toolcalls *tc)
     return tc->n;
 }
 
+/* One DeepSeek call, the text between <｜tool▁call▁begin｜> and
+ * <｜tool▁call▁end｜> (s[0, n)), in either of its forms:
+ *   V3, R1:  [function]<｜tool▁sep｜>NAME\n```json\n{...}\n```
+ *   V3.1:    NAME<｜tool▁sep｜>{...}
+ * told apart by what follows the separator (a '{' or not). The fence is
+ * optional, but one opened must be closed; nothing else may follow.
+ * Returns 1 added, 0 not a call, < 0 out of memory. */
+static int add_deepseek_call(toolcalls *tc, const char *s, size_t n)
+{
+    static const char FENCE[] = "```", JSON_TAG[] = "json", FUNCTION[] = "function";
+    const size_t sep = find(s, n, DS_SEP, LIT_LEN(DS_SEP));
+    if (sep == n)
+        return 0;
+    size_t i = text_skip_space(s, sep + LIT_LEN(DS_SEP), n);
+    size_t a = text_skip_space(s, 0, sep), b = trim_end(s, sep); /* the text before it */
+    if (i < n && s[i] == '{') { /* V3.1: the name before the separator */
+        if (a >= b)
+            return 0;
+    } else { /* V3: "function" or nothing before it, the name on its line after it */
+        if (b > a && !(b - a == LIT_LEN(FUNCTION) && memcmp(s + a, FUNCTION, b - a) == 0))
+            return 0;
+        a = i;
+        b = trim_end(s, a + find(s + a, n - a, "\n", 1));
+        if (a >= b)
+            return 0;
+        i = text_skip_space(s, b, n);
+    }
+    size_t end = trim_end(s, n);
+    if (starts_with(s + i, n - i, FENCE, LIT_LEN(FENCE))) { /* the closing fence ends the call */
+        i += LIT_LEN(FENCE);
+        if (starts_with(s + i, n - i, JSON_TAG, LIT_LEN(JSON_TAG)))
+            i += LIT_LEN(JSON_TAG);
+        if (end < i + LIT_LEN(FENCE) || memcmp(s + end - LIT_LEN(FENCE), FENCE, LIT_LEN(FENCE)))
+            return 0;
+        end -= LIT_LEN(FENCE);
+    }
+    if (end <= i)
+        return 0; /* no arguments */
+    return add_named_call(tc, s + a, b - a, s + i, end - i, NULL);
+}
+
+/* DeepSeek's calls after <｜tool▁calls▁begin｜> (i just past it): blocks
+ * <｜tool▁call▁begin｜>...<｜tool▁call▁end｜>, whitespace between them, then
+ * <｜tool▁calls▁end｜>; text after that is dropped. A reply that ends
+ * without <｜tool▁calls▁end｜> still counts when every call in it is
+ * complete (the closing marker is all that is missing). Returns > 0 calls
+ * read, 0 not this form, < 0 out of memory. */
+static int parse_deepseek(const char *s, size_t n, size_t i, toolcalls *tc)
+{
+    while ((i = text_skip_space(s, i, n)) < n &&
+           !starts_with(s + i, n - i, DS_CALLS_END, LIT_LEN(DS_CALLS_END))) {
+        if (!starts_with(s + i, n - i, DS_CALL_BEGIN, LIT_LEN(DS_CALL_BEGIN)))
+            return 0;
+        i += LIT_LEN(DS_CALL_BEGIN);
+        const size_t body = find(s + i, n - i, DS_CALL_END, LIT_LEN(DS_CALL_END));
+        if (i + body >= n)
+            return 0; /* a call still being written, or never closed */
+        const int rc = add_deepseek_call(tc, s + i, body);
+        if (rc <= 0)
+            return rc;
+        i += body + LIT_LEN(DS_CALL_END);
+    }
+    return tc->n;
+}
+
 /* The markers a reply's calls may start with: the text before the first
  * is content. */
-static const char *const MARKS[] = {TAG_OPEN, MISTRAL_MARK, "<|python_tag|>", "<|tool_call|>"};
+enum { MARK_TAG, MARK_MISTRAL, MARK_PYTHON, MARK_GRANITE, MARK_DEEPSEEK };
+static const char *const MARKS[] = {TAG_OPEN, MISTRAL_MARK, "<|python_tag|>", "<|tool_call|>",
+                                    DS_CALLS_BEGIN};
 #define N_MARKS (sizeof MARKS / sizeof MARKS[0])
+_Static_assert(MARK_DEEPSEEK + 1 == N_MARKS, "one name per marker");
 
 /* The first marker in text[0, len): its offset (len: none) and index. */
 static size_t first_mark(const char *text, size_t len, int *which)
@@ -262,31 +360,21 @@ int toolcall_parse(const char *text, size_t len, toolcalls *out)
     int rc;
     if (mark == len) { /* no marker: the whole reply may be a bare call */
         rc = parse_bare(text, len, text_skip_space(text, 0, len), out);
-    } else if (which == 0) {
+    } else if (which == MARK_TAG) {
         rc = parse_tags(text, len, mark, out);
+    } else if (which == MARK_DEEPSEEK) {
+        rc = parse_deepseek(text, len, mark + LIT_LEN(DS_CALLS_BEGIN), out);
     } else {
         const size_t i = text_skip_space(text, mark + strlen(MARKS[which]), len);
-        rc = which == 1 && i < len && text[i] != '[' ? parse_mistral_args(text, len, i, out)
+        rc = which == MARK_MISTRAL && i < len && text[i] != '[' ? parse_mistral_args(text, len, i, out)
                                                      : parse_bare(text, len, i, out);
     }
     if (rc <= 0) {
         toolcalls_free(out);
         return rc < 0 ? -1 : 0;
     }
-    size_t c = mark < len ? mark : 0;
-    while (c > 0 && text_is_space(text[c - 1]))
-        c--;
-    out->content_len = c;
+    out->content_len = trim_end(text, mark < len ? mark : 0);
     return 0;
-}
-
-/* Content released while streaming stops short of trailing whitespace: a
- * call after it would trim it from the content (content_len). */
-static size_t trim_end(const char *text, size_t n)
-{
-    while (n > 0 && text_is_space(text[n - 1]))
-        n--;
-    return n;
 }
 
 size_t toolcall_safe_len(const char *text, size_t len)
@@ -304,5 +392,7 @@ size_t toolcall_safe_len(const char *text, size_t len)
                 break;
             }
     }
+    /* nor the whitespace before it: a call after it would trim that from
+     * the content (content_len) */
     return trim_end(text, safe);
 }

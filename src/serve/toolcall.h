@@ -18,7 +18,13 @@
  *     (Mistral Small 3.x, Magistral, Devstral; `[CALL_ID]ID` before
  *     `[ARGS]` allowed), one per `[TOOL_CALLS]`;
  *   - after `<|python_tag|>` (Llama 3.x) an object or objects as above,
- *     after `<|tool_call|>` (Granite) a JSON array.
+ *     after `<|tool_call|>` (Granite) a JSON array;
+ *   - DeepSeek's blocks between `<｜tool▁calls▁begin｜>` and
+ *     `<｜tool▁calls▁end｜>` (U+FF5C and U+2581 in the markers), each
+ *     `<｜tool▁call▁begin｜>...<｜tool▁call▁end｜>`: V3 and R1 write
+ *     `function<｜tool▁sep｜>NAME\n```json\n{...}\n```` ("function" may be
+ *     missing, the fence too), V3.1 `NAME<｜tool▁sep｜>{...}`; a reply that
+ *     ends without `<｜tool▁calls▁end｜>` counts when every call is closed.
  * These markers are control tokens: the scheduler keeps their text in the
  * reply (sched.c, marker_ids). Text before the first marker is content; a
  * bare object or array without a marker counts only when it is the whole

@@ -106,6 +106,92 @@ static void test_markers(void **state)
     assert_int_equal(tc.n, 0);
 }
 
+/* DeepSeek's markers: <｜tool▁calls▁begin｜> and so on (U+FF5C, U+2581) */
+#define DS(words) "<\xef\xbd\x9ctool" words "\xef\xbd\x9c>"
+#define SP "\xe2\x96\x81"
+#define CALLS_BEGIN DS(SP "calls" SP "begin")
+#define CALLS_END DS(SP "calls" SP "end")
+#define CALL_BEGIN DS(SP "call" SP "begin")
+#define CALL_END DS(SP "call" SP "end")
+#define SEP DS(SP "sep")
+
+/* Parses text and checks what it reads: content_len bytes of content, then
+ * the calls in want as name, arguments, name, arguments, ..., NULL. */
+static void expect_calls(const char *text, size_t content_len, const char *const *want)
+{
+    toolcalls tc = parse(text);
+    int n = 0;
+    while (want[2 * n])
+        n++;
+    assert_int_equal(tc.n, n);
+    assert_int_equal(tc.content_len, content_len);
+    for (int i = 0; i < n; i++) {
+        assert_string_equal(tc.v[i].name, want[2 * i]);
+        assert_string_equal(tc.v[i].arguments, want[2 * i + 1]);
+    }
+    toolcalls_free(&tc);
+}
+
+/* DeepSeek V3 / R1: function<｜tool▁sep｜>NAME, the arguments in a fence */
+static void test_deepseek_v3(void **state)
+{
+    (void)state;
+    expect_calls(CALLS_BEGIN CALL_BEGIN "function" SEP "get_weather\n```json\n"
+                 "{\"city\": \"Paris\", \"days\": 2}\n```" CALL_END CALLS_END,
+                 0, (const char *const[]){"get_weather", "{\"city\":\"Paris\",\"days\":2}", NULL});
+    /* text before, two calls on their own lines, one without "function" */
+    expect_calls("Let me check.\n\n" CALLS_BEGIN CALL_BEGIN "function" SEP "a\n```json\n"
+                 "{\"x\": 1}\n```" CALL_END "\n" CALL_BEGIN SEP "b\n```json\n{}\n```" CALL_END
+                     CALLS_END,
+                 strlen("Let me check."), (const char *const[]){"a", "{\"x\":1}", "b", "{}", NULL});
+    /* no fence; the closing marker of the calls missing at the end */
+    expect_calls(CALLS_BEGIN CALL_BEGIN "function" SEP "f\n{\"q\": \"x\"}" CALL_END "\n", 0,
+                 (const char *const[]){"f", "{\"q\":\"x\"}", NULL});
+}
+
+/* DeepSeek V3.1: NAME<｜tool▁sep｜>{...} */
+static void test_deepseek_v31(void **state)
+{
+    (void)state;
+    expect_calls(CALLS_BEGIN CALL_BEGIN "search" SEP "{\"q\": \"\xc3\xa9t\xc3\xa9\"}" CALL_END
+                     CALLS_END,
+                 0, (const char *const[]){"search", "{\"q\":\"\xc3\xa9t\xc3\xa9\"}", NULL});
+    expect_calls("Two lookups. " CALLS_BEGIN CALL_BEGIN "a" SEP "{\"n\": 1}" CALL_END CALL_BEGIN
+                 "b" SEP "{\"n\": [2, 3]}" CALL_END CALLS_END " ",
+                 strlen("Two lookups."),
+                 (const char *const[]){"a", "{\"n\":1}", "b", "{\"n\":[2,3]}", NULL});
+}
+
+/* malformed DeepSeek calls: the whole reply stays content */
+static void test_deepseek_malformed(void **state)
+{
+    (void)state;
+    static const char *const texts[] = {
+        CALLS_BEGIN,                                                 /* no call */
+        CALLS_BEGIN CALLS_END,                                       /* no call */
+        CALLS_BEGIN CALL_BEGIN "f" SEP "{\"a\": 1}",                 /* call not closed */
+        CALLS_BEGIN CALL_BEGIN "f" SEP "{\"a\": 1" CALL_END CALLS_END, /* broken JSON */
+        CALLS_BEGIN CALL_BEGIN "f" SEP "[1]" CALL_END CALLS_END,       /* not an object */
+        CALLS_BEGIN CALL_BEGIN SEP "{}" CALL_END CALLS_END,            /* empty name */
+        CALLS_BEGIN CALL_BEGIN "function" SEP "\n```json\n{}\n```" CALL_END CALLS_END,
+        CALLS_BEGIN CALL_BEGIN "function" SEP "f\n```json\n{}" CALL_END CALLS_END, /* fence */
+        CALLS_BEGIN CALL_BEGIN "function" SEP "f\n```json\n```" CALL_END CALLS_END,
+        CALLS_BEGIN CALL_BEGIN "function" SEP "f\n" CALL_END CALLS_END,  /* no arguments */
+        CALLS_BEGIN CALL_BEGIN "tool" SEP "f\n{}" CALL_END CALLS_END,    /* not "function" */
+        CALLS_BEGIN CALL_BEGIN "f" SEP "{} extra" CALL_END CALLS_END,     /* text after */
+        CALLS_BEGIN CALL_BEGIN "f" CALL_END CALLS_END,                  /* no separator */
+        CALLS_BEGIN "f" SEP "{}" CALL_END CALLS_END,                    /* no call begin */
+        CALLS_BEGIN CALL_BEGIN "a" SEP "{}" CALL_END " text " CALL_BEGIN "b" SEP "{}" CALL_END,
+        CALLS_BEGIN CALL_BEGIN "a" SEP "{}" CALL_END CALL_BEGIN "b" SEP "{}", /* 2nd cut */
+    };
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+        toolcalls tc = parse(texts[i]);
+        if (tc.n != 0)
+            fail_msg("DeepSeek text %zu read as %d calls", i, tc.n);
+        toolcalls_free(&tc);
+    }
+}
+
 static void test_bare_json(void **state)
 {
     (void)state;
@@ -181,6 +267,11 @@ static void test_stream_hold(void **state)
     check_stream("ok [TOOL_CALLS]f[ARGS]{}", 2);
     check_stream("ok [TOOL_", 2);
     check_stream("ok <|python", 2);
+    check_stream("ok " CALLS_BEGIN CALL_BEGIN "f" SEP "{}" CALL_END CALLS_END, 2);
+    check_stream("ok <\xef\xbd", 2);      /* cut inside the first marker character */
+    check_stream("ok <\xef\xbd\x9ctool" SP "calls" SP "be", 2); /* a partial marker */
+    check_stream("ok " DS(SP "calls"), 23);                   /* no marker after all */
+    check_stream("ok \xef\xbd\x9c", 6);  /* a fullwidth bar outside a marker is text */
 }
 
 int main(void)
@@ -189,6 +280,9 @@ int main(void)
         cmocka_unit_test(test_tags),
         cmocka_unit_test(test_xml),
         cmocka_unit_test(test_markers),
+        cmocka_unit_test(test_deepseek_v3),
+        cmocka_unit_test(test_deepseek_v31),
+        cmocka_unit_test(test_deepseek_malformed),
         cmocka_unit_test(test_bare_json),
         cmocka_unit_test(test_not_calls),
         cmocka_unit_test(test_stream_hold),
