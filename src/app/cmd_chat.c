@@ -8,11 +8,20 @@
  *
  * Each turn renders the whole conversation; the session keeps the K/V of
  * the tokens it has seen, so only the new part of the prompt is computed.
+ *
+ * Thinking models (<think> ... </think>, serve/reasoning.h): the thoughts
+ * go to stderr (dimmed on a terminal) and the answer to stdout, so a
+ * redirected stdout holds only answers; the history keeps them apart
+ * (content and reasoning_content), as the server's chat API gives them
+ * back to the template. --reasoning-format none prints the reply as
+ * written; --reasoning on|off and --chat-template-kwargs set the
+ * template's switches.
  */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -21,6 +30,8 @@
 #include "app/common.h"
 #include "app/prompt.h"
 #include "engine/generate.h"
+#include "model/template.h"
+#include "serve/reply.h"
 
 static volatile sig_atomic_t interrupted;
 
@@ -33,14 +44,40 @@ static void on_sigint(int sig)
 typedef struct reply {
     char *text;
     size_t n, cap;
+    reply_cut cut;
+    bool dim;      /* thoughts dimmed (stderr is a terminal) */
+    bool in_thoughts; /* thoughts written, their line not ended yet */
 } reply;
+
+/* Writes what of the reply can go out now: thoughts to stderr, the answer
+ * to stdout. */
+static void show(reply *r, bool final)
+{
+    reply_part p;
+    toolcalls tc = {0};
+    reply_cut_next(&r->cut, r->text ? r->text : "", r->n, &p, final ? &tc : NULL);
+    toolcalls_free(&tc);
+    if (p.r_n) {
+        if (r->dim && !r->in_thoughts)
+            fputs("\x1b[2m", stderr);
+        r->in_thoughts = true;
+        fwrite(r->text + p.r_from, 1, p.r_n, stderr);
+        fflush(stderr);
+    }
+    if ((p.c_n || final) && r->in_thoughts) { /* the thoughts end on a line of their own */
+        fputs(r->dim ? "\x1b[0m\n" : "\n", stderr);
+        r->in_thoughts = false;
+    }
+    if (p.c_n) {
+        fwrite(r->text + p.c_from, 1, p.c_n, stdout);
+        fflush(stdout);
+    }
+}
 
 static bool on_piece(void *ud, const char *text, size_t n, int32_t token, float prob)
 {
     reply *r = ud;
     (void)token, (void)prob;
-    fwrite(text, 1, n, stdout);
-    fflush(stdout);
     if (r->n + n + 1 > r->cap) {
         size_t cap = (r->n + n + 1) * 2;
         char *nt = realloc(r->text, cap);
@@ -52,8 +89,16 @@ static bool on_piece(void *ud, const char *text, size_t n, int32_t token, float 
     memcpy(r->text + r->n, text, n);
     r->n += n;
     r->text[r->n] = 0;
+    show(r, false);
     return true;
 }
+
+/* A chat session's settings beyond sampling. */
+typedef struct chat_opts {
+    const char *tpl;
+    json_t *kwargs;     /* template switches, or NULL */
+    bool thoughts;      /* thoughts taken apart (not --reasoning-format none) */
+} chat_opts;
 
 static json_t *new_history(const char *system)
 {
@@ -65,12 +110,12 @@ static json_t *new_history(const char *system)
 
 /* Renders the history; while it leaves less than a quarter of the context
  * for the reply, forgets the oldest exchange (the system prompt stays). */
-static int render_fitting(const lms_model *m, lms_session *s, const char *tpl, json_t *hist,
-                          int32_t **toks, int32_t *n, char *err, size_t errsz)
+static int render_fitting(const lms_model *m, lms_session *s, const chat_opts *o, json_t *hist,
+                          int32_t **toks, int32_t *n, bool *open, char *err, size_t errsz)
 {
     const int32_t n_ctx = lms_ctx_params_of(s->ctx)->n_ctx;
     for (;;) {
-        int rc = app_chat_tokens(m, tpl, hist, toks, n, err, errsz);
+        int rc = app_chat_tokens(m, o->tpl, hist, o->kwargs, toks, n, open, err, errsz);
         if (rc < 0 || *n <= n_ctx - n_ctx / 4)
             return rc;
         size_t first = json_array_size(hist) > 0 &&
@@ -89,7 +134,7 @@ static int render_fitting(const lms_model *m, lms_session *s, const char *tpl, j
 }
 
 /* One user turn: render, generate, append the reply to the history. */
-static void turn(const lms_model *m, lms_session *s, const char *tpl, json_t *hist,
+static void turn(const lms_model *m, lms_session *s, const chat_opts *o, json_t *hist,
                  const lms_gen_params *gp, const char *line)
 {
     json_t *msg = json_pack("{s:s, s:s}", "role", "user", "content", line);
@@ -101,12 +146,14 @@ static void turn(const lms_model *m, lms_session *s, const char *tpl, json_t *hi
     int32_t *toks;
     int32_t n;
     char err[512];
-    if (render_fitting(m, s, tpl, hist, &toks, &n, err, sizeof err) < 0) {
+    bool open = false;
+    if (render_fitting(m, s, o, hist, &toks, &n, &open, err, sizeof err) < 0) {
         fprintf(stderr, "error: %s\n", err);
         json_array_remove(hist, json_array_size(hist) - 1);
         return;
     }
-    reply r = {0};
+    reply r = {.dim = isatty(STDERR_FILENO)};
+    reply_cut_init(&r.cut, o->thoughts, open, false);
     lms_gen_stats st;
     interrupted = 0;
     int rc = lms_session_generate(s, toks, n, gp, on_piece, &r, &st, err, sizeof err);
@@ -115,11 +162,19 @@ static void turn(const lms_model *m, lms_session *s, const char *tpl, json_t *hi
         fprintf(stderr, "\nerror: %s\n", err);
         json_array_remove(hist, json_array_size(hist) - 1);
     } else {
+        show(&r, true);
         printf("\n");
+        fflush(stdout);
         fprintf(stderr, "[%d prompt tokens (%d reused), %d generated, %.1f t/s%s]\n", st.n_prompt,
                 st.n_cached, st.n_gen, st.gen_tps, interrupted ? ", interrupted" : "");
-        json_array_append_new(hist, json_pack("{s:s, s:s}", "role", "assistant", "content",
-                                              r.text ? r.text : ""));
+        reply_part w;
+        reply_cut_whole(&r.cut, r.n, &w);
+        const char *t = r.text ? r.text : "";
+        json_t *said = json_pack("{s:s, s:s%}", "role", "assistant", "content", t + w.c_from,
+                                 w.c_n);
+        if (said && w.r_n)
+            json_object_set_new(said, "reasoning_content", json_stringn(t + w.r_from, w.r_n));
+        json_array_append_new(hist, said);
     }
     free(r.text);
 }
@@ -127,6 +182,7 @@ static void turn(const lms_model *m, lms_session *s, const char *tpl, json_t *hi
 int cmd_chat(int argc, char **argv)
 {
     const char *model = NULL, *system = NULL, *tpl_name = NULL;
+    const char *kwargs_json = NULL, *think = NULL, *rformat = NULL;
     int64_t n_ctx = 0, threads = 0, n_predict = 512;
     lms_gen_params gp = {.sp = lms_sampler_defaults(), .cancel = &interrupted};
     app_lora_opts lo = {0};
@@ -146,8 +202,14 @@ int cmd_chat(int argc, char **argv)
             model = argv[++i];
         else if (!strcmp(a, "--system"))
             system = argv[++i];
-        else if (!strcmp(a, "--template"))
+        else if (!strcmp(a, "--template") || !strcmp(a, "--chat-template"))
             tpl_name = argv[++i];
+        else if (!strcmp(a, "--chat-template-kwargs"))
+            kwargs_json = argv[++i];
+        else if (!strcmp(a, "--reasoning"))
+            think = argv[++i];
+        else if (!strcmp(a, "--reasoning-format"))
+            rformat = argv[++i];
         else if (!strcmp(a, "-c"))
             ok = args_int(a, argv[++i], 16, 1 << 22, &n_ctx);
         else if (!strcmp(a, "-t"))
@@ -162,6 +224,8 @@ int cmd_chat(int argc, char **argv)
             ok = false;
         if (!ok) {
             fprintf(stderr, "usage: lmserv chat -m MODEL [--system TEXT] [--template NAME|FILE] "
+                            "[--chat-template-kwargs JSON] [--reasoning on|off|auto] "
+                            "[--reasoning-format none|auto|deepseek] "
                             "[-c CTX] [-t N] [-n N] [--temp T] [--seed S] " APP_LORA_USAGE " "
                             APP_SHAPE_USAGE "\n");
             return 2;
@@ -172,17 +236,30 @@ int cmd_chat(int argc, char **argv)
         return 2;
     }
     gp.n_predict = (int32_t)n_predict;
+    char err[512];
+    chat_opts co = {.thoughts = true};
+    const int rf = rformat ? reasoning_format_parse(rformat) : REASONING_DEEPSEEK;
+    if (rf < 0 || rf == REASONING_LEGACY) {
+        fprintf(stderr, "lmserv chat: reasoning format '%s': use none, auto or deepseek\n", rformat);
+        return 2;
+    }
+    co.thoughts = rf != REASONING_NONE;
+    if (lms_template_switches(kwargs_json, think, &co.kwargs, err, sizeof err) < 0) {
+        fprintf(stderr, "lmserv chat: %s\n", err);
+        return 2;
+    }
     if (app_shape_compile(&shape, &gp) < 0) { /* each reply held to it */
         app_shape_free(&shape);
+        json_decref(co.kwargs);
         return 2;
     }
     lms_model *m;
     lms_ctx *c;
     if (app_load(model, (int32_t)n_ctx, 512, (int32_t)threads, &m, &c) < 0) {
         app_shape_free(&shape);
+        json_decref(co.kwargs);
         return 1;
     }
-    char err[512];
     lms_lora_set lora;
     char *tpl = NULL;
     if (app_lora_load(&lo, m, c, &lora) == 0 &&
@@ -190,11 +267,13 @@ int cmd_chat(int argc, char **argv)
         fprintf(stderr, "lmserv chat: %s\n", err);
     if (!tpl) { /* (app_lora_load prints its own error) */
         app_shape_free(&shape);
+        json_decref(co.kwargs);
         app_lora_release(&lo);
         lms_ctx_destroy(c);
         lms_model_free(m);
         return 1;
     }
+    co.tpl = tpl;
     lms_session s;
     lms_session_init(&s, c);
     lms_session_set_lora(&s, &lora);
@@ -228,13 +307,14 @@ int cmd_chat(int argc, char **argv)
             continue;
         }
         if (n > 0)
-            turn(m, &s, tpl, hist, &gp, line);
+            turn(m, &s, &co, hist, &gp, line);
     }
     printf("\n");
     free(line);
     free(sys);
     json_decref(hist);
     free(tpl);
+    json_decref(co.kwargs);
     lms_session_deinit(&s);
     app_lora_release(&lo);
     app_shape_free(&shape);

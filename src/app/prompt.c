@@ -11,6 +11,7 @@
 #include "base/err.h"
 #include "model/template.h"
 #include "model/tokenizer.h"
+#include "serve/reasoning.h"
 
 int app_tokenize(const lms_model *m, const char *text, size_t len, bool add_special,
                  bool parse_special, int32_t **out, int32_t *n_out, char *err, size_t errsz)
@@ -53,8 +54,9 @@ static const char *special_text(const lms_model *m, int32_t id)
     return id >= 0 ? lms_token_text(m->tok, id) : NULL;
 }
 
-int app_chat_tokens(const lms_model *m, const char *tpl, const json_t *messages, int32_t **out,
-                    int32_t *n_out, char *err, size_t errsz)
+int app_chat_tokens(const lms_model *m, const char *tpl, const json_t *messages,
+                    const json_t *kwargs, int32_t **out, int32_t *n_out, bool *open, char *err,
+                    size_t errsz)
 {
     const char *bos = special_text(m, lms_tokenizer_bos(m->tok));
     lms_template_vars vars = {
@@ -62,12 +64,15 @@ int app_chat_tokens(const lms_model *m, const char *tpl, const json_t *messages,
         .add_generation_prompt = true,
         .bos_token = bos,
         .eos_token = special_text(m, lms_tokenizer_eos(m->tok)),
+        .extra = kwargs,
     };
     char *text;
     size_t len;
     int rc = lms_template_render(tpl, strlen(tpl), &vars, &text, &len, err, errsz);
     if (rc < 0)
         return rc;
+    if (open)
+        *open = reasoning_prompt_open(text, len);
     /* add BOS unless the template already wrote it */
     bool add = lms_tokenizer_add_bos(m->tok) && bos && strncmp(text, bos, strlen(bos)) != 0;
     rc = app_tokenize(m, text, len, add, true, out, n_out, err, errsz);
@@ -85,7 +90,7 @@ int app_prompt_tokens(const lms_model *m, const char *text, const char *system, 
         json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", system));
     json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", text));
     char *tpl = app_chat_template(m, NULL, err, errsz);
-    int rc = tpl ? app_chat_tokens(m, tpl, msgs, out, n_out, err, errsz) : LMS_ERR_NOMEM;
+    int rc = tpl ? app_chat_tokens(m, tpl, msgs, NULL, out, n_out, NULL, err, errsz) : LMS_ERR_NOMEM;
     free(tpl);
     json_decref(msgs);
     return rc;

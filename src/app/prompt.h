@@ -18,9 +18,13 @@
 char *app_chat_template(const lms_model *m, const char *override, char *err, size_t errsz);
 
 /* Renders messages (a JSON array) with the model's template and tokenizes
- * the result with special tokens parsed. */
-int app_chat_tokens(const lms_model *m, const char *tpl, const json_t *messages, int32_t **out,
-                    int32_t *n_out, char *err, size_t errsz);
+ * the result with special tokens parsed. kwargs (NULL: none): extra
+ * template variables (chat_template_kwargs, e.g. enable_thinking); *open
+ * (when not NULL): whether the rendered prompt ends inside an opened
+ * <think>, so the reply starts with thoughts. */
+int app_chat_tokens(const lms_model *m, const char *tpl, const json_t *messages,
+                    const json_t *kwargs, int32_t **out, int32_t *n_out, bool *open, char *err,
+                    size_t errsz);
 
 /* chat: [system?, user: text] through the template; else the plain text
  * (with BOS when add_bos and the vocab wants one). */

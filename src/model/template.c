@@ -246,3 +246,30 @@ int lms_template_render(const char *tpl, size_t tpl_len, const lms_template_vars
     lms_template_destroy(t);
     return rc;
 }
+
+int lms_template_switches(const char *kwargs_json, const char *reasoning, json_t **out,
+                          char *err, size_t errsz)
+{
+    *out = NULL;
+    const char *r = reasoning;
+    if (r && strcmp(r, "on") && strcmp(r, "off") && strcmp(r, "auto"))
+        return lms_errf(err, errsz, LMS_ERR_INVAL, "reasoning '%.40s': use on, off or auto", r);
+    json_t *kw = NULL;
+    if (kwargs_json && kwargs_json[0]) {
+        json_error_t je;
+        kw = json_loads(kwargs_json, 0, &je);
+        if (!json_is_object(kw)) {
+            const int rc = lms_errf(err, errsz, LMS_ERR_INVAL, "chat template kwargs: %s",
+                                    kw ? "must be a JSON object" : je.text);
+            json_decref(kw);
+            return rc;
+        }
+    }
+    if (r && strcmp(r, "auto")) {
+        if (!kw && !(kw = json_object()))
+            return lms_errf(err, errsz, LMS_ERR_NOMEM, "out of memory");
+        json_object_set_new(kw, "enable_thinking", json_boolean(!strcmp(r, "on")));
+    }
+    *out = kw;
+    return 0;
+}

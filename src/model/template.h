@@ -85,6 +85,15 @@ int lms_template_apply(const lms_template *t, const lms_template_vars *vars, cha
 int lms_template_render(const char *tpl, size_t tpl_len, const lms_template_vars *vars, char **out,
                         size_t *out_len, char *err, size_t errsz);
 
+/* The template switches a user sets on the command line (llama-server's
+ * --chat-template-kwargs JSON and --reasoning on|off|auto): kwargs_json a
+ * JSON object or NULL, reasoning "on" / "off" (enable_thinking true /
+ * false) or "auto" / NULL (left to the template). *out: the variables
+ * object (new reference), or NULL when neither sets anything. Returns
+ * LMS_ERR_INVAL with a message naming the bad value. */
+int lms_template_switches(const char *kwargs_json, const char *reasoning, json_t **out,
+                          char *err, size_t errsz);
+
 /*
  * Templates shipped with lmserv, by name: "chatml", "llama2", "llama3",
  * "mistral", "phi3", "gemma", "zephyr", "deepseek". Returns the Jinja

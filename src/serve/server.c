@@ -538,16 +538,10 @@ static int chat_defaults(lms_server *s, const lms_server_params *p, char *err, s
     if (s->rfmt < 0)
         return lms_errf(err, errsz, LMS_ERR_INVAL, "reasoning format '%.40s': use none, auto, "
                         "deepseek or deepseek-legacy", rf);
-    const char *r = p->reasoning;
-    if (r && strcmp(r, "on") && strcmp(r, "off") && strcmp(r, "auto"))
-        return lms_errf(err, errsz, LMS_ERR_INVAL, "reasoning '%.40s': use on, off or auto", r);
-    if (p->chat_template_kwargs && p->chat_template_kwargs[0]) {
-        json_error_t je;
-        s->tpl_kwargs = json_loads(p->chat_template_kwargs, 0, &je);
-        if (!json_is_object(s->tpl_kwargs))
-            return lms_errf(err, errsz, LMS_ERR_INVAL, "chat template kwargs: %s",
-                            s->tpl_kwargs ? "must be a JSON object" : je.text);
-    }
+    const int sw = lms_template_switches(p->chat_template_kwargs, p->reasoning, &s->tpl_kwargs,
+                                         err, errsz);
+    if (sw < 0)
+        return sw;
     if (p->sampling_defaults && p->sampling_defaults[0]) {
         json_error_t je;
         genparams gp;
@@ -561,11 +555,6 @@ static int chat_defaults(lms_server *s, const lms_server_params *p, char *err, s
         genparams_deinit(&gp);
         if (rc < 0)
             return lms_errf(err, errsz, LMS_ERR_INVAL, "sampling defaults: %s", e.msg);
-    }
-    if (r && strcmp(r, "auto")) {
-        if (!s->tpl_kwargs && !(s->tpl_kwargs = json_object()))
-            return lms_errf(err, errsz, LMS_ERR_NOMEM, "out of memory");
-        json_object_set_new(s->tpl_kwargs, "enable_thinking", json_boolean(!strcmp(r, "on")));
     }
     return 0;
 }

@@ -190,4 +190,16 @@ check "config chat_template from a file" eq "$(py "$T/out" 'd["prompt"].endswith
 req POST /apply-template -d "{\"model\":\"c\",$MSG}"
 check "config chat_template by built-in name" eq "$(py "$T/out" 'd["prompt"].endswith("<|im_start|>assistant\n")')" True
 stop_server
+# ---- lmserv chat: thoughts to stderr, the answer to stdout ---------------------------------
+GR='root ::= [a-z]{3,8} " " [a-z]{2,5} "\n</think>\n\n" [a-z]{2,6} " " [a-z]{2,6}'
+chat() { "$LMSERV" chat -m "$QWEN" -c 512 --template "$TPL/Qwen3.5-4B.jinja" -n 40 --temp 0 --grammar "$GR" "$@"; }
+printf 'hi\nagain\n/quit\n' | chat >"$T/cout" 2>"$T/cerr"
+check "chat: two answers on stdout, no thoughts or tags there" eq "$(grep -c '^> [a-z]* [a-z]*$' "$T/cout") $(grep -c think "$T/cout")" "2 0"
+check "chat: each turn's thoughts on stderr, on lines of their own" eq "$(grep -c '^[a-z]* [a-z]*$' "$T/cerr") $(grep -c think "$T/cerr")" "2 0"
+printf 'hi\n' | chat --reasoning-format none 2>/dev/null >"$T/cout"
+check "chat --reasoning-format none: the reply as written" eq "$(grep -c '</think>' "$T/cout")" 1
+printf 'hi\n' | chat --reasoning off 2>/dev/null >"$T/cout"
+check "chat --reasoning off: the template closes the thoughts, the reply is all answer" eq "$(grep -c '</think>' "$T/cout")" 1
+check "chat --reasoning maybe: refused" eq "$(printf 'hi\n' | chat --reasoning maybe 2>&1 | grep -c "reasoning 'maybe'")" 1
+check "chat --chat-template-kwargs not an object: refused" eq "$(printf 'hi\n' | chat --chat-template-kwargs 7 2>&1 | grep -c 'kwargs')" 1
 finish
