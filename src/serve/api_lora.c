@@ -16,16 +16,26 @@
  *   POST /lora-adapters/unload   {"id", "model"?}
  *
  * The table belongs to the model: it goes when the model is unloaded (an
- * idle expert), adapters loaded at run time with it. Run-time loads read
- * a small file on the event-loop thread.
+ * idle expert), adapters loaded at run time with it.
+ *
+ * Run-time loads: the path is checked on the loop thread, the file is read
+ * on a thread of its own (a lora_job), and its end comes back as the
+ * scheduler's events do (tasks.c): the job is marked done under s->mu, the
+ * loop woken with lws_cancel_service, and api_lora_poll answers the
+ * request there; so only the loop thread touches the table. A load counts
+ * as a waiting user of its expert (n_waiting): the model stays loaded under
+ * it. A connection that goes first leaves the job without one (c NULL): its
+ * adapter is released. Shutdown joins the threads still loading.
  */
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "base/err.h"
 #include "ops/log.h"
@@ -78,15 +88,16 @@ void api_lora_free(sattach *a)
     a->n_ad = 0;
 }
 
-int api_lora_open(lms_server *s, const lms_expert *x, const char *path, lms_lora **out,
-                  reqerr *e)
+/* The real path of a run-time adapter into real: it must lie inside
+ * --lora-dir and be a file or a folder. */
+static int resolve(const lms_server *s, const char *path, char *real, reqerr *e)
 {
     if (!s->lora_dir)
         return reqerr_set(e, 403, "path", "loading adapters at run time is off: start the "
                           "server with --lora-dir DIR");
     if (!path || !path[0] || strlen(path) >= PATH_MAX / 2)
         return reqerr_set(e, 400, "path", "the adapter path must be a non-empty string");
-    char joined[PATH_MAX], real[PATH_MAX];
+    char joined[PATH_MAX];
     snprintf(joined, sizeof joined, "%s/%s", s->lora_dir, path);
     const char *want = path[0] == '/' ? path : joined;
     /* the resolved file (links and .. followed) must lie inside the folder */
@@ -99,10 +110,138 @@ int api_lora_open(lms_server *s, const lms_expert *x, const char *path, lms_lora
     struct stat st;
     if (stat(real, &st) != 0 || !(S_ISREG(st.st_mode) || S_ISDIR(st.st_mode)))
         return reqerr_set(e, 400, "path", "adapter '%.200s' is not a file or a PEFT folder", path);
-    char err[512];
-    if (lms_lora_load(real, x->model, out, err, sizeof err) < 0)
-        return reqerr_set(e, 400, "path", "%s", err);
     return 0;
+}
+
+struct lora_job {
+    lms_server *s;
+    conn *c;                  /* NULL once the connection has gone */
+    lms_expert *x;            /* counted in x->n_waiting until the job ends */
+    const lms_model *model;   /* x's, for the worker (which reads no field of x) */
+    json_t *msg;              /* the request (a reference), for fn */
+    lora_done_fn fn;
+    char path[PATH_MAX];      /* resolved */
+    pthread_t th;
+    bool done;                /* s->mu; the fields below are the worker's until it is set */
+    int rc;
+    lms_lora *lora;
+    char err[512];
+    lora_job *next;           /* s->lora_jobs, loop thread */
+};
+
+/* Tests: LMSERV_DEBUG_LORA_DELAY_MS holds every run-time load that long, to
+ * observe the server while one runs. */
+static void debug_delay(void)
+{
+    const char *d = getenv("LMSERV_DEBUG_LORA_DELAY_MS");
+    long ms = d ? atol(d) : 0;
+    if (ms > 0 && ms < 600000)
+        nanosleep(&(struct timespec){ms / 1000, (ms % 1000) * 1000000L}, NULL);
+}
+
+static void *load_main(void *arg)
+{
+    lora_job *j = arg;
+    lms_server *s = j->s;
+    debug_delay();
+    j->rc = lms_lora_load(j->path, j->model, &j->lora, j->err, sizeof j->err);
+    pthread_mutex_lock(&s->mu);
+    j->done = true;
+    s->pend_lora = true;
+    if (s->ctx_alive)
+        lws_cancel_service(s->ctx);
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+int api_lora_begin(conn *c, const char *path, json_t *msg, lora_done_fn fn, reqerr *e)
+{
+    lms_server *s = c->srv;
+    char real[PATH_MAX];
+    if (resolve(s, path, real, e) < 0)
+        return -1;
+    if (s->n_lora_jobs >= SRV_MAX_ADAPTERS)
+        return reqerr_set(e, 503, NULL, "%d adapter loads are running: retry when one ends",
+                          s->n_lora_jobs);
+    lora_job *j = malloc(sizeof *j);
+    if (!j)
+        return reqerr_set(e, 503, NULL, "out of memory");
+    *j = (lora_job){.s = s, .c = c, .x = c->x, .model = c->x->model, .msg = json_incref(msg),
+                    .fn = fn, .next = s->lora_jobs};
+    memcpy(j->path, real, sizeof real);
+    if (pthread_create(&j->th, NULL, load_main, j) != 0) {
+        json_decref(msg);
+        free(j);
+        return reqerr_set(e, 503, NULL, "cannot start a thread to load the adapter");
+    }
+    s->lora_jobs = j;
+    s->n_lora_jobs++;
+    c->x->n_waiting++;
+    lms_log(LMS_LOG_INFO, "lora_load_begin", "model", LMS_LOG_STR(c->x->cfg->id), "path",
+            LMS_LOG_STR(real));
+    return 0;
+}
+
+/* Joins j's thread and frees it; its adapter goes to its connection's fn,
+ * or is released when the connection has gone. */
+static void job_end(lora_job *j)
+{
+    pthread_join(j->th, NULL);
+    if (j->x->n_waiting > 0)
+        j->x->n_waiting--;
+    if (j->c) {
+        reqerr e = {0};
+        if (j->rc < 0)
+            reqerr_set(&e, 400, "path", "%s", j->err);
+        j->c->x = j->x;
+        j->fn(j->c, j->msg, j->rc < 0 ? NULL : j->lora, &e);
+    } else {
+        lms_log(LMS_LOG_INFO, "lora_load_dropped", "path", LMS_LOG_STR(j->path)); /* no client */
+        lms_lora_release(j->lora);
+    }
+    json_decref(j->msg);
+    free(j);
+}
+
+void api_lora_poll(lms_server *s)
+{
+    lora_job *ended = NULL;
+    pthread_mutex_lock(&s->mu);
+    for (lora_job **pp = &s->lora_jobs; *pp;) {
+        lora_job *j = *pp;
+        if (!j->done) {
+            pp = &j->next;
+            continue;
+        }
+        *pp = j->next;
+        j->next = ended;
+        ended = j;
+        s->n_lora_jobs--;
+    }
+    pthread_mutex_unlock(&s->mu);
+    while (ended) {
+        lora_job *j = ended;
+        ended = j->next;
+        job_end(j);
+    }
+}
+
+void api_lora_drop_conn(conn *c)
+{
+    for (lora_job *j = c->srv->lora_jobs; j; j = j->next)
+        if (j->c == c)
+            j->c = NULL;
+}
+
+void api_lora_join(lms_server *s)
+{
+    while (s->lora_jobs) {
+        lora_job *j = s->lora_jobs;
+        s->lora_jobs = j->next;
+        j->c = NULL; /* every connection is gone */
+        job_end(j);
+    }
+    s->n_lora_jobs = 0;
 }
 
 /* ---- a request's adapters ---------------------------------------------------------- */
@@ -180,6 +319,16 @@ static json_t *list_json(const sattach *a)
     return arr;
 }
 
+/* x's table, or NULL with e filled when x is not loaded. */
+static sattach *loaded_table(const lms_expert *x, reqerr *e)
+{
+    sattach *a = table_of(x);
+    if (!a)
+        reqerr_set(e, 503, "model", "model '%.128s' is not loaded: send it a request first",
+                   x ? x->cfg->id : "");
+    return a;
+}
+
 /* The expert an adapter request is about: "model" when given, else the
  * default one; it must be loaded. */
 static sattach *target(conn *c, const json_t *body, reqerr *e)
@@ -197,13 +346,21 @@ static sattach *target(conn *c, const json_t *body, reqerr *e)
     } else {
         x = server_default_expert(s);
     }
-    sattach *a = table_of(x);
-    if (!a) {
-        reqerr_set(e, 503, "model", "model '%.128s' is not loaded: send it a request first",
-                   x ? x->cfg->id : "");
+    sattach *a = loaded_table(x, e);
+    if (a)
+        c->x = x;
+    return a;
+}
+
+/* x's table when it has room for one more adapter; else NULL with e filled. */
+static sattach *room_in(const lms_expert *x, reqerr *e)
+{
+    sattach *a = loaded_table(x, e);
+    if (a && a->n_ad >= SRV_MAX_ADAPTERS) {
+        reqerr_set(e, 400, NULL, "model '%.128s' has %d adapters already: unload one first",
+                   x->cfg->id, SRV_MAX_ADAPTERS);
         return NULL;
     }
-    c->x = x;
     return a;
 }
 
@@ -241,29 +398,37 @@ int api_lora_scales(conn *c, json_t *body)
     return http_reply_json(c, 200, list_json(a));
 }
 
-int api_lora_load(conn *c, json_t *body)
+/* POST /lora-adapters/load's file is read: the new entry. */
+static void load_done(conn *c, json_t *body, lms_lora *l, const reqerr *le)
 {
     reqerr e;
-    sattach *a = target(c, body, &e);
-    if (!a)
-        return http_reply_err(c, &e);
-    const char *path = NULL;
-    double scale = 0.0;
-    if (reqparse_str(body, "path", &path, &e) < 0 ||
-        reqparse_num(body, "scale", -MAX_SCALE, MAX_SCALE, &scale, &e) < 0)
-        return http_reply_err(c, &e);
-    if (a->n_ad >= SRV_MAX_ADAPTERS) {
-        reqerr_set(&e, 400, NULL, "model '%.128s' has %d adapters already: unload one first",
-                   c->x->cfg->id, SRV_MAX_ADAPTERS);
-        return http_reply_err(c, &e);
+    sattach *a = NULL;
+    if (!l)
+        e = *le;
+    else if (!(a = room_in(c->x, &e))) /* loads that ran side by side may have filled it */
+        lms_lora_release(l);
+    if (!a) {
+        http_reply_err(c, &e);
+        return;
     }
-    lms_lora *l;
-    if (api_lora_open(c->srv, c->x, path, &l, &e) < 0)
-        return http_reply_err(c, &e);
+    double scale = 0.0;
+    reqparse_num(body, "scale", -MAX_SCALE, MAX_SCALE, &scale, &e); /* checked at the start */
     int id = add_entry(a, l, (float)scale);
     lms_log(LMS_LOG_INFO, "lora_load", "model", LMS_LOG_STR(c->x->cfg->id), "adapter",
             LMS_LOG_STR(lms_lora_name(l)), "id", LMS_LOG_I64(id), NULL);
-    return http_reply_json(c, 200, entry_json(find_id(a, id)));
+    http_reply_json(c, 200, entry_json(find_id(a, id)));
+}
+
+int api_lora_load(conn *c, json_t *body)
+{
+    reqerr e;
+    const char *path = NULL;
+    double scale = 0.0;
+    if (!target(c, body, &e) || reqparse_str(body, "path", &path, &e) < 0 ||
+        reqparse_num(body, "scale", -MAX_SCALE, MAX_SCALE, &scale, &e) < 0 || !room_in(c->x, &e) ||
+        api_lora_begin(c, path, body, load_done, &e) < 0)
+        return http_reply_err(c, &e);
+    return 0; /* load_done answers */
 }
 
 int api_lora_unload(conn *c, json_t *body)

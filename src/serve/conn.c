@@ -42,6 +42,7 @@ conn *conn_create(lms_server *s, struct lws *wsi)
 void conn_cancel_tasks(conn *c)
 {
     pick_drop_conn(c);
+    api_lora_drop_conn(c);
     while (c->tasks)
         task_cancel(c->tasks);
 }

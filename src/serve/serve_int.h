@@ -42,6 +42,7 @@
 typedef struct conn conn;
 typedef struct task task;
 typedef struct parked parked;
+typedef struct lora_job lora_job;
 
 /* ---- growable byte buffer (sbuf.c) --------------------------------------- */
 
@@ -285,6 +286,7 @@ struct lms_server {
     bool wake_pending;         /* a lws_cancel_service is in flight */
     bool ctx_alive;            /* ctx may be woken */
     bool pend_poll;            /* the registry's loader finished a job */
+    bool pend_lora;            /* an adapter load finished (api_lora_poll) */
     int stop_requests;
     lms_sched *pend_stalled[SRV_MAX_STALLED]; /* schedulers the watchdog saw stall */
     int n_stalled;
@@ -302,6 +304,8 @@ struct lms_server {
     sexpert *xs;               /* [n_xs], one per expert */
     int n_xs;
     parked *park_head, *park_tail; /* requests waiting for a model to load */
+    lora_job *lora_jobs;       /* adapter loads in flight (api_lora.c) */
+    int n_lora_jobs;
     conn *conns;               /* every open connection */
     int n_conns, n_ws;
     task **tab;                /* live tasks by scheduler id */
@@ -614,11 +618,22 @@ int api_lora_list(conn *c);
 int api_lora_scales(conn *c, json_t *body);
 int api_lora_load(conn *c, json_t *body);
 int api_lora_unload(conn *c, json_t *body);
-/* Loads the adapter at path (inside the server's lora_dir) for x's model;
- * < 0 with e filled (403 outside the folder or no folder, 404 missing, 400
+/* The end of an adapter load (loop thread): c->x is the expert it was
+ * loaded for; l is a new reference that fn owns, or NULL with e filled (400
  * not an adapter of that model). */
-int api_lora_open(lms_server *s, const lms_expert *x, const char *path, lms_lora **out,
-                  reqerr *e);
+typedef void (*lora_done_fn)(conn *c, json_t *msg, lms_lora *l, const reqerr *e);
+/* Starts loading the adapter at path (inside the server's lora_dir) for
+ * c->x's model on a worker thread; the path is checked here first: < 0
+ * with e filled (403 outside the folder or no folder, 404 missing, 503 too
+ * many loads at once). fn(c, msg, ...) runs when the load ends, unless c
+ * has gone by then (the adapter is released); msg is kept until then. */
+int api_lora_begin(conn *c, const char *path, json_t *msg, lora_done_fn fn, reqerr *e);
+/* Loop thread (pend_lora): finishes the loads that ended. */
+void api_lora_poll(lms_server *s);
+/* The connection is going: its loads end unanswered. */
+void api_lora_drop_conn(conn *c);
+/* Shutdown: waits for the loads in flight and frees them. */
+void api_lora_join(lms_server *s);
 /* Loader thread: the adapters expert x was started with, into a; < 0 with
  * a message (the load fails). hook_release frees them (api_lora_free). */
 int api_lora_prepare(sattach *a, const lms_expert *x, const lms_model *m, char *err,

@@ -279,8 +279,8 @@ static void drain_queue(lms_server *s)
     s->q = NULL;
     s->n_q = s->cap_q = 0;
     s->wake_pending = false;
-    bool poll = s->pend_poll;
-    s->pend_poll = false;
+    bool poll = s->pend_poll, lora = s->pend_lora;
+    s->pend_poll = s->pend_lora = false;
     lms_sched *stalled[SRV_MAX_STALLED];
     int n_stalled = s->n_stalled;
     memcpy(stalled, s->pend_stalled, sizeof stalled);
@@ -293,6 +293,8 @@ static void drain_queue(lms_server *s)
     restarts(s, stalled, n_stalled, all);
     if (poll)
         lms_registry_poll(s->reg, on_change, s);
+    if (lora)
+        api_lora_poll(s);
     for (size_t i = 0; i < n; i++)
         task_dispatch(s, q[i].ev, q[i].t_ms);
     free(q);
@@ -306,7 +308,7 @@ static void drain_queue(lms_server *s)
 
 static bool all_flushed(lms_server *s)
 {
-    if (s->n_tasks > 0)
+    if (s->n_tasks > 0 || s->lora_jobs)
         return false;
     for (conn *c = s->conns; c; c = c->next)
         if (!c->closed && (!conn_idle_out(c) || lws_partial_buffered(c->wsi)))
@@ -696,6 +698,7 @@ void lms_server_destroy(lms_server *s)
     if (s->ctx)
         lws_context_destroy(s->ctx); /* closes sockets: their tasks are aborted */
     s->ctx = NULL;
+    api_lora_join(s);               /* before the models its loads read go */
     lms_registry_destroy(s->reg);   /* final events go to the queue, unread */
     lms_router_destroy(s->router);
     for (size_t i = 0; i < s->n_q; i++)

@@ -17,8 +17,10 @@
  *                                                 the text so far, "finish_reason":"abort")
  *   {"type":"ping"}                              {"type":"pong"}
  *   {"type":"load_adapter","adapter_path":"x.gguf",
- *    "scale":1,"model":...}                      {"type":"adapter_loaded",...}: the
- *                                                 connection's generations use it
+ *    "scale":1,"model":...}                      {"type":"adapter_loaded",...} once
+ *                                                 read (other messages are handled
+ *                                                 meanwhile): the connection's
+ *                                                 generations use it from then on
  *   {"type":"load_adapter","adapter_path":null}
  *   or {"type":"unload_adapter"}                 {"type":"adapter_unloaded"}
  *   anything wrong                               {"type":"error","message":..,"session_id":..}
@@ -216,6 +218,7 @@ int ws_type_again(conn *c, json_t *msg)
 }
 
 static int adapter_again(conn *c, json_t *msg);
+static void adapter_loaded(conn *c, json_t *msg, lms_lora *l, const reqerr *e);
 
 /* load_adapter: the connection's adapter for its generations (one at a
  * time, loaded from the server's adapter folder for the message's model);
@@ -244,20 +247,29 @@ static void adapter(conn *c, json_t *msg, const char *sid, bool unload)
     }
     reqerr e;
     int picked = pick_expert(c, msg, adapter_again, &e);
-    lms_lora *l = NULL;
-    if (picked > 0 && api_lora_open(c->srv, c->x, json_string_value(p), &l, &e) < 0)
+    if (picked > 0 && api_lora_begin(c, json_string_value(p), msg, adapter_loaded, &e) < 0)
         picked = -1;
     if (picked < 0)
         ws_send_error(c, sid, "%s", e.msg);
-    if (picked <= 0)
+}
+
+/* load_adapter's file is read (api_lora_begin): the connection's adapter
+ * from now on. */
+static void adapter_loaded(conn *c, json_t *msg, lms_lora *l, const reqerr *e)
+{
+    const char *sid = json_string_value(json_object_get(msg, "session_id"));
+    if (!l) {
+        ws_send_error(c, sid, "%s", e->msg);
         return;
+    }
+    const json_t *sc = json_object_get(msg, "scale");
     lms_lora_release(c->lora);
     c->lora = l;
     c->lora_x = c->x;
     c->lora_scale = sc ? (float)json_number_value(sc) : 1.0f;
-    json_t *o = json_pack("{s:s, s:O, s:s, s:s, s:f}", "type", "adapter_loaded", "adapter_path", p,
-                          "name", lms_lora_name(l), "model", c->x->cfg->id, "scale",
-                          (double)c->lora_scale);
+    json_t *o = json_pack("{s:s, s:O, s:s, s:s, s:f}", "type", "adapter_loaded", "adapter_path",
+                          json_object_get(msg, "adapter_path"), "name", lms_lora_name(l), "model",
+                          c->x->cfg->id, "scale", (double)c->lora_scale);
     if (sid)
         json_object_set_new(o, "session_id", json_string(sid));
     conn_out_ws_json(c, o);

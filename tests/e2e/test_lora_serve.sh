@@ -5,7 +5,8 @@
 # --lora`; POST /lora-adapters sets the scales every request gets; adapters
 # load and unload at run time from --lora-dir only (a path outside it is
 # refused, one that does not exist is 404); the `type` WebSocket dialect's
-# load_adapter / unload_adapter switch the connection's generations.
+# load_adapter / unload_adapter switch the connection's generations; loads
+# run beside the other requests.
 . "$(dirname "$0")/lib.sh"
 need_node
 MODEL=$LMS_TESTDATA/models/stories260K.gguf
@@ -104,6 +105,53 @@ sys.exit(0 if len(d) == 3 and d[0] == d[2] and d[0] != d[1] else 1)' "$R"
 
 stop_server
 check "clean stop" eq "$SRV_RC" "0"
+
+# run-time loads read the file on a thread of their own (held 2.5 s each
+# here): other clients are answered meanwhile, two loads run side by side,
+# a client that leaves first gets no entry, a WebSocket connection's ping
+# is answered before its load_adapter, a stop waits for a load
+LMSERV_DEBUG_LORA_DELAY_MS=2500 start_server -c 256 -t 1 --lora-dir "$T/ad"
+load_bg() { # name path: POST /lora-adapters/load in the background
+    curl -s -o "$T/$1.out" -w '%{http_code}' -X POST "$BASE/lora-adapters/load" \
+        -d "{\"path\":\"$2\"}" "${@:3}" >"$T/$1.code"
+}
+seen() { # event n: wait until the server has logged event n times
+    for _ in $(seq 200); do
+        [ "$(grep -c "\"$1\"" "$LOG")" -ge "$2" ] && return 0
+        sleep 0.05
+    done
+    return 1
+}
+load_bg l1 a1.gguf & L1=$!
+load_bg l2 a2.gguf & L2=$!
+check "two loads begin" seen lora_load_begin 2
+req GET /health
+check "health answers while they load" eq "$(code) $(cat "$T/l1.code" "$T/l2.code" 2>/dev/null)" "200 "
+wait "$L1" "$L2"
+check "then both loads answer" eq "$(cat "$T/l1.code") $(cat "$T/l2.code")" "200 200"
+req GET /lora-adapters
+check "both listed" eq "$(py "$T/out" 'sorted(a["path"].split("/")[-1] for a in d)')" "['a1.gguf', 'a2.gguf']"
+load_bg gone a1.gguf --max-time 0.5
+check "a client that leaves before its load ends" seen lora_load_begin 3
+check "leaves it unanswered" seen lora_load_dropped 1
+req GET /lora-adapters
+check "gets no entry" eq "$(code) $(py "$T/out" 'len(d)')" "200 2"
+R=$(cd "$E2E_DIR" && PORT="$PORT" timeout 60 node --input-type=module -e '
+import { Client } from "./wsclient.mjs";
+const c = await Client.open(`ws://127.0.0.1:${process.env.PORT}/ws`);
+const answer = (j) => ["pong", "adapter_loaded", "error"].includes(j.type);
+c.send({type: "load_adapter", adapter_path: "a1.gguf"});
+c.send({type: "ping"});
+const first = await c.next(answer), second = await c.next(answer);
+console.log(first.type, second.type);
+c.close();
+')
+check "ws: a ping is answered while load_adapter reads its file" eq "$R" "pong adapter_loaded"
+load_bg last a2.gguf & L3=$!
+check "a load runs when the server is told to stop" seen lora_load_begin 5
+stop_server
+wait "$L3"
+check "the stop waits for it: answered, clean exit" eq "$(cat "$T/last.code") $SRV_RC" "200 0"
 
 # a configuration's experts list their adapters ("lora": paths or {path, scale})
 cp "$MODEL" "$T/m.gguf"
