@@ -991,6 +991,18 @@ static void lora_gpu(lms_ctx *c, int il, int target, const float *x, float *y)
     }
 }
 
+/* Whether one-token steps fuse RoPE into the Q/K/V products (lcu_qkv_rope);
+ * LMS_CUDA_QKV_ROPE=0 keeps the separate epilogue launch, for A/B. */
+static bool qkv_rope_on(void)
+{
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("LMS_CUDA_QKV_ROPE");
+        v = e ? atoi(e) != 0 : 1;
+    }
+    return v;
+}
+
 /* A layer's attention half up to its output att: the normed residual
  * (and its q8 into eq), the Q/K/V products and biases, the epilogue into
  * the cache and the attention (and its q8 into aq). */
@@ -1005,6 +1017,13 @@ static int attn_half(lms_ctx *c, int il, const lcu_batch *db, int n_split,
     const int64_t q = (int64_t)hp->n_head * hp->head_dim, kv = (int64_t)hp->n_head_kv * hp->head_dim;
     lcu_rms_norm_q8(g, gp->x, l->attn_norm, gp->xn, eq, n, e, hp->rms_eps);
     const lcu_mat *qkv[3] = {&l->wq, &l->wk, &l->wv};
+    /* one token of a layer without Q/K norms, biases or adapters: RoPE and
+     * the cache stores in the products' epilogue (one launch less a layer) */
+    if (n == 1 && qkv_rope_on() && !l->q_norm && !l->k_norm && !l->bq && !l->bk && !l->bv &&
+        c->lora.n_groups == 0 && lcu_qkv_rope(g, qkv, eq, gp->qb, db, sh, l->k, l->v) == 0) {
+        lcu_attention(g, db, sh, gp->qb, l->k, l->v, gp->att, n_split, aq);
+        return 0;
+    }
     float *qkv_out[3] = {gp->qb, gp->kb, gp->vb};
     int rc = lcu_matmul_q8(g, 3, qkv, gp->xn, eq, n, qkv_out, false);
     lora_gpu(c, il, LMS_LORA_Q, gp->xn, gp->qb);

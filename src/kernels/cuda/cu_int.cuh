@@ -194,6 +194,43 @@ __device__ __forceinline__ void quant_lane(float v, int8_t *qs, float2 *ds, int6
     }
 }
 
+/* RoPE of pair i (elements 2i, 2i+1, or i, i + n_rot/2 for NeoX) at
+ * position pos: its cosine and sine, as forward.c computes them. Shared by
+ * qkv_post_k and the Q/K/V products' fused epilogue so that both rotate
+ * alike. */
+__device__ __forceinline__ void rope_cs(const lcu_attn_shape &s, int32_t pos, int i, float *c,
+                                        float *sn)
+{
+    const float theta_scale = powf(s.rope_base, -2.0f / (float)s.n_rot);
+    const float ff = s.freq_factors ? s.freq_factors[i] : 1.0f;
+    const float theta = (float)pos * powf(theta_scale, (float)i);
+    const float a = s.rope_freq_scale * (theta / ff);
+    *c = cosf(a);
+    *sn = sinf(a);
+}
+
+/* The pair (x0, x1) rotated by the angle of cosine c and sine sn, each
+ * product rounded on its own (no contraction into an FMA, which the
+ * compiler might do differently in each kernel): the same bits in
+ * qkv_post_k and in the products' fused epilogue. */
+__device__ __forceinline__ float rope_x0(float x0, float x1, float c, float sn)
+{
+    return __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
+}
+
+__device__ __forceinline__ float rope_x1(float x0, float x1, float c, float sn)
+{
+    return __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, c));
+}
+
+/* The cache row (n_head_kv * head_dim values) of token t of b. */
+__device__ __forceinline__ size_t kv_cell(const lcu_batch &b, const lcu_attn_shape &s, int t)
+{
+    const int32_t pos = b.pos[t];
+    const int32_t blk = b.tbl[b.tbl_off[t] + pos / 16];
+    return ((size_t)blk * 16 + (size_t)(pos % 16)) * (size_t)(s.n_head_kv * s.head_dim);
+}
+
 /* cu_mmvq.cu: the lane-ordered copy's place in a q8 buffer xq of n_tok
  * rows of n values, or none (p4 NULL): batches the tensor-core kernels do
  * not take (fewer than g->mma tokens or more than LCU_MATVEC_MAX), rows not

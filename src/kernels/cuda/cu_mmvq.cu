@@ -39,6 +39,16 @@
 #define MMVQ_THREADS 128
 #define MMVQ_WARPS (MMVQ_THREADS / 32)
 
+/* The Q/K/V products' fused epilogue for one token (lcu_qkv_rope): Q and
+ * K rotated (RoPE, pairs 2i, 2i+1), Q into y[0], K and V into the layer's
+ * cache as f16, as qkv_post_k does; on = 0 elsewhere. */
+struct mv_rope {
+    lcu_batch b;
+    lcu_attn_shape s;
+    uint16_t *kc, *vc;
+    int on;
+};
+
 struct mv_args {
     const uint8_t *w[3];
     size_t rb[3];
@@ -55,7 +65,33 @@ struct mv_args {
      * kernels; NULL when the producer did not write one */
     const int8_t *xp4, *xp6;
     const float2 *xpe;
+    mv_rope rope;
 };
+
+/* Row r of matrix m (0: Q, 1: K, 2: V) of a one-token step: its value v
+ * and pv, the value of its RoPE partner (row r ^ 1, in the same block), to
+ * where the attention reads them. The rotation is qkv_post_k's, operand
+ * for operand. */
+__device__ __forceinline__ void rope_out(const mv_args &a, int m, int64_t r, float v, float pv)
+{
+    const mv_rope &e = a.rope;
+    const size_t cell = kv_cell(e.b, e.s, 0);
+    if (m == 2) {
+        e.vc[cell + r] = __half_as_ushort(__float2half_rn(v));
+        return;
+    }
+    const int d = (int)(r % e.s.head_dim);
+    float o = v;
+    if (d < e.s.n_rot) {
+        float c, sn;
+        rope_cs(e.s, e.b.pos[0], d / 2, &c, &sn);
+        o = (d & 1) ? rope_x1(pv, v, c, sn) : rope_x0(v, pv, c, sn);
+    }
+    if (m == 0)
+        a.y[0][r] = o;
+    else
+        e.kc[cell + r] = __half_as_ushort(__float2half_rn(o));
+}
 
 template <int T, int NT, int RR>
 __device__ __forceinline__ void mv_accum(const uint8_t *const *rows, int n_chunks,
@@ -166,6 +202,14 @@ __global__ void __launch_bounds__(MMVQ_THREADS, NT <= 2 ? 8 : (NT <= 4 ? 4 : 3))
             acc[i][t] = 0.0f;
     mv_dispatch<NT, RR, IQ>(a.type[m], rows, a.n_chunks, a.xs, a.xd, a.ldq, acc);
     block_reduce<NT, RR>(acc, red);
+    if constexpr (NT == 1 && RR % 2 == 0) {
+        if (a.rope.on) { /* rows r0 + i, i < RR: RoPE pairs (r0 is even) */
+            const int i = threadIdx.x;
+            if (i < RR && r0 + i < nr)
+                rope_out(a, m, r0 + i, red[0][i], red[0][i ^ 1]);
+            return;
+        }
+    }
     if (threadIdx.x < RR * NT) {
         const int i = threadIdx.x / NT, t = threadIdx.x % NT;
         if (r0 + i < nr) {
@@ -458,6 +502,18 @@ __global__ void __launch_bounds__(MMVQ_THREADS) mv1_k(mv_args a)
     float s = 0.0f, unused = 0.0f;
     mv1_dispatch<TPR, false, TY>(ok ? a.type[m] : -1, w, w, a.n_chunks, a.xs, a.xd, s, unused);
     s = mv1_reduce<TPR>(s, red);
+    if constexpr (TPR < MMVQ_THREADS) {
+        if (a.rope.on) { /* a block's rows come in RoPE pairs (lcu_qkv_rope) */
+            __shared__ float pair[MMVQ_THREADS / TPR];
+            const int k = threadIdx.x / TPR;
+            if (threadIdx.x % TPR == 0)
+                pair[k] = s;
+            __syncthreads();
+            if (ok && threadIdx.x % TPR == 0)
+                rope_out(a, m, r, s, pair[k ^ 1]);
+            return;
+        }
+    }
     if (ok && threadIdx.x % TPR == 0) {
         float *dst = a.y[m] + r;
         *dst = a.accumulate ? *dst + s : s;
@@ -1099,6 +1155,32 @@ static void mv_launch(lcu *g, int n_mat, const lcu_mat *const *w, const void *xq
     case 7: launch_mv<7>(g, a, blocks); break;
     default: launch_mv<8>(g, a, blocks); break;
     }
+}
+
+extern "C" int lcu_qkv_rope(lcu *g, const lcu_mat *const *w, const void *xq, float *q,
+                            const lcu_batch *b, const lcu_attn_shape *s, uint16_t *kc,
+                            uint16_t *vc)
+{
+    if (!xq || b->n_tok != 1 || s->rope_neox || s->n_rot <= 0 || s->n_rot % 2 ||
+        s->n_rot > s->head_dim || s->head_dim % 2 || use_warp(g, 1) || mmq_ok(g, w[0], 1))
+        return 1;
+    for (int m = 0; m < 3; m++)
+        if (!q8_ok(g, w[m], 1) || w[m]->n_cols != w[0]->n_cols || w[m]->n_rows % 2)
+            return 1;
+    const int tpr = mv1_types(w, 3) ? mv1_tpr(w[0]->n_cols) : 0;
+    if (tpr == MMVQ_THREADS) /* a row a block: its RoPE partner is in another */
+        return 1;
+    float *y[3] = {q, NULL, NULL};
+    mv_args a;
+    /* mv1_k numbers rows across the matrices (Q's and K's counts are even,
+     * so pairs stay aligned); mmvq_k starts each matrix at a block */
+    const int n = mv_args_set(a, 3, w, xq, 1, y, false, tpr ? 1 : 2);
+    a.rope = mv_rope{*b, *s, kc, vc, 1};
+    if (tpr)
+        mv1_go(g, false, tpr, a, n);
+    else
+        launch_mv<1>(g, a, n);
+    return 0;
 }
 
 /* lcu_matmul's decode path for int8-capable types: quantize x into the

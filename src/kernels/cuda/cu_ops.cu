@@ -186,10 +186,8 @@ __global__ void __launch_bounds__(32 * QKV_WARPS)
     const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int hd = s.head_dim, kvd = s.n_head_kv * hd;
     const int32_t pos = b.pos[t];
-    const int32_t blk = b.tbl[b.tbl_off[t] + pos / 16];
-    const size_t cell = ((size_t)blk * 16 + (size_t)(pos % 16)) * (size_t)kvd;
+    const size_t cell = kv_cell(b, s, t);
     float *buf = sh[warp];
-    const float theta_scale = powf(s.rope_base, -2.0f / (float)s.n_rot);
     {
         const int h = blockIdx.y * QKV_WARPS + warp;
         if (h >= s.n_head + 2 * s.n_head_kv)
@@ -217,14 +215,12 @@ __global__ void __launch_bounds__(32 * QKV_WARPS)
         }
         __syncwarp();
         for (int i = lane; i < s.n_rot / 2; i += 32) {
-            const float ff = s.freq_factors ? s.freq_factors[i] : 1.0f;
-            const float theta = (float)pos * powf(theta_scale, (float)i);
-            const float a = s.rope_freq_scale * (theta / ff);
-            const float c = cosf(a), sn = sinf(a);
+            float c, sn;
+            rope_cs(s, pos, i, &c, &sn);
             const int ia = s.rope_neox ? i : 2 * i, ib = s.rope_neox ? i + s.n_rot / 2 : 2 * i + 1;
             const float x0 = buf[ia], x1 = buf[ib];
-            buf[ia] = x0 * c - x1 * sn;
-            buf[ib] = x0 * sn + x1 * c;
+            buf[ia] = rope_x0(x0, x1, c, sn);
+            buf[ib] = rope_x1(x0, x1, c, sn);
         }
         __syncwarp();
         if (is_q) {

@@ -190,6 +190,14 @@ typedef struct lcu_attn_shape {
 void lcu_qkv_post(lcu *g, const lcu_batch *b, const lcu_attn_shape *s, float *q, const float *k,
                   const float *v, const float *q_norm, const float *k_norm, uint16_t *kc,
                   uint16_t *vc);
+/* The Q/K/V products of a one-token step fused with lcu_qkv_post's RoPE
+ * and cache stores, for layers without Q/K norms, biases or adapters and
+ * with pairwise (not NeoX) RoPE: w = {W_q, W_k, W_v} on q8 activations xq;
+ * q gets the rotated queries, the cache layer kc/vc the token's K and V.
+ * Returns 1, having done nothing, where it does not apply (the caller runs
+ * the products and lcu_qkv_post), 0 when done. */
+int lcu_qkv_rope(lcu *g, const lcu_mat *const *w, const void *xq, float *q, const lcu_batch *b,
+                 const lcu_attn_shape *s, uint16_t *kc, uint16_t *vc);
 /* out[t][h] = softmax(q·K / sqrt(hd)) V over positions [0, pos[t]] of the
  * token's sequence; the positions are split over `n_split` blocks per
  * head (flash-decoding) and merged. n_split <= lcu_attn_max_split().
