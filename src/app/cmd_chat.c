@@ -21,7 +21,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <jansson.h>
 
@@ -30,8 +29,7 @@
 #include "app/common.h"
 #include "app/prompt.h"
 #include "engine/generate.h"
-#include "model/template.h"
-#include "serve/reply.h"
+#include "app/thoughts.h"
 
 static volatile sig_atomic_t interrupted;
 
@@ -41,56 +39,10 @@ static void on_sigint(int sig)
     interrupted = 1;
 }
 
-typedef struct reply {
-    char *text;
-    size_t n, cap;
-    reply_cut cut;
-    bool dim;      /* thoughts dimmed (stderr is a terminal) */
-    bool in_thoughts; /* thoughts written, their line not ended yet */
-} reply;
-
-/* Writes what of the reply can go out now: thoughts to stderr, the answer
- * to stdout. */
-static void show(reply *r, bool final)
-{
-    reply_part p;
-    toolcalls tc = {0};
-    reply_cut_next(&r->cut, r->text ? r->text : "", r->n, &p, final ? &tc : NULL);
-    toolcalls_free(&tc);
-    if (p.r_n) {
-        if (r->dim && !r->in_thoughts)
-            fputs("\x1b[2m", stderr);
-        r->in_thoughts = true;
-        fwrite(r->text + p.r_from, 1, p.r_n, stderr);
-        fflush(stderr);
-    }
-    if ((p.c_n || final) && r->in_thoughts) { /* the thoughts end on a line of their own */
-        fputs(r->dim ? "\x1b[0m\n" : "\n", stderr);
-        r->in_thoughts = false;
-    }
-    if (p.c_n) {
-        fwrite(r->text + p.c_from, 1, p.c_n, stdout);
-        fflush(stdout);
-    }
-}
-
 static bool on_piece(void *ud, const char *text, size_t n, int32_t token, float prob)
 {
-    reply *r = ud;
     (void)token, (void)prob;
-    if (r->n + n + 1 > r->cap) {
-        size_t cap = (r->n + n + 1) * 2;
-        char *nt = realloc(r->text, cap);
-        if (!nt)
-            return false;
-        r->text = nt;
-        r->cap = cap;
-    }
-    memcpy(r->text + r->n, text, n);
-    r->n += n;
-    r->text[r->n] = 0;
-    show(r, false);
-    return true;
+    return app_reply_add(ud, text, n);
 }
 
 /* A chat session's settings beyond sampling. */
@@ -152,8 +104,8 @@ static void turn(const lms_model *m, lms_session *s, const chat_opts *o, json_t 
         json_array_remove(hist, json_array_size(hist) - 1);
         return;
     }
-    reply r = {.dim = isatty(STDERR_FILENO)};
-    reply_cut_init(&r.cut, o->thoughts, open, false);
+    app_reply r;
+    app_reply_init(&r, o->thoughts, open);
     lms_gen_stats st;
     interrupted = 0;
     int rc = lms_session_generate(s, toks, n, gp, on_piece, &r, &st, err, sizeof err);
@@ -162,13 +114,12 @@ static void turn(const lms_model *m, lms_session *s, const chat_opts *o, json_t 
         fprintf(stderr, "\nerror: %s\n", err);
         json_array_remove(hist, json_array_size(hist) - 1);
     } else {
-        show(&r, true);
+        reply_part w;
+        app_reply_end(&r, &w);
         printf("\n");
         fflush(stdout);
         fprintf(stderr, "[%d prompt tokens (%d reused), %d generated, %.1f t/s%s]\n", st.n_prompt,
                 st.n_cached, st.n_gen, st.gen_tps, interrupted ? ", interrupted" : "");
-        reply_part w;
-        reply_cut_whole(&r.cut, r.n, &w);
         const char *t = r.text ? r.text : "";
         json_t *said = json_pack("{s:s, s:s%}", "role", "assistant", "content", t + w.c_from,
                                  w.c_n);
@@ -176,13 +127,13 @@ static void turn(const lms_model *m, lms_session *s, const chat_opts *o, json_t 
             json_object_set_new(said, "reasoning_content", json_stringn(t + w.r_from, w.r_n));
         json_array_append_new(hist, said);
     }
-    free(r.text);
+    app_reply_free(&r);
 }
 
 int cmd_chat(int argc, char **argv)
 {
     const char *model = NULL, *system = NULL, *tpl_name = NULL;
-    const char *kwargs_json = NULL, *think = NULL, *rformat = NULL;
+    app_think_opts th = {0};
     int64_t n_ctx = 0, threads = 0, n_predict = 512;
     lms_gen_params gp = {.sp = lms_sampler_defaults(), .cancel = &interrupted};
     app_lora_opts lo = {0};
@@ -194,6 +145,8 @@ int cmd_chat(int argc, char **argv)
         int g = app_lora_arg(argc, argv, &i, &lo);
         if (g == 0)
             g = app_shape_arg(argc, argv, &i, &shape);
+        if (g == 0)
+            g = app_think_arg(argc, argv, &i, &th);
         if (g != 0)
             ok = g > 0;
         else if (i + 1 >= argc)
@@ -204,12 +157,6 @@ int cmd_chat(int argc, char **argv)
             system = argv[++i];
         else if (!strcmp(a, "--template") || !strcmp(a, "--chat-template"))
             tpl_name = argv[++i];
-        else if (!strcmp(a, "--chat-template-kwargs"))
-            kwargs_json = argv[++i];
-        else if (!strcmp(a, "--reasoning"))
-            think = argv[++i];
-        else if (!strcmp(a, "--reasoning-format"))
-            rformat = argv[++i];
         else if (!strcmp(a, "-c"))
             ok = args_int(a, argv[++i], 16, 1 << 22, &n_ctx);
         else if (!strcmp(a, "-t"))
@@ -224,9 +171,7 @@ int cmd_chat(int argc, char **argv)
             ok = false;
         if (!ok) {
             fprintf(stderr, "usage: lmserv chat -m MODEL [--system TEXT] [--template NAME|FILE] "
-                            "[--chat-template-kwargs JSON] [--reasoning on|off|auto] "
-                            "[--reasoning-format none|auto|deepseek] "
-                            "[-c CTX] [-t N] [-n N] [--temp T] [--seed S] " APP_LORA_USAGE " "
+                            APP_THINK_USAGE " [-c CTX] [-t N] [-n N] [--temp T] [--seed S] " APP_LORA_USAGE " "
                             APP_SHAPE_USAGE "\n");
             return 2;
         }
@@ -237,17 +182,9 @@ int cmd_chat(int argc, char **argv)
     }
     gp.n_predict = (int32_t)n_predict;
     char err[512];
-    chat_opts co = {.thoughts = true};
-    const int rf = rformat ? reasoning_format_parse(rformat) : REASONING_DEEPSEEK;
-    if (rf < 0 || rf == REASONING_LEGACY) {
-        fprintf(stderr, "lmserv chat: reasoning format '%s': use none, auto or deepseek\n", rformat);
+    chat_opts co = {0};
+    if (app_think_setup(&th, "chat", &co.kwargs, &co.thoughts) < 0)
         return 2;
-    }
-    co.thoughts = rf != REASONING_NONE;
-    if (lms_template_switches(kwargs_json, think, &co.kwargs, err, sizeof err) < 0) {
-        fprintf(stderr, "lmserv chat: %s\n", err);
-        return 2;
-    }
     if (app_shape_compile(&shape, &gp) < 0) { /* each reply held to it */
         app_shape_free(&shape);
         json_decref(co.kwargs);

@@ -3,7 +3,8 @@
  * to stdout, with one stats line on stderr.
  *
  * With --chat the prompt is one user turn rendered through the model's
- * chat template.
+ * chat template, and a thinking model's thoughts go to stderr, its answer
+ * to stdout (app/thoughts.h).
  */
 #include <signal.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@
 #include "app/cli.h"
 #include "app/common.h"
 #include "app/prompt.h"
+#include "app/thoughts.h"
 #include "base/err.h"
 #include "engine/generate.h"
 #include "model/tokenizer.h"
@@ -29,6 +31,7 @@ typedef struct run_opts {
     app_lora_opts lora;
     args_spec_opts spec;
     app_shape_opts shape;
+    app_think_opts think;
 } run_opts;
 
 static volatile sig_atomic_t interrupted;
@@ -92,6 +95,8 @@ static int parse(int argc, char **argv, run_opts *o)
             g = args_spec(argc, argv, &i, &o->spec);
         if (g == 0)
             g = app_shape_arg(argc, argv, &i, &o->shape);
+        if (g == 0)
+            g = app_think_arg(argc, argv, &i, &o->think);
         if (g != 0) {
             if (g < 0)
                 return -1;
@@ -134,15 +139,18 @@ static int parse(int argc, char **argv, run_opts *o)
         fprintf(stderr, "usage: lmserv run -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] "
                         "[--top-p P] [--min-p P] [--typical P] [--mirostat 0|1|2] [--mirostat-ent TAU] "
                         "[--mirostat-lr ETA] [--seed S] [--repeat-penalty R] [--chat] "
-                        APP_GPU_USAGE " " APP_LORA_USAGE " " ARGS_SPEC_USAGE " " APP_SHAPE_USAGE "\n");
+                        APP_THINK_USAGE " " APP_GPU_USAGE " " APP_LORA_USAGE " " ARGS_SPEC_USAGE " " APP_SHAPE_USAGE "\n");
         return -1;
     }
     return args_spec_finish(&o->spec, "run");
 }
 
+/* ud: NULL (plain text, as it comes) or the chat reply (app_reply) */
 static bool print_piece(void *ud, const char *text, size_t n, int32_t token, float prob)
 {
-    (void)ud, (void)token, (void)prob;
+    (void)token, (void)prob;
+    if (ud)
+        return app_reply_add(ud, text, n);
     fwrite(text, 1, n, stdout);
     fflush(stdout);
     return true;
@@ -151,17 +159,21 @@ static bool print_piece(void *ud, const char *text, size_t n, int32_t token, flo
 int cmd_run(int argc, char **argv)
 {
     run_opts o = {0};
-    if (parse(argc, argv, &o) < 0)
+    json_t *kwargs = NULL;
+    bool split = false, open = false;
+    if (parse(argc, argv, &o) < 0 || app_think_setup(&o.think, "run", &kwargs, &split) < 0)
         return 2;
     lms_gen_params shape = {0}; /* its json, schema, grammar */
     if (app_shape_compile(&o.shape, &shape) < 0) {
         app_shape_free(&o.shape);
+        json_decref(kwargs);
         return 2;
     }
     lms_model *m;
     lms_ctx *c;
     if (app_load_gpu(o.model, (int32_t)o.n_ctx, 512, (int32_t)o.threads, &o.gpu, &m, &c) < 0) {
         app_shape_free(&o.shape);
+        json_decref(kwargs);
         return 1;
     }
     int32_t *toks = NULL, n = 0;
@@ -170,6 +182,7 @@ int cmd_run(int argc, char **argv)
     int rc = app_lora_load(&o.lora, m, c, &lora);
     if (rc < 0) {
         app_shape_free(&o.shape);
+        json_decref(kwargs);
         lms_ctx_destroy(c);
         lms_model_free(m);
         return 1;
@@ -180,7 +193,8 @@ int cmd_run(int argc, char **argv)
         rc = lms_drafter_create(m, o.spec.draft, lms_ctx_params_of(c)->n_ctx, 512, 1, 0,
                                 (int32_t)o.threads, &drafter, err, sizeof err);
     if (rc >= 0)
-        rc = app_prompt_tokens(m, o.prompt, o.system, o.chat, !o.no_bos, &toks, &n, err, sizeof err);
+        rc = app_prompt_tokens(m, o.prompt, o.system, o.chat, !o.no_bos, kwargs, &toks, &n, &open,
+                               err, sizeof err);
     if (rc >= 0) {
         lms_session s;
         lms_session_init(&s, c);
@@ -190,9 +204,15 @@ int cmd_run(int argc, char **argv)
                              .spec = o.spec.spec, .drafter = drafter, .draft_seq = &ds,
                              .json = shape.json, .schema = shape.schema, .grammar = shape.grammar};
         lms_gen_stats st;
+        app_reply r;
+        app_reply_init(&r, split, open);
         signal(SIGINT, on_sigint);
-        rc = lms_session_generate(&s, toks, n, &gp, print_piece, NULL, &st, err, sizeof err);
+        rc = lms_session_generate(&s, toks, n, &gp, print_piece, o.chat ? &r : NULL, &st, err,
+                                  sizeof err);
         signal(SIGINT, SIG_DFL);
+        if (rc >= 0 && o.chat)
+            app_reply_end(&r, NULL);
+        app_reply_free(&r);
         if (rc >= 0 && o.spec.spec.mode != LMS_SPEC_NONE)
             fprintf(stderr, "\n[speculative %s: drafted %d, accepted %d (%.1f%%)]",
                     o.spec.spec.mode == LMS_SPEC_DRAFT ? "draft" : "ngram", st.n_drafted,
@@ -213,6 +233,7 @@ int cmd_run(int argc, char **argv)
     lms_drafter_destroy(drafter);
     app_lora_release(&o.lora);
     app_shape_free(&o.shape);
+    json_decref(kwargs);
     lms_ctx_destroy(c);
     lms_model_free(m);
     return rc < 0 ? 1 : 0;

@@ -81,8 +81,11 @@ int app_chat_tokens(const lms_model *m, const char *tpl, const json_t *messages,
 }
 
 int app_prompt_tokens(const lms_model *m, const char *text, const char *system, bool chat,
-                      bool add_bos, int32_t **out, int32_t *n_out, char *err, size_t errsz)
+                      bool add_bos, const json_t *kwargs, int32_t **out, int32_t *n_out,
+                      bool *open, char *err, size_t errsz)
 {
+    if (open)
+        *open = false;
     if (!chat)
         return app_tokenize(m, text, strlen(text), add_bos, false, out, n_out, err, errsz);
     json_t *msgs = json_array();
@@ -90,7 +93,7 @@ int app_prompt_tokens(const lms_model *m, const char *text, const char *system, 
         json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", system));
     json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", text));
     char *tpl = app_chat_template(m, NULL, err, errsz);
-    int rc = tpl ? app_chat_tokens(m, tpl, msgs, NULL, out, n_out, NULL, err, errsz) : LMS_ERR_NOMEM;
+    int rc = tpl ? app_chat_tokens(m, tpl, msgs, kwargs, out, n_out, open, err, errsz) : LMS_ERR_NOMEM;
     free(tpl);
     json_decref(msgs);
     return rc;

@@ -202,4 +202,13 @@ printf 'hi\n' | chat --reasoning off 2>/dev/null >"$T/cout"
 check "chat --reasoning off: the template closes the thoughts, the reply is all answer" eq "$(grep -c '</think>' "$T/cout")" 1
 check "chat --reasoning maybe: refused" eq "$(printf 'hi\n' | chat --reasoning maybe 2>&1 | grep -c "reasoning 'maybe'")" 1
 check "chat --chat-template-kwargs not an object: refused" eq "$(printf 'hi\n' | chat --chat-template-kwargs 7 2>&1 | grep -c 'kwargs')" 1
+# lmserv run --chat: the same split (here the reply opens the thoughts itself); without --chat, as written
+GT='root ::= "<think>\n" [a-z]{3,8} "\n</think>\n\n" [a-z]{2,6}'
+"$LMSERV" run -m "$QWEN" -c 512 -n 40 --temp 0 --chat -p hi --grammar "$GT" >"$T/rout" 2>"$T/rerr"
+check "run --chat: the answer alone on stdout, the thoughts on stderr" eq "$(grep -c think "$T/rout") $(grep -c '^[a-z][a-z]*$' "$T/rout") $(grep -c '^[a-z][a-z]*$' "$T/rerr")" "0 1 1"
+"$LMSERV" run -m "$QWEN" -c 512 -n 40 --temp 0 --chat -p hi --grammar "$GT" --reasoning-format none 2>/dev/null >"$T/rout"
+check "run --chat --reasoning-format none: the reply as written" eq "$(grep -c '</think>' "$T/rout")" 1
+"$LMSERV" run -m "$QWEN" -c 512 -n 40 --temp 0 -p hi --grammar "$GT" 2>/dev/null >"$T/rout"
+check "run without --chat: the text as written" eq "$(grep -c '</think>' "$T/rout")" 1
+check "run --reasoning-format r1: refused" eq "$("$LMSERV" run -m "$QWEN" -p hi --chat --reasoning-format r1 2>&1 | grep -c "reasoning format 'r1'")" 1
 finish
