@@ -120,7 +120,7 @@ static void turn(const lms_model *m, lms_session *s, const chat_opts *o, json_t 
         fflush(stdout);
         fprintf(stderr, "[%d prompt tokens (%d reused), %d generated, %.1f t/s%s]\n", st.n_prompt,
                 st.n_cached, st.n_gen, st.gen_tps, interrupted ? ", interrupted" : "");
-        const char *t = r.text ? r.text : "";
+        const char *t = r.text.p ? r.text.p : "";
         json_t *said = json_pack("{s:s, s:s%}", "role", "assistant", "content", t + w.c_from,
                                  w.c_n);
         if (said && w.r_n)

@@ -55,13 +55,14 @@ static void show(app_reply *r, bool final)
 {
     reply_part p;
     toolcalls tc = {0};
-    reply_cut_next(&r->cut, r->text ? r->text : "", r->n, &p, final ? &tc : NULL);
+    const char *t = r->text.p ? r->text.p : "";
+    reply_cut_next(&r->cut, t, r->text.n, &p, final ? &tc : NULL);
     toolcalls_free(&tc);
     if (p.r_n) {
         if (r->dim && !r->in_thoughts)
             fputs("\x1b[2m", stderr);
         r->in_thoughts = true;
-        fwrite(r->text + p.r_from, 1, p.r_n, stderr);
+        fwrite(t + p.r_from, 1, p.r_n, stderr);
         fflush(stderr);
     }
     if ((p.c_n || final) && r->in_thoughts) { /* the thoughts end on a line of their own */
@@ -69,24 +70,15 @@ static void show(app_reply *r, bool final)
         r->in_thoughts = false;
     }
     if (p.c_n) {
-        fwrite(r->text + p.c_from, 1, p.c_n, stdout);
+        fwrite(t + p.c_from, 1, p.c_n, stdout);
         fflush(stdout);
     }
 }
 
 bool app_reply_add(app_reply *r, const char *piece, size_t n)
 {
-    if (r->n + n + 1 > r->cap) {
-        size_t cap = (r->n + n + 1) * 2;
-        char *nt = realloc(r->text, cap);
-        if (!nt)
-            return false;
-        r->text = nt;
-        r->cap = cap;
-    }
-    memcpy(r->text + r->n, piece, n);
-    r->n += n;
-    r->text[r->n] = 0;
+    if (sbuf_add(&r->text, piece, n) < 0)
+        return false;
     show(r, false);
     return true;
 }
@@ -95,12 +87,10 @@ void app_reply_end(app_reply *r, reply_part *w)
 {
     show(r, true);
     if (w)
-        reply_cut_whole(&r->cut, r->n, w);
+        reply_cut_whole(&r->cut, r->text.n, w);
 }
 
 void app_reply_free(app_reply *r)
 {
-    free(r->text);
-    r->text = NULL;
-    r->n = r->cap = 0;
+    sbuf_free(&r->text);
 }

@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "base/sbuf.h"
 #include "serve/reply.h"
 
 /* The template switches and the thoughts' treatment, from the command line. */
@@ -34,8 +35,7 @@ int app_think_setup(const app_think_opts *o, const char *cmd, json_t **kwargs, b
 
 /* A reply being printed. */
 typedef struct app_reply {
-    char *text; /* the reply so far, NUL-terminated */
-    size_t n, cap;
+    sbuf text; /* the reply so far */
     reply_cut cut;
     bool dim;         /* thoughts dimmed (stderr is a terminal) */
     bool in_thoughts; /* thoughts written, their line not ended yet */
@@ -47,7 +47,7 @@ void app_reply_init(app_reply *r, bool split, bool open);
  * out of memory. */
 bool app_reply_add(app_reply *r, const char *piece, size_t n);
 /* The reply is complete: prints the rest; *w (when not NULL) gets its
- * thoughts and answer (offsets into r->text). */
+ * thoughts and answer (offsets into r->text.p). */
 void app_reply_end(app_reply *r, reply_part *w);
 void app_reply_free(app_reply *r);
 

@@ -32,6 +32,7 @@
 #include "engine/sched.h"
 #include "model/lora.h"
 #include "model/model.h"
+#include "base/sbuf.h"
 #include "model/template.h"
 #include "ops/gpumon.h"
 #include "serve/server.h"
@@ -44,18 +45,7 @@ typedef struct task task;
 typedef struct parked parked;
 typedef struct lora_job lora_job;
 
-/* ---- growable byte buffer (sbuf.c) --------------------------------------- */
-
-typedef struct sbuf {
-    char *p;     /* NUL-terminated when n > 0 or after sbuf_addf */
-    size_t n, cap;
-    bool oom;    /* an append failed; contents are truncated */
-} sbuf;
-
-void sbuf_free(sbuf *b);
-int sbuf_add(sbuf *b, const void *p, size_t n);
-int sbuf_adds(sbuf *b, const char *s);
-int sbuf_addf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* ---- growable byte buffer (base/sbuf.h; UTF-8 helpers in sbuf.c) -------- */
 
 /* Appends s[0..n) to b with ill-formed UTF-8 replaced by U+FFFD. */
 int sbuf_add_utf8(sbuf *b, const char *s, size_t n);
