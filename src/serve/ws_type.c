@@ -30,11 +30,19 @@
  * abort without a session_id stops all of the connection's generations.
  * Adapters come from the server's --lora-dir folder (api_lora.c); a
  * generate with its own "lora" list uses that instead.
+ *
+ * Thinking models: a generate with "reasoning_format":"deepseek" (or
+ * "auto") gets the thoughts apart (serve/reply.h): {"type":"reasoning",
+ * "content":..} messages for them, "token" messages for the answer alone,
+ * and "done" with the answer as "content" and the thoughts as
+ * "reasoning_content". Without it ("none", the default) replies stream as
+ * written, as the dialect always did.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "serve/reply.h"
 #include "serve/serve_int.h"
 
 #define MAX_SESSIONS 16
@@ -42,6 +50,8 @@
 typedef struct type_job {
     char *sid;
     sbuf text;   /* everything streamed, for "done" */
+    bool split;  /* thoughts apart ("reasoning_format") */
+    reply_cut cut;
 } type_job;
 
 static json_t *msg_new(const char *type, const type_job *j)
@@ -63,6 +73,30 @@ static json_t *stats_json(const lms_req_stats *st)
     return o;
 }
 
+/* A "reasoning" or "token" message with text[from, from + n), if any. */
+static void send_part(task *t, const char *type, const char *text, size_t from, size_t n)
+{
+    if (n == 0)
+        return;
+    json_t *o = msg_new(type, t->state);
+    json_object_set_new(o, "content", json_string_lossy(text + from, n));
+    conn_out_ws_json(t->c, o);
+}
+
+/* Split replies: the parts of the text so far that are now certain (end:
+ * all of them). */
+static void send_parts(task *t, bool end)
+{
+    type_job *j = t->state;
+    const char *text = j->text.p ? j->text.p : "";
+    reply_part p;
+    toolcalls tc = {0};
+    reply_cut_next(&j->cut, text, j->text.n, &p, end ? &tc : NULL);
+    toolcalls_free(&tc);
+    send_part(t, "reasoning", text, p.r_from, p.r_n);
+    send_part(t, "token", text, p.c_from, p.c_n);
+}
+
 static void type_on_event(task *t, const lms_event *ev, double t_ms)
 {
     type_job *j = t->state;
@@ -72,11 +106,23 @@ static void type_on_event(task *t, const lms_event *ev, double t_ms)
         if (ev->text_len == 0)
             return;
         sbuf_add(&j->text, ev->text, ev->text_len);
+        if (j->split) {
+            send_parts(t, false);
+            return;
+        }
         o = msg_new("token", j);
         json_object_set_new(o, "content", json_string_lossy(ev->text, ev->text_len));
     } else if (ev->type == LMS_EV_END) {
+        const char *text = j->text.p ? j->text.p : "";
+        reply_part w = {0, 0, 0, j->text.n};
+        if (j->split) {
+            send_parts(t, true);
+            reply_cut_whole(&j->cut, j->text.n, &w);
+        }
         o = msg_new("done", j);
-        json_object_set_new(o, "content", json_string_lossy(j->text.p ? j->text.p : "", j->text.n));
+        json_object_set_new(o, "content", json_string_lossy(text + w.c_from, w.c_n));
+        if (w.r_n)
+            json_object_set_new(o, "reasoning_content", json_string_lossy(text + w.r_from, w.r_n));
         json_object_set_new(o, "finish_reason",
                             json_string(ev->stats.finish ? ev->stats.finish : "stop"));
         json_object_set_new(o, "stats", stats_json(&ev->stats));
@@ -147,7 +193,15 @@ static int start(conn *c, const json_t *msg, const char *sid, reqerr *e)
     int32_t *toks = NULL, n = 0;
     json_t *msgs = NULL;
     type_job *j = NULL;
+    const char *rfs = NULL;
+    bool open = false;
     int rc = reqparse_gen(msg, &gp, e);
+    if (rc == 0 && reqparse_str(msg, "reasoning_format", &rfs, e) < 0)
+        rc = -1;
+    const int rf = rfs ? reasoning_format_parse(rfs) : REASONING_NONE;
+    if (rc == 0 && (rf < 0 || rf == REASONING_LEGACY))
+        rc = reqerr_set(e, 400, "reasoning_format",
+                        "'reasoning_format' must be \"none\", \"auto\" or \"deepseek\"");
     /* the session's adapter (load_adapter) unless the message lists its own */
     if (rc == 0 && c->lora && !json_object_get(msg, "lora")) {
         if (c->lora_x != c->x)
@@ -165,11 +219,15 @@ static int start(conn *c, const json_t *msg, const char *sid, reqerr *e)
         rc = chatfmt_kwargs(c->srv, msg, &kw, e);
         chat_in in = {msgs, NULL, kw};
         if (rc == 0)
-            rc = chatfmt_tokens(xfmt(c->x), c->x->model, &in, &toks, &n, NULL, e);
+            rc = chatfmt_tokens(xfmt(c->x), c->x->model, &in, &toks, &n, &open, e);
         json_decref(kw);
     }
     if (rc == 0 && (!(j = calloc(1, sizeof *j)) || !(j->sid = strdup(sid))))
         rc = reqerr_set(e, 503, NULL, "out of memory");
+    if (rc == 0) {
+        j->split = rf == REASONING_DEEPSEEK;
+        reply_cut_init(&j->cut, j->split, open, false);
+    }
     if (rc == 0 && c->x->remote) { /* forwarded as chat messages */
         rc = task_submit_upstream(c, msgs, msg, &gp, &type_ops, j, e) ? 0 : -1;
         msgs = NULL; /* taken */

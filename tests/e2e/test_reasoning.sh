@@ -138,6 +138,33 @@ N_ON=$(py "$T/out" 'd["prompt_eval_count"]')
 check "ollama think false renders the closed empty block (4 more prompt tokens or so)" eq "$([ "$N_OFF" -gt "$N_ON" ] && echo yes)" yes
 req POST /api/chat -d "{\"model\":\"qwen3-synth-f16\",$MSG,\"think\":\"maybe\"}"
 check "ollama think of another kind: 400" eq "$(code) $(py "$T/out" '"think" in d["error"]')" "400 True"
+# the type WebSocket dialect: thoughts apart only when asked ("reasoning_format")
+if command -v node >/dev/null && [ -d "$E2E_DIR/node_modules/ws" ]; then
+    R=$(cd "$E2E_DIR" && PORT="$PORT" G="{$G_OPEN}" timeout 60 node --input-type=module -e '
+import { Client } from "./wsclient.mjs";
+const c = await Client.open(`ws://127.0.0.1:${process.env.PORT}/ws`);
+const g = JSON.parse(process.env.G).grammar, out = {};
+for (const [sid, rf] of [["split", "deepseek"], ["raw", undefined], ["bad", "r1"]]) {
+    c.send(JSON.stringify({type: "generate", session_id: sid, max_tokens: 40, temperature: 0,
+                           grammar: g, reasoning_format: rf, messages: [{role: "user", content: "hi"}]}));
+    const r = {reasoning: "", token: ""};
+    for (;;) {
+        const m = await c.next((j) => j.session_id === sid);
+        if (m.type === "reasoning" || m.type === "token") { r[m.type] += m.content; continue; }
+        r.end = m.type === "done" ? [m.content, m.reasoning_content ?? null] : m.message;
+        break;
+    }
+    out[sid] = r;
+}
+console.log(JSON.stringify(out));
+c.close();
+')
+    check "ws type, reasoning_format deepseek: reasoning then token messages, done with both" eq "$(python3 -c 'import json,sys
+r=json.loads(sys.argv[1])["split"]; print(repr(r["reasoning"]), repr(r["token"]), r["end"] == [r["token"], r["reasoning"]])' "$R")" "$(cat "$T/thoughts") $(cat "$T/answer") True"
+    check "ws type without it: the reply as written" eq "$(python3 -c 'import json,sys
+r=json.loads(sys.argv[1])["raw"]; print(r["reasoning"] == "", "</think>" in r["token"], r["end"] == [r["token"], None])' "$R")" "True True True"
+    check "ws type, reasoning_format r1: an error naming it" eq "$(python3 -c 'import json,sys; print("reasoning_format" in json.loads(sys.argv[1])["bad"]["end"])' "$R")" True
+fi
 stop_server
 
 # ---- --reasoning-budget: the server's budget, a request's wins ---------------------------
