@@ -21,7 +21,7 @@
 #include "model/tokenizer.h"
 
 typedef struct run_opts {
-    const char *model, *prompt, *system;
+    const char *model, *prompt, *system, *tpl; /* tpl: --template, for --chat */
     const char *stop[LMS_MAX_STOP];
     int n_stop;
     int64_t n_predict, n_ctx, threads;
@@ -112,6 +112,9 @@ static int parse(int argc, char **argv, run_opts *o)
         } else if (!strcmp(a, "--system")) {
             if (!(o->system = args_value(argc, argv, &i)))
                 return -1;
+        } else if (!strcmp(a, "--template") || !strcmp(a, "--chat-template")) {
+            if (!(o->tpl = args_value(argc, argv, &i)))
+                return -1;
         } else if (!strcmp(a, "--stop") && o->n_stop < LMS_MAX_STOP) {
             if (!(o->stop[o->n_stop++] = args_value(argc, argv, &i)))
                 return -1;
@@ -139,7 +142,11 @@ static int parse(int argc, char **argv, run_opts *o)
         fprintf(stderr, "usage: lmserv run -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] "
                         "[--top-p P] [--min-p P] [--typical P] [--mirostat 0|1|2] [--mirostat-ent TAU] "
                         "[--mirostat-lr ETA] [--seed S] [--repeat-penalty R] [--chat] "
-                        APP_THINK_USAGE " " APP_GPU_USAGE " " APP_LORA_USAGE " " ARGS_SPEC_USAGE " " APP_SHAPE_USAGE "\n");
+                        "[--template NAME|FILE] " APP_THINK_USAGE " " APP_GPU_USAGE " " APP_LORA_USAGE " " ARGS_SPEC_USAGE " " APP_SHAPE_USAGE "\n");
+        return -1;
+    }
+    if (o->tpl && !o->chat) {
+        fprintf(stderr, "lmserv run: --template applies to --chat prompts: add --chat\n");
         return -1;
     }
     return args_spec_finish(&o->spec, "run");
@@ -193,8 +200,8 @@ int cmd_run(int argc, char **argv)
         rc = lms_drafter_create(m, o.spec.draft, lms_ctx_params_of(c)->n_ctx, 512, 1, 0,
                                 (int32_t)o.threads, &drafter, err, sizeof err);
     if (rc >= 0)
-        rc = app_prompt_tokens(m, o.prompt, o.system, o.chat, !o.no_bos, kwargs, &toks, &n, &open,
-                               err, sizeof err);
+        rc = app_prompt_tokens(m, o.prompt, o.system, o.chat, !o.no_bos, o.tpl, kwargs, &toks, &n,
+                               &open, err, sizeof err);
     if (rc >= 0) {
         lms_session s;
         lms_session_init(&s, c);

@@ -81,8 +81,8 @@ int app_chat_tokens(const lms_model *m, const char *tpl, const json_t *messages,
 }
 
 int app_prompt_tokens(const lms_model *m, const char *text, const char *system, bool chat,
-                      bool add_bos, const json_t *kwargs, int32_t **out, int32_t *n_out,
-                      bool *open, char *err, size_t errsz)
+                      bool add_bos, const char *tpl_name, const json_t *kwargs, int32_t **out,
+                      int32_t *n_out, bool *open, char *err, size_t errsz)
 {
     if (open)
         *open = false;
@@ -92,7 +92,7 @@ int app_prompt_tokens(const lms_model *m, const char *text, const char *system, 
     if (system)
         json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", system));
     json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", text));
-    char *tpl = app_chat_template(m, NULL, err, errsz);
+    char *tpl = app_chat_template(m, tpl_name, err, errsz);
     int rc = tpl ? app_chat_tokens(m, tpl, msgs, kwargs, out, n_out, open, err, errsz) : LMS_ERR_NOMEM;
     free(tpl);
     json_decref(msgs);

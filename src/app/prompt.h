@@ -26,12 +26,13 @@ int app_chat_tokens(const lms_model *m, const char *tpl, const json_t *messages,
                     const json_t *kwargs, int32_t **out, int32_t *n_out, bool *open, char *err,
                     size_t errsz);
 
-/* chat: [system?, user: text] through the template (with the variables
- * kwargs, NULL for none; *open as app_chat_tokens's, when not NULL); else
- * the plain text (with BOS when add_bos and the vocab wants one). */
+/* chat: [system?, user: text] through the template (the model's, or tpl: a
+ * built-in name or a file, when not NULL; with the variables kwargs, NULL
+ * for none; *open as app_chat_tokens's, when not NULL); else the plain
+ * text (with BOS when add_bos and the vocab wants one). */
 int app_prompt_tokens(const lms_model *m, const char *text, const char *system, bool chat,
-                      bool add_bos, const json_t *kwargs, int32_t **out, int32_t *n_out,
-                      bool *open, char *err, size_t errsz);
+                      bool add_bos, const char *tpl, const json_t *kwargs, int32_t **out,
+                      int32_t *n_out, bool *open, char *err, size_t errsz);
 
 /* Tokenizes into a malloc'd array. */
 int app_tokenize(const lms_model *m, const char *text, size_t len, bool add_special,

@@ -238,4 +238,7 @@ check "run --chat --reasoning-format none: the reply as written" eq "$(grep -c '
 "$LMSERV" run -m "$QWEN" -c 512 -n 40 --temp 0 -p hi --grammar "$GT" 2>/dev/null >"$T/rout"
 check "run without --chat: the text as written" eq "$(grep -c '</think>' "$T/rout")" 1
 check "run --reasoning-format r1: refused" eq "$("$LMSERV" run -m "$QWEN" -p hi --chat --reasoning-format r1 2>&1 | grep -c "reasoning format 'r1'")" 1
+"$LMSERV" run -m "$QWEN" -c 512 -n 40 --temp 0 --chat -p hi --template "$TPL/Qwen3.5-4B.jinja" --grammar "$GR" >"$T/rout" 2>"$T/rerr"
+check "run --chat --template (Qwen3.5's opens the thoughts): the answer on stdout, the thoughts on stderr" eq "$(grep -c think "$T/rout") $(grep -c '^[a-z]* [a-z]*$' "$T/rout") $(grep -c '^[a-z]* [a-z]*$' "$T/rerr")" "0 1 1"
+check "run --template without --chat: refused" eq "$("$LMSERV" run -m "$QWEN" -p hi --template chatml 2>&1 | grep -c 'add --chat')" 1
 finish
