@@ -1019,20 +1019,21 @@ static int attn_half(lms_ctx *c, int il, const lcu_batch *db, int n_split,
     const lcu_mat *qkv[3] = {&l->wq, &l->wk, &l->wv};
     /* one token of a layer without Q/K norms, biases or adapters: RoPE and
      * the cache stores in the products' epilogue (one launch less a layer) */
-    if (n == 1 && qkv_rope_on() && !l->q_norm && !l->k_norm && !l->bq && !l->bk && !l->bv &&
-        c->lora.n_groups == 0 && lcu_qkv_rope(g, qkv, eq, gp->qb, db, sh, l->k, l->v) == 0) {
-        lcu_attention(g, db, sh, gp->qb, l->k, l->v, gp->att, n_split, aq);
-        return 0;
+    const bool fused = n == 1 && qkv_rope_on() && !l->q_norm && !l->k_norm && !l->bq && !l->bk &&
+                       !l->bv && c->lora.n_groups == 0 &&
+                       lcu_qkv_rope(g, qkv, eq, gp->qb, db, sh, l->k, l->v) == 0;
+    int rc = 0;
+    if (!fused) {
+        float *qkv_out[3] = {gp->qb, gp->kb, gp->vb};
+        rc = lcu_matmul_q8(g, 3, qkv, gp->xn, eq, n, qkv_out, false);
+        lora_gpu(c, il, LMS_LORA_Q, gp->xn, gp->qb);
+        lora_gpu(c, il, LMS_LORA_K, gp->xn, gp->kb);
+        lora_gpu(c, il, LMS_LORA_V, gp->xn, gp->vb);
+        lcu_add_bias(g, gp->qb, l->bq, n, q);
+        lcu_add_bias(g, gp->kb, l->bk, n, kv);
+        lcu_add_bias(g, gp->vb, l->bv, n, kv);
+        lcu_qkv_post(g, db, sh, gp->qb, gp->kb, gp->vb, l->q_norm, l->k_norm, l->k, l->v);
     }
-    float *qkv_out[3] = {gp->qb, gp->kb, gp->vb};
-    int rc = lcu_matmul_q8(g, 3, qkv, gp->xn, eq, n, qkv_out, false);
-    lora_gpu(c, il, LMS_LORA_Q, gp->xn, gp->qb);
-    lora_gpu(c, il, LMS_LORA_K, gp->xn, gp->kb);
-    lora_gpu(c, il, LMS_LORA_V, gp->xn, gp->vb);
-    lcu_add_bias(g, gp->qb, l->bq, n, q);
-    lcu_add_bias(g, gp->kb, l->bk, n, kv);
-    lcu_add_bias(g, gp->vb, l->bv, n, kv);
-    lcu_qkv_post(g, db, sh, gp->qb, gp->kb, gp->vb, l->q_norm, l->k_norm, l->k, l->v);
     lcu_attention(g, db, sh, gp->qb, l->k, l->v, gp->att, n_split, aq);
     return rc;
 }

@@ -40,6 +40,7 @@
 #include "engine/gbnf.h"
 #include "engine/jsonschema.h"
 #include "kernels/kernels.h"
+#include "model/markers.h"
 #include "model/tokenizer.h"
 #include "ops/fault.h"
 #include "ops/log.h"
@@ -893,15 +894,14 @@ static void register_blocks(lms_sched *s, sreq *q)
  * Granite's <|tool_call|>, DeepSeek's <｜tool▁calls▁begin｜> and the rest
  * of its call markers, <think> where a vocabulary makes it a control
  * token). Matched by text; at most LMS_MAX_MARKERS in all. */
-#define DS_MARK(words) "<\xef\xbd\x9ctool" words "\xef\xbd\x9c>" /* <｜tool...｜>, U+FF5C */
-#define DS_SP "\xe2\x96\x81"                                     /* ▁, U+2581 */
 static void marker_ids(lms_sched *s)
 {
     static const char *const texts[] = {
-        "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<|python_tag|>", "<|tool_call|>", "<tool_call>",
-        "</tool_call>", "<think>", "</think>", DS_MARK(DS_SP "calls" DS_SP "begin"),
-        DS_MARK(DS_SP "calls" DS_SP "end"), DS_MARK(DS_SP "call" DS_SP "begin"),
-        DS_MARK(DS_SP "call" DS_SP "end"), DS_MARK(DS_SP "sep")};
+        LMS_MARK_MISTRAL_CALLS, LMS_MARK_MISTRAL_ARGS,  LMS_MARK_MISTRAL_CALL_ID,
+        LMS_MARK_PYTHON_TAG,    LMS_MARK_GRANITE_CALL,  LMS_MARK_TOOL_OPEN,
+        LMS_MARK_TOOL_CLOSE,    LMS_MARK_THINK_OPEN,    LMS_MARK_THINK_CLOSE,
+        LMS_MARK_DS_CALLS_BEGIN, LMS_MARK_DS_CALLS_END, LMS_MARK_DS_CALL_BEGIN,
+        LMS_MARK_DS_CALL_END,   LMS_MARK_DS_SEP};
     _Static_assert(sizeof texts / sizeof texts[0] <= LMS_MAX_MARKERS, "room for each marker");
     const lms_tokenizer *t = s->m->tok;
     for (int32_t id = 0; id < s->m->hp.n_vocab && s->n_markers < LMS_MAX_MARKERS; id++) {
@@ -949,7 +949,7 @@ static void think_track(sreq *q, int32_t tok, const char *piece, size_t n)
         const char *t = q->think_text;
         while (*t == ' ' || *t == '\n' || *t == '\t' || *t == '\r')
             t++;
-        static const char open[] = "<think>";
+        static const char open[] = LMS_MARK_THINK_OPEN;
         const size_t k = strlen(t) < sizeof open - 1 ? strlen(t) : sizeof open - 1;
         if (strncmp(t, open, k) != 0 || q->n_gen > 16)
             q->think = THINK_OUT; /* the reply does not think */
@@ -959,7 +959,7 @@ static void think_track(sreq *q, int32_t tok, const char *piece, size_t n)
             return;
         if (q->think == THINK_OUT)
             return;
-    } else if (strstr(q->think_text, "</think>")) {
+    } else if (strstr(q->think_text, LMS_MARK_THINK_CLOSE)) {
         q->think = THINK_OUT;
         return;
     } else {

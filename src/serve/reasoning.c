@@ -6,9 +6,10 @@
 #include <string.h>
 
 #include "base/textscan.h"
+#include "model/markers.h"
 
-static const char TAG_OPEN[] = "<think>";
-static const char TAG_CLOSE[] = "</think>";
+static const char TAG_OPEN[] = LMS_MARK_THINK_OPEN;
+static const char TAG_CLOSE[] = LMS_MARK_THINK_CLOSE;
 
 
 int reasoning_format_parse(const char *name)

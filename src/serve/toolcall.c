@@ -11,21 +11,16 @@
 #include <string.h>
 
 #include "base/textscan.h"
+#include "model/markers.h"
 
-static const char TAG_OPEN[] = "<tool_call>";
-static const char TAG_CLOSE[] = "</tool_call>";
-static const char MISTRAL_MARK[] = "[TOOL_CALLS]";
-
-/* DeepSeek's markers, written with U+FF5C FULLWIDTH VERTICAL LINE and
- * U+2581 LOWER ONE EIGHTH BLOCK: <｜tool▁calls▁begin｜> and so on. */
-#define DS_BAR "\xef\xbd\x9c" /* U+FF5C */
-#define DS_SP "\xe2\x96\x81"  /* U+2581 */
-static const char DS_CALLS_BEGIN[] = "<" DS_BAR "tool" DS_SP "calls" DS_SP "begin" DS_BAR ">";
-static const char DS_CALLS_END[] = "<" DS_BAR "tool" DS_SP "calls" DS_SP "end" DS_BAR ">";
-static const char DS_CALL_BEGIN[] = "<" DS_BAR "tool" DS_SP "call" DS_SP "begin" DS_BAR ">";
-static const char DS_CALL_END[] = "<" DS_BAR "tool" DS_SP "call" DS_SP "end" DS_BAR ">";
-static const char DS_SEP[] = "<" DS_BAR "tool" DS_SP "sep" DS_BAR ">";
-
+static const char TAG_OPEN[] = LMS_MARK_TOOL_OPEN;
+static const char TAG_CLOSE[] = LMS_MARK_TOOL_CLOSE;
+static const char MISTRAL_MARK[] = LMS_MARK_MISTRAL_CALLS;
+static const char DS_CALLS_BEGIN[] = LMS_MARK_DS_CALLS_BEGIN;
+static const char DS_CALLS_END[] = LMS_MARK_DS_CALLS_END;
+static const char DS_CALL_BEGIN[] = LMS_MARK_DS_CALL_BEGIN;
+static const char DS_CALL_END[] = LMS_MARK_DS_CALL_END;
+static const char DS_SEP[] = LMS_MARK_DS_SEP;
 
 static bool starts_with(const char *s, size_t n, const char *lit, size_t lit_len)
 {
@@ -244,7 +239,7 @@ static int parse_bare(const char *s, size_t n, size_t i, toolcalls *tc)
  * [TOOL_CALLS]. Returns > 0 calls read, 0 not this form, < 0 out of memory. */
 static int parse_mistral_args(const char *s, size_t n, size_t i, toolcalls *tc)
 {
-    static const char ARGS[] = "[ARGS]", CALL_ID[] = "[CALL_ID]";
+    static const char ARGS[] = LMS_MARK_MISTRAL_ARGS, CALL_ID[] = LMS_MARK_MISTRAL_CALL_ID;
     while (i < n) {
         const size_t a = find(s + i, n - i, ARGS, LIT_LEN(ARGS));
         const size_t id = find(s + i, a, CALL_ID, LIT_LEN(CALL_ID));
@@ -333,7 +328,7 @@ static int parse_deepseek(const char *s, size_t n, size_t i, toolcalls *tc)
 /* The markers a reply's calls may start with: the text before the first
  * is content. */
 enum { MARK_TAG, MARK_MISTRAL, MARK_PYTHON, MARK_GRANITE, MARK_DEEPSEEK };
-static const char *const MARKS[] = {TAG_OPEN, MISTRAL_MARK, "<|python_tag|>", "<|tool_call|>",
+static const char *const MARKS[] = {TAG_OPEN, MISTRAL_MARK, LMS_MARK_PYTHON_TAG, LMS_MARK_GRANITE_CALL,
                                     DS_CALLS_BEGIN};
 #define N_MARKS (sizeof MARKS / sizeof MARKS[0])
 _Static_assert(MARK_DEEPSEEK + 1 == N_MARKS, "one name per marker");
