@@ -299,7 +299,7 @@ int cmd_bench(int argc, char **argv)
         printf("model %s (%.2f MiB of weights), %lld threads, kernels %s, depth %lld\n", m->name,
                (double)m->weight_bytes / (1 << 20), (long long)o.threads, lms_kernels_get()->isa,
                (long long)o.depth);
-    float *logits = malloc((size_t)o.batch * (size_t)m->hp.n_vocab * sizeof *logits);
+    float *logits = lms_ctx_host_alloc(c, (size_t)o.batch * (size_t)m->hp.n_vocab * sizeof *logits);
     bench_result r;
     if (o.pp > 0 && logits) {
         one_test(c, &o, true, &r, logits);
@@ -314,7 +314,7 @@ int cmd_bench(int argc, char **argv)
         one_test(c, &o, false, &r, logits);
         report(&o, m, &r, peak, o.depth, 0.0);
     }
-    free(logits);
+    lms_host_free(logits);
     lms_ctx_destroy(c);
     int rc = o.n_par > 0 ? bench_parallel(m, &o) : 0;
     if (rc == 0 && o.prefix > 0)

@@ -42,6 +42,9 @@
 #include "engine/forward_int.h"
 #include "kernels/kernels.h"
 #include "kernels/matmul.h"
+#ifdef LMS_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
 
 static void lora_free(fwd_lora *F);
 
@@ -229,6 +232,40 @@ const lms_ctx_params *lms_ctx_params_of(const lms_ctx *c) { return &c->p; }
 const lms_model *lms_ctx_model(const lms_ctx *c) { return c->m; }
 const float *lms_ctx_hidden(const lms_ctx *c) { return c->hidden; }
 const lms_gpu_plan *lms_ctx_gpu_plan(const lms_ctx *c) { return c->gpu ? &c->plan : NULL; }
+
+/* A header before the block says how it was made (64 bytes: the block
+ * keeps the allocator's alignment for vector loads). */
+#define HOST_HDR 64
+
+void *lms_ctx_host_alloc(const lms_ctx *c, size_t bytes)
+{
+    unsigned char *p = NULL;
+    bool pinned = false;
+#ifdef LMS_HAVE_CUDA
+    if (c && c->gpu && (p = lcu_host_alloc(bytes + HOST_HDR)) != NULL)
+        pinned = true;
+#else
+    (void)c;
+#endif
+    if (!p && !(p = malloc(bytes + HOST_HDR)))
+        return NULL;
+    p[0] = pinned;
+    return p + HOST_HDR;
+}
+
+void lms_host_free(void *p)
+{
+    if (!p)
+        return;
+    unsigned char *h = (unsigned char *)p - HOST_HDR;
+#ifdef LMS_HAVE_CUDA
+    if (h[0]) {
+        lcu_host_free(h);
+        return;
+    }
+#endif
+    free(h);
+}
 
 /* ---- element-wise pieces ----------------------------------------------- */
 
@@ -880,7 +917,7 @@ int lms_forward(lms_ctx *c, const lms_batch *b, float *logits)
         for (int64_t i = 0; i < n * e; i++)
             c->x[i] *= m->hp.embd_scale;
 #ifdef LMS_HAVE_CUDA
-    if (c->gpu && (rc = fwd_gpu_layers(c, b)) < 0)
+    if (c->gpu && (rc = fwd_gpu_layers(c, b, logits)) < 0)
         return rc;
 #endif
     for (int il = c->n_gpu; il < m->hp.n_layer; il++)

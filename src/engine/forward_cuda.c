@@ -108,7 +108,11 @@ struct fwd_gpu {
     lcu_mat output;
     const float *out_norm; /* device copy of output_norm (fused head), or NULL */
     bool fuse_head;        /* decode steps end with final norm + head on the GPU */
-    int32_t pre_n;         /* logits rows of this step already in logits_h, or -1 */
+    int32_t pre_n;         /* logits rows of this step already in pre_at, or -1 */
+    float *pre_at;         /* where they are: logits_h, or the caller's buffer when that is
+                              page-locked (lms_ctx_host_alloc): then no copy on the host */
+    bool direct;           /* downloads may go into page-locked caller buffers
+                              (LMS_CUDA_DIRECT=0: always through logits_h, for A/B) */
     void *out_mem;
     size_t out_bytes;
     bool has_output;
@@ -471,6 +475,8 @@ static int alloc_buffers(lms_ctx *c, fwd_gpu *gp, const sizes *z, int32_t n_bloc
     gp->xq = wide % 32 == 0 ? (void *)cur : NULL;
     const char *gr = getenv("LMS_CUDA_GRAPHS");
     gp->graphs = !gr || atoi(gr) != 0;
+    const char *dl = getenv("LMS_CUDA_DIRECT");
+    gp->direct = !dl || atoi(dl) != 0;
     gp->meta_n = z->meta_n;
     if (!(gp->meta = lcu_alloc(gp->g, z->meta_n * 4, err, errsz)))
         return LMS_ERR_NOMEM;
@@ -1181,7 +1187,7 @@ static int run_layers(lms_ctx *c, const lcu_batch *db, int n_split, bool head)
     return rc;
 }
 
-int fwd_gpu_layers(lms_ctx *c, const lms_batch *b)
+int fwd_gpu_layers(lms_ctx *c, const lms_batch *b, float *logits)
 {
     fwd_gpu *gp = c->gpu;
     gp->pre_n = -1;
@@ -1233,17 +1239,23 @@ int fwd_gpu_layers(lms_ctx *c, const lms_batch *b)
     gp->lora_on = false;
     if (rc == 0 && lcu_download(gp->g, gp->x_h, gp->x, bytes) < 0)
         rc = LMS_ERR_DEVICE;
-    /* the rows forward.c will ask logits for (its rule), compacted; they
-     * come back with the residual, under the same single wait */
+    /* the rows forward.c will ask logits for (its rule), compacted, each
+     * run of consecutive rows in one copy; they come back with the
+     * residual, under the same single wait. Into the caller's buffer when
+     * it is page-locked: the 8-token step's 4 MB of logits (Llama 3) then
+     * cost no copy on the host. */
     int32_t n_lg = 0;
     const size_t nv = (size_t)c->m->hp.n_vocab;
-    for (int32_t t = 0; head && rc == 0 && t < b->n_tokens; t++) {
-        if (!(b->logits ? b->logits[t] : t == b->n_tokens - 1))
-            continue;
-        if (lcu_download(gp->g, gp->logits_h + (size_t)n_lg * nv, gp->logits + (size_t)t * nv,
-                         nv * sizeof(float)) < 0)
+    gp->pre_at = logits && gp->direct && lcu_host_pinned(logits) ? logits : gp->logits_h;
+    for (int32_t t = 0; head && rc == 0 && t < b->n_tokens;) {
+        int32_t k = 0;
+        while (t + k < b->n_tokens && (b->logits ? b->logits[t + k] : t + k == b->n_tokens - 1))
+            k++;
+        if (k > 0 && lcu_download(gp->g, gp->pre_at + (size_t)n_lg * nv,
+                                  gp->logits + (size_t)t * nv, (size_t)k * nv * sizeof(float)) < 0)
             rc = LMS_ERR_DEVICE;
-        n_lg++;
+        n_lg += k;
+        t += k > 0 ? k : 1;
     }
     char err[256];
     if (lcu_sync(gp->g, err, sizeof err) < 0) {
@@ -1267,11 +1279,13 @@ int fwd_gpu_output(lms_ctx *c, const float *xn, int32_t n, float *logits, bool c
     fwd_gpu *gp = c->gpu;
     const size_t e = (size_t)c->m->hp.n_embd, nv = (size_t)c->m->hp.n_vocab;
     if (gp->pre_n >= 0 && gp->pre_n == n) { /* computed in this step's graph */
-        memcpy(logits, gp->logits_h, (size_t)n * nv * sizeof(float));
+        if (logits != gp->pre_at)
+            memcpy(logits, gp->pre_at, (size_t)n * nv * sizeof(float));
         gp->pre_n = -1;
         return 0;
     }
     gp->pre_n = -1;
+    const bool direct = gp->direct && lcu_host_pinned(logits);
     for (int32_t r0 = 0; r0 < n; r0 += HEAD_CHUNK) {
         int32_t k = n - r0 < HEAD_CHUNK ? n - r0 : HEAD_CHUNK;
         memcpy(gp->x_h, xn + (size_t)r0 * e, (size_t)k * e * sizeof(float));
@@ -1280,14 +1294,16 @@ int fwd_gpu_output(lms_ctx *c, const float *xn, int32_t n, float *logits, bool c
             return LMS_ERR_DEVICE;
         if (cap && c->m->hp.final_softcap != 0.0f) /* gemma2: forward.c returns our logits */
             lcu_softcap(gp->g, gp->logits, (int64_t)k * (int64_t)nv, c->m->hp.final_softcap);
-        if (lcu_download(gp->g, gp->logits_h, gp->logits, (size_t)k * nv * sizeof(float)) < 0)
+        float *to = direct ? logits + (size_t)r0 * nv : gp->logits_h;
+        if (lcu_download(gp->g, to, gp->logits, (size_t)k * nv * sizeof(float)) < 0)
             return LMS_ERR_DEVICE;
         char err[256];
         if (lcu_sync(gp->g, err, sizeof err) < 0) {
             fprintf(stderr, "lmserv: %s\n", err);
             return LMS_ERR_DEVICE;
         }
-        memcpy(logits + (size_t)r0 * nv, gp->logits_h, (size_t)k * nv * sizeof(float));
+        if (!direct)
+            memcpy(logits + (size_t)r0 * nv, gp->logits_h, (size_t)k * nv * sizeof(float));
     }
     return 0;
 }

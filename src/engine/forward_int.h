@@ -106,8 +106,9 @@ void fwd_qkv_post(lms_ctx *c, int il, const lms_batch *b);
  * (and says why on stderr). n_blocks: the KV pool size in blocks. */
 int fwd_gpu_create(lms_ctx *c, int32_t n_blocks, char *err, size_t errsz);
 void fwd_gpu_destroy(lms_ctx *c);
-/* Runs layers [0, n_gpu) over c->x (n_tokens rows) in place. */
-int fwd_gpu_layers(lms_ctx *c, const lms_batch *b);
+/* Runs layers [0, n_gpu) over c->x (n_tokens rows) in place; logits: the
+ * caller's buffer of lms_forward (a fused head's rows may go there). */
+int fwd_gpu_layers(lms_ctx *c, const lms_batch *b, float *logits);
 /* Runs CPU layer il with its matrix products on the GPU (the weights are
  * uploaded for the step; attention stays on the CPU over the host cache)
  * when the batch is large enough for that to win. false: not done (too

@@ -284,12 +284,12 @@ int lms_session_generate(lms_session *s, const int32_t *prompt, int32_t n_prompt
         return keep;
     gen_state g = {.piece_cap = lms_detok_max_out(m->tok)};
     const int32_t rows = gp->spec.mode == LMS_SPEC_NONE ? 1 : LMS_SPEC_MAX + 1;
-    float *logits = malloc((size_t)rows * (size_t)m->hp.n_vocab * sizeof *logits);
+    float *logits = lms_ctx_host_alloc(s->ctx, (size_t)rows * (size_t)m->hp.n_vocab * sizeof *logits);
     g.piece = malloc(g.piece_cap);
     int rc = logits && g.piece ? lms_stopstr_init(&g.stop, gp->stop, gp->n_stop) : LMS_ERR_NOMEM;
     if (rc < 0) {
         free(g.piece);
-        free(logits);
+        lms_host_free(logits);
         return lms_errf(err, errsz, rc, "cannot start generation: %s", lms_strerror(rc));
     }
     lms_detok_init(&g.detok, m->tok, false);
@@ -308,7 +308,7 @@ int lms_session_generate(lms_session *s, const int32_t *prompt, int32_t n_prompt
     st->total_ms = lms_now_ms() - t0;
     lms_stopstr_deinit(&g.stop);
     free(g.piece);
-    free(logits);
+    lms_host_free(logits);
     if (rc < 0)
         return lms_errf(err, errsz, rc, "generation failed: %s", lms_strerror(rc));
     return 0;

@@ -593,9 +593,13 @@ static int grow_logits(lms_sched *s)
     if (s->lg_cap >= cap)
         return 0;
     const size_t nv = (size_t)s->m->hp.n_vocab;
-    float *lg = realloc(s->logits, (size_t)cap * nv * sizeof *lg);
-    if (lg)
+    /* page-locked on a GPU context (lms_ctx_host_alloc): no realloc */
+    float *lg = lms_ctx_host_alloc(s->ctx, (size_t)cap * nv * sizeof *lg);
+    if (lg) {
+        memcpy(lg, s->logits, (size_t)s->lg_cap * nv * sizeof *lg);
+        lms_host_free(s->logits);
         s->logits = lg;
+    }
     sreq **ow = realloc(s->lg_owner, (size_t)cap * sizeof *ow);
     if (ow)
         s->lg_owner = ow;
@@ -1347,7 +1351,7 @@ static int alloc_buffers(lms_sched *s)
     s->b_owner = malloc(nb * sizeof *s->b_owner);
     s->lg_base = s->p.n_parallel * (1 + (s->p.spec.mode != LMS_SPEC_NONE ? s->p.spec.n_max : 0));
     const size_t nl = (size_t)s->lg_base;
-    s->logits = malloc(nl * (size_t)s->m->hp.n_vocab * sizeof *s->logits);
+    s->logits = lms_ctx_host_alloc(s->ctx, nl * (size_t)s->m->hp.n_vocab * sizeof *s->logits);
     s->lg_owner = malloc(nl * sizeof *s->lg_owner);
     s->lg_tok = malloc(nl * sizeof *s->lg_tok);
     s->lg_prob = malloc(nl * sizeof *s->lg_prob);
@@ -1367,10 +1371,11 @@ static int alloc_buffers(lms_sched *s)
 static void free_buffers(lms_sched *s)
 {
     void *bufs[] = {s->run, s->b_tok, s->b_pos, s->b_seq, (void *)s->b_lora, s->b_lg, s->b_embd, s->b_owner,
-                    s->logits, s->lg_owner, s->lg_tok, s->lg_prob, s->lg_plp, s->aborts,
+                    s->lg_owner, s->lg_tok, s->lg_prob, s->lg_plp, s->aborts,
                     s->lg_spec, s->b_spec, s->jobs, s->job_owner};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
+    lms_host_free(s->logits);
 }
 
 static int32_t pool_blocks(const lms_sched_params *p, const lms_hparams *hp)

@@ -58,7 +58,10 @@ int main(int argc, char **argv)
         return 1;
     }
     const int32_t nv = m->hp.n_vocab;
-    float *lg = malloc((size_t)(pp > bmax ? pp : bmax) * (size_t)nv * sizeof *lg);
+    /* LMS_BENCH_PAGEABLE=1: logits in plain memory (a host copy a step, for A/B) */
+    const char *pg = getenv("LMS_BENCH_PAGEABLE");
+    const size_t lg_bytes = (size_t)(pp > bmax ? pp : bmax) * (size_t)nv * sizeof(float);
+    float *lg = pg && atoi(pg) ? malloc(lg_bytes) : lms_ctx_host_alloc(c, lg_bytes);
     int32_t *tok = malloc((size_t)(pp > bmax ? pp : bmax) * sizeof *tok);
     int32_t *pos = malloc((size_t)(pp > bmax ? pp : bmax) * sizeof *pos);
     bool *want = malloc((size_t)(pp > bmax ? pp : bmax) * sizeof *want);

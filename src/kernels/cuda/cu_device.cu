@@ -261,6 +261,16 @@ extern "C" void lcu_host_free(void *p)
         cudaFreeHost(p);
 }
 
+extern "C" bool lcu_host_pinned(const void *p)
+{
+    cudaPointerAttributes at;
+    if (!p || cudaPointerGetAttributes(&at, p) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return at.type == cudaMemoryTypeHost;
+}
+
 extern "C" int lcu_upload(lcu *g, void *dst, const void *src, size_t bytes)
 {
     return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g->stream) == cudaSuccess ? 0

@@ -74,6 +74,9 @@ size_t lcu_allocated(const lcu *g);
 /* Page-locked host memory for transfers (NULL on failure). */
 void *lcu_host_alloc(size_t bytes);
 void lcu_host_free(void *p);
+/* Whether p lies in page-locked host memory (lcu_host_alloc's, or a
+ * registered range): copies into it need no staging copy on the host. */
+bool lcu_host_pinned(const void *p);
 
 /* Page-locks an existing host range (rounded out to whole pages) so that
  * copies from it are asynchronous DMA; read_only for mapped weight files.
