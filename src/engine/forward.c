@@ -72,29 +72,14 @@ static size_t max_scratch(const lms_model *m, int64_t n)
     return best;
 }
 
-/* GPU placement when asked for; a CPU-only build refuses GPU layers. The
- * CUDA layers know no LongRoPE (its factor choice and attention factor):
- * a phi3 128k model stays on the CPU whole, and an explicit --gpu-layers
- * for one is refused. (gemma's layers have their own GPU path in
- * forward_cuda.c; their embeddings are scaled here before they go up.) */
+/* GPU placement when asked for; a CPU-only build refuses GPU layers.
+ * (gemma's layers have their own GPU path in forward_cuda.c; their
+ * embeddings are scaled here before they go up. LongRoPE's factors and
+ * attention factor go up with the shape.) */
 static int gpu_setup(lms_ctx *c, int32_t blocks, char *err, size_t errsz)
 {
     if (c->p.gpu_layers == 0)
         return 0;
-    const lms_hparams *hp = &c->m->hp;
-    const bool longrope =
-        c->m->rope_long.data || (hp->rope_attn_factor != 0.0f && hp->rope_attn_factor != 1.0f);
-    if (longrope) {
-        const char *why = " with LongRoPE (rope_factors_long/short, attn_factor)";
-        if (c->p.gpu_layers == LMS_GPU_LAYERS_AUTO) {
-            fprintf(stderr, "gpu: architecture '%s'%s runs on the CPU only\n", hp->arch, why);
-            return 0;
-        }
-        return lms_errf(err, errsz, LMS_ERR_UNSUPPORTED,
-                        "--gpu-layers: architecture '%s'%s runs on the CPU only (use "
-                        "--gpu-layers 0)",
-                        hp->arch, why);
-    }
 #ifdef LMS_HAVE_CUDA
     return fwd_gpu_create(c, blocks, err, errsz);
 #else

@@ -116,7 +116,7 @@ struct fwd_gpu {
     void *out_mem;
     size_t out_bytes;
     bool has_output;
-    float *freq_factors; /* device copy of rope_freqs, or NULL */
+    float *freq_factors; /* device copy of the RoPE frequency factors, or NULL */
     size_t freq_bytes;
     uint16_t *kv_mem;    /* K and V of all GPU layers */
     size_t kv_bytes;
@@ -677,11 +677,14 @@ static int create(lms_ctx *c, fwd_gpu *gp, int32_t n_blocks, char *err, size_t e
         }
     }
     gp->pre_n = -1;
-    if (m->rope_freqs.data) {
-        gp->freq_bytes = (size_t)m->rope_freqs.ne[0] * 4;
+    /* Llama 3's frequency factors, or LongRoPE's long or short ones by the
+     * context size (lms_model_rope_factors: the CPU's choice) */
+    const float *ff = lms_model_rope_factors(m, c->p.n_ctx);
+    if (ff) {
+        gp->freq_bytes = (size_t)(hp->n_rot / 2) * 4;
         if (!(gp->freq_factors = lcu_alloc(gp->g, gp->freq_bytes, err, errsz)))
             return LMS_ERR_NOMEM;
-        lcu_upload(gp->g, gp->freq_factors, m->rope_freqs.data, gp->freq_bytes);
+        lcu_upload(gp->g, gp->freq_factors, ff, gp->freq_bytes);
     }
     if ((rc = lcu_sync(gp->g, err, errsz)) < 0)
         return rc;
@@ -694,6 +697,7 @@ static int create(lms_ctx *c, fwd_gpu *gp, int32_t n_blocks, char *err, size_t e
                                  hp->rope_freq_scale,
                                  hp->rms_eps,
                                  gp->freq_factors,
+                                 hp->rope_attn_factor != 0.0f ? hp->rope_attn_factor : 1.0f,
                                  0.0f,
                                  0.0f,
                                  0};

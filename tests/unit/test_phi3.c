@@ -13,8 +13,8 @@
  *   - malformed fused tensors and LongRoPE parts are refused by name;
  *   - LongRoPE: the short factors up to original_context_length positions
  *     per sequence, the long ones beyond, and the attention factor equal to
- *     scaling the query and key rows by it;
- *   - a LongRoPE model is kept off the GPU.
+ *     scaling the query and key rows by it.
+ * The GPU's phi3 layers, with LongRoPE: tests/cuda/test_phi3_cuda.c.
  */
 #include <math.h>
 #include <stdio.h>
@@ -442,30 +442,11 @@ static void test_longrope(void **state)
     unlink(p), unlink(pls), unlink(pqk), unlink(p1);
 }
 
-/* The CUDA layers know no LongRoPE: such a model is refused an explicit
- * --gpu-layers, in any build. */
-static void test_gpu_refused(void **state)
-{
-    (void)state;
-    char p[128], err[256] = "";
-    tmp_path(p, sizeof p, "gpu");
-    write_shape("phi3-tiny-128k", "Q8_0", p);
-    lms_model *m = load_ok(p);
-    unlink(p);
-    lms_ctx_params cp = {.n_ctx = 64, .n_batch = 64, .n_seq = 1, .n_threads = 1, .gpu_layers = 2};
-    lms_ctx *c = NULL;
-    assert_true(lms_ctx_create(m, &cp, &c, err, sizeof err) < 0);
-    if (!strstr(err, "LongRoPE") || !strstr(err, "CPU only"))
-        fail_msg("%s", err);
-    lms_model_free(m);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_loader),      cmocka_unit_test(test_split_equal),
         cmocka_unit_test(test_malformed),   cmocka_unit_test(test_longrope),
-        cmocka_unit_test(test_gpu_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -195,7 +195,8 @@ __device__ __forceinline__ void quant_lane(float v, int8_t *qs, float2 *ds, int6
 }
 
 /* RoPE of pair i (elements 2i, 2i+1, or i, i + n_rot/2 for NeoX) at
- * position pos: its cosine and sine, as forward.c computes them. Shared by
+ * position pos: its cosine and sine (times LongRoPE's attention factor, 1
+ * for other models: exact), as forward.c computes them. Shared by
  * qkv_post_k and the Q/K/V products' fused epilogue so that both rotate
  * alike. */
 __device__ __forceinline__ void rope_cs(const lcu_attn_shape &s, int32_t pos, int i, float *c,
@@ -205,8 +206,8 @@ __device__ __forceinline__ void rope_cs(const lcu_attn_shape &s, int32_t pos, in
     const float ff = s.freq_factors ? s.freq_factors[i] : 1.0f;
     const float theta = (float)pos * powf(theta_scale, (float)i);
     const float a = s.rope_freq_scale * (theta / ff);
-    *c = cosf(a);
-    *sn = sinf(a);
+    *c = cosf(a) * s.rope_mscale;
+    *sn = sinf(a) * s.rope_mscale;
 }
 
 /* The pair (x0, x1) rotated by the angle of cosine c and sine sn, each

@@ -181,6 +181,8 @@ typedef struct lcu_attn_shape {
     int n_rot, rope_neox;
     float rope_base, rope_freq_scale, rms_eps;
     const float *freq_factors; /* device [n_rot/2] or NULL */
+    float rope_mscale;         /* cosines and sines times this: LongRoPE's attention
+                                  factor (phi3 128k), else 1 */
     /* gemma's layers (all 0 for the others, whose kernels never read them) */
     float q_scale;   /* 0: scores scaled by 1/sqrt(head_dim); else by this */
     float softcap;   /* 0: none; else scores = softcap * tanh(scores / softcap) */
