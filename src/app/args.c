@@ -57,6 +57,21 @@ int args_spec(int argc, char **argv, int *i, args_spec_opts *o)
     }
     if (!strcmp(a, "--draft") || !strcmp(a, "--model-draft") || !strcmp(a, "-md"))
         return (o->draft = args_value(argc, argv, i)) ? 1 : -1;
+    if (!strcmp(a, "--gpu-layers-draft")) {
+        const char *s = args_value(argc, argv, i);
+        if (!s)
+            return -1;
+        if (!strcmp(s, "auto"))
+            o->draft_gpu = LMS_GPU_LAYERS_AUTO;
+        else if (!strcmp(s, "all"))
+            o->draft_gpu = LMS_GPU_LAYERS_ALL;
+        else if (args_int(a, s, 0, 1 << 20, &v))
+            o->draft_gpu = (int32_t)v;
+        else
+            return -1;
+        o->draft_gpu_set = true;
+        return 1;
+    }
     if (!strcmp(a, "--spec")) {
         const char *m = args_value(argc, argv, i);
         if (!m)
@@ -108,6 +123,11 @@ int args_spec_finish(args_spec_opts *o, const char *cmd)
     }
     if (o->draft && o->spec.mode != LMS_SPEC_DRAFT) {
         fprintf(stderr, "lmserv %s: --draft is for --spec draft\n", cmd);
+        return -1;
+    }
+    if (o->draft_gpu_set && !o->draft) {
+        fprintf(stderr, "lmserv %s: --gpu-layers-draft is for a draft model (--draft MODEL)\n",
+                cmd);
         return -1;
     }
     if (o->spec.p_min < 0)

@@ -22,11 +22,13 @@ typedef struct args_spec_opts {
     const char *draft;    /* --draft / --model-draft / -md MODEL */
     lms_spec_params spec; /* p_min < 0: not given */
     bool given;
+    int32_t draft_gpu;    /* --gpu-layers-draft auto|all|N, when draft_gpu_set */
+    bool draft_gpu_set;   /* else the draft is placed as the target (--gpu-layers) */
 } args_spec_opts;
 
 #define ARGS_SPEC_USAGE                                                                            \
     "[--draft MODEL] [--spec ngram|draft] [--draft-max N] [--draft-min N] [--draft-p-min P] "    \
-    "[--spec-ngram N]"
+    "[--spec-ngram N] [--gpu-layers-draft auto|all|N]"
 
 /* Parses argv[*i] when it is one of them: 1 (consumed), 0 (not one), -1
  * (bad value, printed). */

@@ -154,7 +154,8 @@ int bench_parallel(lms_model *m, const bench_opts *o)
                           .n_threads = (int32_t)o->threads, .no_prefix_cache = true,
                           .gpu_layers = o->gpu.gpu_layers, .vram_margin_mb = o->gpu.vram_margin_mb,
                           .vram_budget_mb = o->gpu.vram_budget_mb, .spec = o->spec.spec,
-                          .draft_model = o->spec.draft};
+                          .draft_model = o->spec.draft, .draft_gpu_layers = o->spec.draft_gpu,
+                          .draft_gpu_set = o->spec.draft_gpu_set};
     lms_sched *s;
     char err[512];
     if (lms_sched_create(m, &p, &s, err, sizeof err) < 0) {

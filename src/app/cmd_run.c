@@ -196,9 +196,12 @@ int cmd_run(int argc, char **argv)
     }
     lms_drafter *drafter = NULL;
     lms_draft_seq ds = {0};
-    if (o.spec.spec.mode == LMS_SPEC_DRAFT) /* on the CPU, beside a target on the GPU or not */
+    if (o.spec.spec.mode == LMS_SPEC_DRAFT) { /* placed as the target unless told */
+        const lms_draft_place dp = {o.spec.draft_gpu_set ? o.spec.draft_gpu : o.gpu.gpu_layers,
+                                    o.gpu.vram_margin_mb, o.gpu.vram_budget_mb, c};
         rc = lms_drafter_create(m, o.spec.draft, lms_ctx_params_of(c)->n_ctx, 512, 1, 0,
-                                (int32_t)o.threads, &drafter, err, sizeof err);
+                                (int32_t)o.threads, &dp, &drafter, err, sizeof err);
+    }
     if (rc >= 0)
         rc = app_prompt_tokens(m, o.prompt, o.system, o.chat, !o.no_bos, o.tpl, kwargs, &toks, &n,
                                &open, err, sizeof err);

@@ -13,7 +13,7 @@
  *                [--lora FILE] [--lora-scaled FILE SCALE] [--lora-init-without-apply]
  *                [--lora-dir DIR]
  *                [--draft MODEL | --spec ngram [--spec-ngram N]] [--draft-max N]
- *                [--draft-min N] [--draft-p-min P]
+ *                [--draft-min N] [--draft-p-min P] [--gpu-layers-draft auto|N|all]
  *                [--chat-template NAME|FILE] [--chat-template-file FILE]
  *                [--chat-template-kwargs JSON] [--reasoning on|off|auto]
  *                [--reasoning-format none|auto|deepseek|deepseek-legacy]
@@ -318,7 +318,8 @@ static lms_sched_params sched_params(const serve_opts *o)
         .gpu_layers = o->gpu.gpu_layers, .kv_type = o->kv_type ? app_kv_type(o->kv_type) : 0,
         .kv_budget_bytes = o->kv_budget_mb << 20, .vram_margin_mb = o->gpu.vram_margin_mb,
         .vram_budget_mb = o->gpu.vram_budget_mb, .spec = o->spec.spec,
-        .draft_model = o->spec.draft};
+        .draft_model = o->spec.draft, .draft_gpu_layers = o->spec.draft_gpu,
+        .draft_gpu_set = o->spec.draft_gpu_set};
 }
 
 /* -m: one expert named by --alias, else the file's base name. */

@@ -4,8 +4,8 @@
  *
  * Its flags are rewritten into lmserv's before `serve` parses them:
  *   - the same setting under another name (-ngl / --n-gpu-layers, --ctx-size,
- *     -ctk / -ctv / --cache-type-k|v, -a, -md / --model-draft, -v / --verbose,
- *     --log-disable);
+ *     -ctk / -ctv / --cache-type-k|v, -a, -md / --model-draft, -ngld /
+ *     --n-gpu-layers-draft, -v / --verbose, --log-disable);
  *   - llama-server's default sampling for requests that set none (--temp,
  *     --top-k, --top-p, --min-p, --repeat-penalty, --presence-penalty,
  *     --frequency-penalty, -n / --n-predict, --seed) become one
@@ -35,6 +35,7 @@ static const alias aliases[] = {
     {"-ctv", "--kv-type", NULL},           {"--cache-type-v", "--kv-type", NULL},
     {"-a", "--alias", NULL},               {"-md", "--draft", NULL},
     {"--model-draft", "--draft", NULL},    {"-v", "--log-level", "debug"},
+    {"-ngld", "--gpu-layers-draft", NULL}, {"--n-gpu-layers-draft", "--gpu-layers-draft", NULL},
     {"--verbose", "--log-level", "debug"}, {"--log-disable", "--log-level", "error"},
 };
 
@@ -91,8 +92,6 @@ static const struct { const char *flag; int value; const char *why; } ignored[] 
     {"--main-gpu", 1, "one GPU, split with the CPU by --gpu-layers"},
     {"-dev", 1, "the GPU is found by itself"},
     {"--device", 1, "the GPU is found by itself"},
-    {"-ngld", 1, "the draft model runs on the CPU"},
-    {"--gpu-layers-draft", 1, "the draft model runs on the CPU"},
     {"-dt", 1, "the KV cache is paged (no defragmentation)"},
     {"--defrag-thold", 1, "the KV cache is paged (no defragmentation)"},
 };

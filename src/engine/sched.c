@@ -1435,12 +1435,15 @@ int lms_sched_create(lms_model *m, const lms_sched_params *p, lms_sched **out, c
         const char *eb = getenv("LMS_ENC_BATCH");
         s->enc_batch = eb && atoi(eb) >= 1 && atoi(eb) <= ENC_BATCH ? atoi(eb) : ENC_BATCH;
     }
-    if (rc == 0 && s->p.spec.mode == LMS_SPEC_DRAFT)
+    if (rc == 0 && s->p.spec.mode == LMS_SPEC_DRAFT) {
         /* as many positions as the target's pool: a sequence reserves the
-         * same number in both */
+         * same number in both; on the GPU as the target unless told */
+        const lms_draft_place dp = {p->draft_gpu_set ? p->draft_gpu_layers : p->gpu_layers,
+                                    p->vram_margin_mb, p->vram_budget_mb, s->ctx};
         rc = lms_drafter_create(m, p->draft_model, p->n_ctx, s->p.n_batch, p->n_parallel,
-                                lms_ctx_kv(s->ctx)->n_blocks, p->n_threads, &s->drafter, err,
+                                lms_ctx_kv(s->ctx)->n_blocks, p->n_threads, &dp, &s->drafter, err,
                                 errsz);
+    }
     if (rc == 0 && (rc = alloc_buffers(s)) < 0)
         lms_errf(err, errsz, rc, "scheduler: out of memory");
     if (rc == 0 && !m->hp.is_encoder)

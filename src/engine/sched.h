@@ -60,11 +60,14 @@ typedef struct lms_sched_params {
     void *stall_ud;
     /* Speculative decoding (spec.h): spec.mode LMS_SPEC_NGRAM, or
      * LMS_SPEC_DRAFT with the draft model at draft_model (loaded at create,
-     * CPU only, vocabulary checked). Every decoding sequence's next token
-     * and its proposals are one step's rows, within the token budget; a
-     * request may lower n_max / change n_min, p_min (lms_request). */
+     * vocabulary checked; its layers on the GPU by draft_gpu_layers when
+     * draft_gpu_set, else by gpu_layers). Every decoding sequence's next
+     * token and its proposals are one step's rows, within the token budget;
+     * a request may lower n_max / change n_min, p_min (lms_request). */
     lms_spec_params spec;
     const char *draft_model;
+    int32_t draft_gpu_layers;
+    bool draft_gpu_set;
 } lms_sched_params;
 
 enum lms_event_type {

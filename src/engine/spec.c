@@ -89,9 +89,22 @@ struct lms_drafter {
     float *logits;               /* [n_batch][n_vocab] */
 };
 
+/* The budget a draft context may plan with: the user's less what the
+ * target's context holds on the device (at least 1 MiB: a budget of 0
+ * would mean none). */
+static int32_t draft_budget(const lms_draft_place *pl)
+{
+    if (pl->vram_budget_mb <= 0)
+        return 0;
+    const lms_gpu_plan *tp = pl->target_ctx ? lms_ctx_gpu_plan(pl->target_ctx) : NULL;
+    const int64_t used = tp ? (int64_t)(tp->allocated_bytes >> 20) : 0;
+    const int64_t left = (int64_t)pl->vram_budget_mb - used;
+    return left > 1 ? (int32_t)left : 1;
+}
+
 int lms_drafter_create(const lms_model *target, const char *path, int32_t n_ctx, int32_t n_batch,
-                       int32_t n_seq, int32_t kv_blocks, int32_t n_threads, lms_drafter **out,
-                       char *err, size_t errsz)
+                       int32_t n_seq, int32_t kv_blocks, int32_t n_threads,
+                       const lms_draft_place *place, lms_drafter **out, char *err, size_t errsz)
 {
     lms_drafter *d = calloc(1, sizeof *d);
     if (!d)
@@ -113,6 +126,11 @@ int lms_drafter_create(const lms_model *target, const char *path, int32_t n_ctx,
     d->n_seq = n_seq;
     lms_ctx_params cp = {.n_ctx = n_ctx, .n_batch = d->n_batch, .n_seq = n_seq,
                          .kv_blocks = kv_blocks, .n_threads = n_threads};
+    if (place) {
+        cp.gpu_layers = place->gpu_layers;
+        cp.vram_margin_mb = place->vram_margin_mb;
+        cp.vram_budget_mb = draft_budget(place);
+    }
     if ((rc = lms_ctx_create(d->m, &cp, &d->ctx, e2, sizeof e2)) < 0) {
         lms_model_free(d->m);
         free(d);
@@ -124,8 +142,10 @@ int lms_drafter_create(const lms_model *target, const char *path, int32_t n_ctx,
     d->b_seq = malloc(nb * sizeof *d->b_seq);
     d->b_lg = malloc(nb * sizeof *d->b_lg);
     d->b_job = malloc(nb * sizeof *d->b_job);
-    /* logits rows: one per sequence at most in any pass */
-    d->logits = malloc((size_t)n_seq * (size_t)d->m->hp.n_vocab * sizeof *d->logits);
+    /* logits rows: one per sequence at most in any pass (page-locked when
+     * the draft runs on the GPU: they come down without a host copy) */
+    d->logits = lms_ctx_host_alloc(d->ctx, (size_t)n_seq * (size_t)d->m->hp.n_vocab *
+                                               sizeof *d->logits);
     if (!d->b_tok || !d->b_pos || !d->b_seq || !d->b_lg || !d->b_job || !d->logits) {
         lms_drafter_destroy(d);
         return lms_errf(err, errsz, LMS_ERR_NOMEM, "draft model: out of memory");
@@ -143,7 +163,7 @@ void lms_drafter_destroy(lms_drafter *d)
     free(d->b_seq);
     free(d->b_lg);
     free(d->b_job);
-    free(d->logits);
+    lms_host_free(d->logits);
     lms_ctx_destroy(d->ctx);
     lms_model_free(d->m);
     free(d);
@@ -152,6 +172,11 @@ void lms_drafter_destroy(lms_drafter *d)
 const lms_model *lms_drafter_model(const lms_drafter *d)
 {
     return d->m;
+}
+
+const lms_gpu_plan *lms_drafter_gpu_plan(const lms_drafter *d)
+{
+    return lms_ctx_gpu_plan(d->ctx);
 }
 
 int32_t lms_drafter_blocks_used(lms_drafter *d)

@@ -78,13 +78,25 @@ typedef struct lms_draft_seq {
     bool ready;            /* blocks reserved */
 } lms_draft_seq;
 
+/* Where the draft model's layers run: gpu_layers as lms_ctx_params (0:
+ * the CPU; auto plans from the VRAM the target's context left free), the
+ * margin and budget as the target's. With a budget, the draft gets what the
+ * target's context (target_ctx) did not take of it. */
+typedef struct lms_draft_place {
+    int32_t gpu_layers;
+    int32_t vram_margin_mb, vram_budget_mb;
+    const lms_ctx *target_ctx; /* or NULL */
+} lms_draft_place;
+
 /* Loads the draft model at path and checks it against target; its context
- * (CPU only) runs n_seq sequences of up to n_ctx positions, n_batch rows a
- * pass, n_threads threads, over a pool of kv_blocks blocks (0: n_seq whole
- * contexts). */
+ * runs n_seq sequences of up to n_ctx positions, n_batch rows a pass,
+ * n_threads threads, over a pool of kv_blocks blocks (0: n_seq whole
+ * contexts), placed by `place` (NULL: the CPU). */
 int lms_drafter_create(const lms_model *target, const char *path, int32_t n_ctx, int32_t n_batch,
-                       int32_t n_seq, int32_t kv_blocks, int32_t n_threads, lms_drafter **out,
-                       char *err, size_t errsz);
+                       int32_t n_seq, int32_t kv_blocks, int32_t n_threads,
+                       const lms_draft_place *place, lms_drafter **out, char *err, size_t errsz);
+/* The draft context's GPU placement, or NULL when it runs on the CPU. */
+const lms_gpu_plan *lms_drafter_gpu_plan(const lms_drafter *d);
 void lms_drafter_destroy(lms_drafter *d); /* NULL: no-op */
 const lms_model *lms_drafter_model(const lms_drafter *d);
 /* Blocks of the draft pool held by sequences (tests). */

@@ -33,5 +33,7 @@ check "-ctk and -ctv of different types: refused" eq "$("$LMSERV" serve -m "$M" 
 check "--temp that is no number: refused" eq "$("$LMSERV" serve -m "$M" --port 0 --temp hot 2>&1 | grep -c -- '--temp needs a number')" 1
 check "-n that is no integer: refused" eq "$("$LMSERV" serve -m "$M" --port 0 -n 2.5 2>&1 | grep -c -- '-n needs an integer')" 1
 check "--top-p out of range: refused at start" eq "$("$LMSERV" serve -m "$M" --port 0 --top-p 7 2>&1 | grep -c 'sampling defaults: .*top_p')" 1
+check "-ngld without a draft model: refused" eq "$("$LMSERV" serve -m "$M" --port 0 -ngld 2 2>&1 | grep -c -- '--gpu-layers-draft is for a draft model')" 1
+check "-ngld that is no count: refused, naming it" eq "$("$LMSERV" serve -m "$M" --port 0 -md "$M" -ngld many 2>&1 | grep -c -- "--gpu-layers-draft: 'many'")" 1
 check "a flag neither knows: still refused" eq "$("$LMSERV" serve -m "$M" --port 0 --frobnicate 2>&1 | grep -c "unknown option '--frobnicate'")" 1
 finish

@@ -191,17 +191,18 @@ static void test_vocab_check(void **state)
     char err[512];
     lms_drafter *d = NULL;
     assert_int_equal(lms_drafter_create(g_f32, tu_data_path("models/llama-synth-q4_0.gguf"), 256,
-                                        64, 1, 0, 2, &d, err, sizeof err),
+                                        64, 1, 0, 2, NULL, &d, err, sizeof err),
                      0);
     lms_drafter_destroy(d);
     d = NULL;
     int rc = lms_drafter_create(g_f32, tu_data_path("models/qwen3-synth-f16.gguf"), 256, 64, 1, 0,
-                                2, &d, err, sizeof err);
+                                2, NULL, &d, err, sizeof err);
     assert_int_equal(rc, LMS_ERR_UNSUPPORTED);
     assert_null(d);
     assert_non_null(strstr(err, "qwen3-synth-f16.gguf"));
     assert_non_null(strstr(err, "vocabulary does not match"));
-    rc = lms_drafter_create(g_f32, "/nonexistent/draft.gguf", 256, 64, 1, 0, 2, &d, err, sizeof err);
+    rc = lms_drafter_create(g_f32, "/nonexistent/draft.gguf", 256, 64, 1, 0, 2, NULL, &d, err,
+                            sizeof err);
     assert_true(rc < 0);
     assert_non_null(strstr(err, "/nonexistent/draft.gguf"));
     /* a scheduler refuses a draft mode without a draft, and bad ranges */
@@ -388,7 +389,7 @@ static void test_sampling_distribution(void **state)
     assert_int_equal(lms_ctx_create(g_stories, &cp, &c, err, sizeof err), 0);
     lms_drafter *d;
     assert_int_equal(lms_drafter_create(g_stories, tu_data_path("models/stories260K.gguf"), 64, 64, 1,
-                                        0, 2, &d, err, sizeof err),
+                                        0, 2, NULL, &d, err, sizeof err),
                      0);
     int32_t prompt[6] = {1, 400, 30, 291, 29, 10};
     int32_t drafted = 0, accepted = 0;
