@@ -97,7 +97,7 @@ typedef struct sreq {
 
 enum { THINK_START, THINK_IN, THINK_OUT, THINK_FORCING };
 
-#define LMS_MAX_MARKERS 16
+#define LMS_MAX_MARKERS 24
 
 struct lms_sched {
     lms_model *m;
@@ -896,8 +896,12 @@ static void register_blocks(lms_sched *s, sreq *q)
  * their text stays in the reply although control tokens are otherwise not
  * shown (Mistral's [TOOL_CALLS] [ARGS] [CALL_ID], Llama 3's <|python_tag|>,
  * Granite's <|tool_call|>, DeepSeek's <｜tool▁calls▁begin｜> and the rest
- * of its call markers, <think> where a vocabulary makes it a control
- * token). Matched by text; at most LMS_MAX_MARKERS in all. */
+ * of its call markers, Cohere's <|START_ACTION|> <|END_ACTION|> and the
+ * plan's <|START_THINKING|> <|END_THINKING|> before them, <think> where a
+ * vocabulary makes it a control token). Cohere's <|START_RESPONSE|> and
+ * <|END_RESPONSE|> stay unshown: they wrap every answer, tools or not,
+ * and the answer is what is inside. Matched by text; at most
+ * LMS_MAX_MARKERS in all. */
 static void marker_ids(lms_sched *s)
 {
     static const char *const texts[] = {
@@ -905,7 +909,8 @@ static void marker_ids(lms_sched *s)
         LMS_MARK_PYTHON_TAG,    LMS_MARK_GRANITE_CALL,  LMS_MARK_TOOL_OPEN,
         LMS_MARK_TOOL_CLOSE,    LMS_MARK_THINK_OPEN,    LMS_MARK_THINK_CLOSE,
         LMS_MARK_DS_CALLS_BEGIN, LMS_MARK_DS_CALLS_END, LMS_MARK_DS_CALL_BEGIN,
-        LMS_MARK_DS_CALL_END,   LMS_MARK_DS_SEP};
+        LMS_MARK_DS_CALL_END,   LMS_MARK_DS_SEP,        LMS_MARK_COHERE_THINK_OPEN,
+        LMS_MARK_COHERE_THINK_CLOSE, LMS_MARK_COHERE_ACTION_OPEN, LMS_MARK_COHERE_ACTION_CLOSE};
     _Static_assert(sizeof texts / sizeof texts[0] <= LMS_MAX_MARKERS, "room for each marker");
     const lms_tokenizer *t = s->m->tok;
     for (int32_t id = 0; id < s->m->hp.n_vocab && s->n_markers < LMS_MAX_MARKERS; id++) {

@@ -18,6 +18,24 @@
 #define LMS_MARK_PYTHON_TAG "<|python_tag|>" /* Llama 3.x */
 #define LMS_MARK_GRANITE_CALL "<|tool_call|>"
 
+/* Cohere's Command R7B and Command A: a plan, then the calls as a JSON
+ * array, or the answer. The response markers are not kept (sched.c):
+ * every reply of these models has them, tools or not. */
+#define LMS_MARK_COHERE_THINK_OPEN "<|START_THINKING|>"
+#define LMS_MARK_COHERE_THINK_CLOSE "<|END_THINKING|>"
+#define LMS_MARK_COHERE_ACTION_OPEN "<|START_ACTION|>"
+#define LMS_MARK_COHERE_ACTION_CLOSE "<|END_ACTION|>"
+#define LMS_MARK_COHERE_RESPONSE_OPEN "<|START_RESPONSE|>"
+#define LMS_MARK_COHERE_RESPONSE_CLOSE "<|END_RESPONSE|>"
+
+/* Plain text, never a control token: Functionary v3.1 and Llama 3.1's
+ * custom form <function=NAME>{...}</function> (Qwen3-Coder's XML inside
+ * <tool_call> opens its calls the same way), Functionary v3.2's block
+ * header >>>NAME followed by a newline. */
+#define LMS_MARK_FUNCTION_OPEN "<function="
+#define LMS_MARK_FUNCTION_CLOSE "</function>"
+#define LMS_MARK_FUNCTIONARY_BLOCK ">>>"
+
 /* DeepSeek's, written with U+FF5C FULLWIDTH VERTICAL LINE and U+2581
  * LOWER ONE EIGHTH BLOCK: <｜tool▁calls▁begin｜> and so on. */
 #define LMS_MARK_DS_(words) "<\xef\xbd\x9ctool" words "\xef\xbd\x9c>"

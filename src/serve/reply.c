@@ -35,9 +35,17 @@ void reply_cut_next(reply_cut *rc, const char *text, size_t n, reply_part *out, 
         rc->c_sent = c0;
     size_t upto = n;
     if (rc->tools && final && toolcall_parse(text + c0, n - c0, tc) < 0)
-        *tc = (toolcalls){0};
-    if (rc->tools)
-        upto = c0 + (!final ? toolcall_safe_len(text + c0, n - c0) : tc->n ? tc->content_len : n - c0);
+        *tc = (toolcalls){.content_from = rc->c_skip, .content_len = n - c0 - rc->c_skip};
+    if (rc->tools) {
+        if (final) {
+            rc->c_skip = tc->content_from;
+            upto = c0 + tc->content_from + tc->content_len;
+        } else {
+            upto = c0 + toolcall_safe_len(text + c0, n - c0, &rc->c_skip);
+        }
+        if (rc->c_sent < c0 + rc->c_skip) /* a wrapper before the content */
+            rc->c_sent = c0 + rc->c_skip;
+    }
     out->c_from = rc->c_sent;
     out->c_n = upto > rc->c_sent ? upto - rc->c_sent : 0;
     rc->c_sent += out->c_n;
@@ -51,5 +59,6 @@ void reply_cut_whole(const reply_cut *rc, size_t n, reply_part *out)
         out->r_n = rc->rs.r1 - rc->rs.r0;
         out->c_from = reasoning_answer(&rc->rs, n);
     }
+    out->c_from += rc->c_skip;
     out->c_n = rc->c_sent > out->c_from ? rc->c_sent - out->c_from : 0;
 }

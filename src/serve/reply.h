@@ -21,6 +21,7 @@ typedef struct reply_cut {
     reasoning rs;
     size_t r_sent;     /* streamed: text up to here went out as thoughts */
     size_t c_sent;     /* streamed: text up to here went out as content (or was thoughts) */
+    size_t c_skip;     /* bytes of the answer before its content (toolcall.h's wrappers) */
 } reply_cut;
 
 /* What can go out now: thoughts text[r_from, r_from + r_n), content

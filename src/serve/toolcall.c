@@ -21,6 +21,16 @@ static const char DS_CALLS_END[] = LMS_MARK_DS_CALLS_END;
 static const char DS_CALL_BEGIN[] = LMS_MARK_DS_CALL_BEGIN;
 static const char DS_CALL_END[] = LMS_MARK_DS_CALL_END;
 static const char DS_SEP[] = LMS_MARK_DS_SEP;
+static const char FN_OPEN[] = LMS_MARK_FUNCTION_OPEN;
+static const char FN_CLOSE[] = LMS_MARK_FUNCTION_CLOSE;
+static const char FY_BLOCK[] = LMS_MARK_FUNCTIONARY_BLOCK;
+static const char FY_ALL[] = "all\n"; /* Functionary v3.2's content block */
+static const char CO_THINK_OPEN[] = LMS_MARK_COHERE_THINK_OPEN;
+static const char CO_THINK_CLOSE[] = LMS_MARK_COHERE_THINK_CLOSE;
+static const char CO_ACTION_OPEN[] = LMS_MARK_COHERE_ACTION_OPEN;
+static const char CO_ACTION_CLOSE[] = LMS_MARK_COHERE_ACTION_CLOSE;
+static const char CO_RESP_OPEN[] = LMS_MARK_COHERE_RESPONSE_OPEN;
+static const char CO_RESP_CLOSE[] = LMS_MARK_COHERE_RESPONSE_CLOSE;
 
 static bool starts_with(const char *s, size_t n, const char *lit, size_t lit_len)
 {
@@ -32,6 +42,27 @@ static size_t find(const char *s, size_t n, const char *lit, size_t lit_len)
 {
     const char *p = memmem(s, n, lit, lit_len);
     return p ? (size_t)(p - s) : n;
+}
+
+/* Whether s[0, n) is where lit starts (all of s, and not all of lit). */
+static bool is_prefix_of(const char *s, size_t n, const char *lit, size_t lit_len)
+{
+    return n < lit_len && memcmp(s, lit, n) == 0;
+}
+
+/* Function names as OpenAI allows them (letters, digits, '_', '-'), and '.'. */
+static bool is_name_char(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '_' || c == '-' || c == '.';
+}
+
+/* The first i' >= i with s[i'] not a name byte, or n. */
+static size_t name_end(const char *s, size_t i, size_t n)
+{
+    while (i < n && is_name_char(s[i]))
+        i++;
+    return i;
 }
 
 /* n less the whitespace that ends text[0, n). */
@@ -135,12 +166,11 @@ static json_t *xml_value(const char *s, size_t n)
  * Returns 1 added, 0 not this form (or incomplete), < 0 out of memory. */
 static int add_xml_call(toolcalls *tc, const char *s, size_t n)
 {
-    static const char FN[] = "<function=", PAR[] = "<parameter=", PAR_END[] = "</parameter>",
-                      FN_END[] = "</function>";
+    static const char PAR[] = "<parameter=", PAR_END[] = "</parameter>";
     size_t i = text_skip_space(s, 0, n);
-    if (!starts_with(s + i, n - i, FN, LIT_LEN(FN)))
+    if (!starts_with(s + i, n - i, FN_OPEN, LIT_LEN(FN_OPEN)))
         return 0;
-    i += LIT_LEN(FN);
+    i += LIT_LEN(FN_OPEN);
     size_t e = find(s + i, n - i, ">", 1);
     if (e == 0 || i + e >= n)
         return 0;
@@ -149,7 +179,7 @@ static int add_xml_call(toolcalls *tc, const char *s, size_t n)
     int rc = 1;
     for (i += e + 1; rc == 1;) {
         i = text_skip_space(s, i, n);
-        if (i == n || starts_with(s + i, n - i, FN_END, LIT_LEN(FN_END)))
+        if (i == n || starts_with(s + i, n - i, FN_CLOSE, LIT_LEN(FN_CLOSE)))
             break;
         if (!starts_with(s + i, n - i, PAR, LIT_LEN(PAR))) {
             rc = 0;
@@ -325,22 +355,231 @@ static int parse_deepseek(const char *s, size_t n, size_t i, toolcalls *tc)
     return tc->n;
 }
 
+/* Functionary v3.1, Llama 3.1's custom form, from the first
+ * <function=NAME> (at i) on: blocks <function=NAME>{...}</function>,
+ * whitespace between them (the last one's closing tag may be missing at
+ * the end of the reply); text after the last block is dropped. Returns > 0
+ * calls read, 0 not this form, < 0 out of memory. */
+static int parse_function_tags(const char *s, size_t n, size_t i, toolcalls *tc)
+{
+    while (i < n && starts_with(s + i, n - i, FN_OPEN, LIT_LEN(FN_OPEN))) {
+        const size_t a = i + LIT_LEN(FN_OPEN), b = name_end(s, a, n);
+        if (b == a || b == n || s[b] != '>')
+            return 0;
+        size_t used = 0;
+        const int rc = add_named_call(tc, s + a, b - a, s + b + 1, n - b - 1, &used);
+        if (rc <= 0)
+            return rc;
+        i = text_skip_space(s, b + 1 + used, n);
+        if (starts_with(s + i, n - i, FN_CLOSE, LIT_LEN(FN_CLOSE)))
+            i = text_skip_space(s, i + LIT_LEN(FN_CLOSE), n);
+        else if (i < n)
+            return 0; /* text inside the block after its arguments */
+    }
+    return tc->n;
+}
+
+/* Functionary v3.2's block header at s[i]: ">>>" (none when bare), a
+ * name, a newline. */
+typedef enum fy_head { FY_NO, FY_PARTIAL, FY_YES } fy_head;
+
+/* Whether s[i, n) opens with a header (then the name is s[*name, *body -
+ * 1) and its block's text starts at *body), does not, or ends where one
+ * may still be written. */
+static fy_head fy_header(const char *s, size_t n, size_t i, bool bare, size_t *name, size_t *body)
+{
+    if (!bare) {
+        if (!starts_with(s + i, n - i, FY_BLOCK, LIT_LEN(FY_BLOCK)))
+            return is_prefix_of(s + i, n - i, FY_BLOCK, LIT_LEN(FY_BLOCK)) ? FY_PARTIAL : FY_NO;
+        i += LIT_LEN(FY_BLOCK);
+    }
+    const size_t e = name_end(s, i, n);
+    if (e == n)
+        return FY_PARTIAL;
+    if (e == i || s[e] != '\n')
+        return FY_NO;
+    *name = i;
+    *body = e + 1;
+    return FY_YES;
+}
+
+/* Whether the header's name is "all": Functionary's content block. */
+static bool fy_is_all(const char *s, size_t name, size_t body)
+{
+    return body - name == LIT_LEN(FY_ALL) && memcmp(s + name, FY_ALL, LIT_LEN(FY_ALL)) == 0;
+}
+
+/* Functionary v3.2's calls from the first header ">>>NAME\n" (at i) on,
+ * each followed by the arguments as a JSON object; whitespace may follow
+ * them, then the next header. Parsing ends at an "all" block or any other
+ * text, which are dropped (the content before the calls is what the reply
+ * can carry). Returns > 0 calls read, 0 not this form, < 0 out of memory. */
+static int parse_functionary(const char *s, size_t n, size_t i, toolcalls *tc)
+{
+    size_t name = 0, body = 0;
+    while (i < n && fy_header(s, n, i, false, &name, &body) == FY_YES &&
+           !fy_is_all(s, name, body)) {
+        size_t used = 0;
+        const int rc = add_named_call(tc, s + name, body - 1 - name, s + body, n - body, &used);
+        if (rc <= 0)
+            return rc;
+        i = text_skip_space(s, body + used, n);
+    }
+    return tc->n;
+}
+
+/* The first call of a Functionary v3.2 reply is written without ">>>"
+ * (the template's generation prompt ends with it): s[i, mark) is
+ * "NAME\n{...}", whitespace after it allowed. Taken only where a ">>>"
+ * block follows, as the request's tools are not known here.
+ * Returns 1 added, 0 not this form, < 0 out of memory. */
+static int fy_first_call(const char *s, size_t i, size_t mark, toolcalls *tc)
+{
+    size_t name = 0, body = 0;
+    if (fy_header(s, mark, i, true, &name, &body) != FY_YES || fy_is_all(s, name, body) ||
+        body == mark || s[body] != '{')
+        return 0;
+    return add_named_call(tc, s + name, body - 1 - name, s + body, mark - body, NULL);
+}
+
+/* Adds Cohere's call o: {"tool_call_id": ..., "tool_name": NAME,
+ * "parameters": {...}} (the id is not kept: calls get the server's ids).
+ * Returns 1 added, 0 not a call, < 0 out of memory. */
+static int add_cohere_call(toolcalls *tc, const json_t *o)
+{
+    const json_t *name = json_object_get(o, "tool_name");
+    const json_t *params = json_object_get(o, "parameters");
+    if (!json_is_string(name) || (params && !json_is_object(params)))
+        return 0;
+    json_t *call = params ? json_pack("{s:O, s:O}", "name", name, "arguments", params)
+                          : json_pack("{s:O}", "name", name);
+    const int rc = call ? add_call(tc, call) : -1;
+    json_decref(call);
+    return rc;
+}
+
+/* Cohere's calls after <|START_ACTION|> (i just past it): a JSON array of
+ * calls, then <|END_ACTION|> (missing at the very end of a reply is fine);
+ * more such blocks may follow, whitespace between them; text after the
+ * last is dropped. Returns > 0 calls read, 0 not this form, < 0 out of
+ * memory. */
+static int parse_cohere(const char *s, size_t n, size_t i, toolcalls *tc)
+{
+    for (;;) {
+        size_t used = 0;
+        json_t *a = load(s + i, n - i, &used);
+        int rc = json_is_array(a) && json_array_size(a) > 0;
+        size_t k;
+        const json_t *o;
+        json_array_foreach(a, k, o)
+        {
+            if ((rc = add_cohere_call(tc, o)) <= 0)
+                break;
+        }
+        json_decref(a);
+        if (rc <= 0)
+            return rc;
+        i = text_skip_space(s, i + used, n);
+        if (!starts_with(s + i, n - i, CO_ACTION_CLOSE, LIT_LEN(CO_ACTION_CLOSE)))
+            return i == n ? tc->n : 0;
+        i = text_skip_space(s, i + LIT_LEN(CO_ACTION_CLOSE), n);
+        if (!starts_with(s + i, n - i, CO_ACTION_OPEN, LIT_LEN(CO_ACTION_OPEN)))
+            return tc->n;
+        i += LIT_LEN(CO_ACTION_OPEN);
+    }
+}
+
+/* ---- where the content is ---------------------------------------------------- */
+
+/* Some forms wrap the content, or put something before it:
+ *   Cohere:       <|START_THINKING|>plan<|END_THINKING|>  (dropped: serve/
+ *                 reasoning reads only <think>), then the calls, or
+ *                 <|START_RESPONSE|>content<|END_RESPONSE|> (text after
+ *                 it dropped; the closing marker may be missing)
+ *   Functionary:  all\n or >>>all\n (v3.2's content block) at the start
+ * A plan that is never closed leaves it all content. */
+typedef struct span {
+    size_t from;   /* where the content starts */
+    size_t end;    /* where what may hold content and calls ends: len unless a response closed */
+    bool response; /* inside <|START_RESPONSE|> */
+    bool open;     /* streaming: the text so far cannot tell yet (from: no later than the final) */
+} span;
+
+static span content_span(const char *text, size_t len, bool partial)
+{
+    static const char FY_ALL_BLOCK[] = LMS_MARK_FUNCTIONARY_BLOCK "all\n";
+    static const char *const heads[] = {CO_RESP_OPEN, FY_ALL, FY_ALL_BLOCK};
+    span sp = {.end = len};
+    size_t i = text_skip_space(text, 0, len);
+    if (partial && is_prefix_of(text + i, len - i, CO_THINK_OPEN, LIT_LEN(CO_THINK_OPEN))) {
+        sp.open = true;
+        return sp;
+    }
+    if (starts_with(text + i, len - i, CO_THINK_OPEN, LIT_LEN(CO_THINK_OPEN))) {
+        const size_t a = i + LIT_LEN(CO_THINK_OPEN);
+        const size_t e = a + find(text + a, len - a, CO_THINK_CLOSE, LIT_LEN(CO_THINK_CLOSE));
+        if (e == len) {
+            sp.open = partial;
+            return sp;
+        }
+        sp.from = i = text_skip_space(text, e + LIT_LEN(CO_THINK_CLOSE), len);
+    }
+    for (size_t k = 0; k < sizeof heads / sizeof heads[0]; k++) {
+        const size_t hl = strlen(heads[k]);
+        if (partial && is_prefix_of(text + i, len - i, heads[k], hl)) {
+            sp.open = true;
+            break;
+        }
+        if (starts_with(text + i, len - i, heads[k], hl)) {
+            sp.from = i + hl;
+            sp.response = k == 0;
+            if (sp.response)
+                sp.end = sp.from + find(text + sp.from, len - sp.from, CO_RESP_CLOSE,
+                                        LIT_LEN(CO_RESP_CLOSE));
+            break;
+        }
+    }
+    return sp;
+}
+
 /* The markers a reply's calls may start with: the text before the first
  * is content. */
-enum { MARK_TAG, MARK_MISTRAL, MARK_PYTHON, MARK_GRANITE, MARK_DEEPSEEK };
-static const char *const MARKS[] = {TAG_OPEN, MISTRAL_MARK, LMS_MARK_PYTHON_TAG, LMS_MARK_GRANITE_CALL,
-                                    DS_CALLS_BEGIN};
+enum {
+    MARK_TAG,
+    MARK_MISTRAL,
+    MARK_PYTHON,
+    MARK_GRANITE,
+    MARK_DEEPSEEK,
+    MARK_FUNCTION,
+    MARK_FUNCTIONARY,
+    MARK_COHERE
+};
+static const char *const MARKS[] = {TAG_OPEN, MISTRAL_MARK,   LMS_MARK_PYTHON_TAG,
+                                    LMS_MARK_GRANITE_CALL, DS_CALLS_BEGIN, FN_OPEN,
+                                    FY_BLOCK, CO_ACTION_OPEN};
 #define N_MARKS (sizeof MARKS / sizeof MARKS[0])
-_Static_assert(MARK_DEEPSEEK + 1 == N_MARKS, "one name per marker");
+_Static_assert(MARK_COHERE + 1 == N_MARKS, "one name per marker");
 
-/* The first marker in text[0, len): its offset (len: none) and index. */
-static size_t first_mark(const char *text, size_t len, int *which)
+/* The first marker in text[0, len): its offset (len: none) and index.
+ * ">>>" counts only as a whole block header, or (partial: streaming) one
+ * that the text's end may still make whole. */
+static size_t first_mark(const char *text, size_t len, bool partial, int *which)
 {
     size_t at = len;
     for (int k = 0; k < (int)N_MARKS; k++) {
-        const size_t m = find(text, at, MARKS[k], strlen(MARKS[k]));
-        if (m < at)
-            at = m, *which = k;
+        const size_t ml = strlen(MARKS[k]);
+        for (size_t from = 0; from < at;) {
+            const size_t m = from + find(text + from, at - from, MARKS[k], ml);
+            size_t name, body;
+            const fy_head h = k == MARK_FUNCTIONARY && m < at
+                                  ? fy_header(text, len, m, false, &name, &body)
+                                  : FY_YES;
+            if (m < at && (h == FY_YES || (partial && h == FY_PARTIAL))) {
+                at = m, *which = k;
+                break;
+            }
+            from = m + 1;
+        }
     }
     return at;
 }
@@ -350,44 +589,78 @@ int toolcall_parse(const char *text, size_t len, toolcalls *out)
     *out = (toolcalls){0};
     if (!text)
         return 0;
+    const span sp = content_span(text, len, false);
+    const char *s = text + sp.from; /* content and calls are in s[0, n) */
+    const size_t n = sp.end - sp.from;
     int which = -1;
-    const size_t mark = first_mark(text, len, &which);
+    size_t mark = first_mark(s, n, false, &which);
     int rc;
-    if (mark == len) { /* no marker: the whole reply may be a bare call */
-        rc = parse_bare(text, len, text_skip_space(text, 0, len), out);
+    if (mark == n) { /* no marker: the whole reply may be a bare call */
+        rc = parse_bare(s, n, text_skip_space(s, 0, n), out);
+        mark = 0;
     } else if (which == MARK_TAG) {
-        rc = parse_tags(text, len, mark, out);
+        rc = parse_tags(s, n, mark, out);
     } else if (which == MARK_DEEPSEEK) {
-        rc = parse_deepseek(text, len, mark + LIT_LEN(DS_CALLS_BEGIN), out);
+        rc = parse_deepseek(s, n, mark + LIT_LEN(DS_CALLS_BEGIN), out);
+    } else if (which == MARK_FUNCTION) {
+        rc = parse_function_tags(s, n, mark, out);
+    } else if (which == MARK_FUNCTIONARY) {
+        /* the first call may come without ">>>", where no "all" block came first */
+        const int first =
+            sp.from == 0 ? fy_first_call(s, text_skip_space(s, 0, mark), mark, out) : 0;
+        rc = first < 0 ? first : parse_functionary(s, n, mark, out);
+        if (first > 0)
+            mark = 0; /* no content before it */
+    } else if (which == MARK_COHERE) {
+        rc = parse_cohere(s, n, mark + LIT_LEN(CO_ACTION_OPEN), out);
     } else {
-        const size_t i = text_skip_space(text, mark + strlen(MARKS[which]), len);
-        rc = which == MARK_MISTRAL && i < len && text[i] != '[' ? parse_mistral_args(text, len, i, out)
-                                                     : parse_bare(text, len, i, out);
+        const size_t i = text_skip_space(s, mark + strlen(MARKS[which]), n);
+        rc = which == MARK_MISTRAL && i < n && s[i] != '[' ? parse_mistral_args(s, n, i, out)
+                                                           : parse_bare(s, n, i, out);
     }
-    if (rc <= 0) {
+    if (rc < 0) {
         toolcalls_free(out);
-        return rc < 0 ? -1 : 0;
+        return -1;
     }
-    out->content_len = trim_end(text, mark < len ? mark : 0);
+    if (rc == 0) /* no call: all content */
+        toolcalls_free(out);
+    out->content_from = sp.from;
+    out->content_len = rc == 0 ? n : trim_end(s, mark);
     return 0;
 }
 
-size_t toolcall_safe_len(const char *text, size_t len)
+/* safe less a tail of text[0, len) that may grow into lit. */
+static size_t hold_partial(const char *text, size_t len, size_t safe, const char *lit)
 {
-    size_t i = text_skip_space(text, 0, len);
-    if (i == len || text[i] == '{' || text[i] == '[')
-        return 0; /* nothing yet, or perhaps a bare call: hold it all */
+    const size_t ml = strlen(lit);
+    for (size_t t = ml - 1 < len ? ml - 1 : len; t > 0; t--)
+        if (len - t < safe && memcmp(text + len - t, lit, t) == 0)
+            return len - t;
+    return safe;
+}
+
+size_t toolcall_safe_len(const char *text, size_t len, size_t *from)
+{
+    const span sp = content_span(text, len, true);
+    const char *s = text + sp.from;
+    const size_t n = sp.end - sp.from;
+    const size_t i = text_skip_space(s, 0, n);
+    *from = sp.from;
+    if (sp.open || i == n || s[i] == '{' || s[i] == '[')
+        return sp.from; /* nothing yet, or perhaps a bare call: hold it all */
+    size_t name, body;
+    const fy_head h = sp.from == 0 ? fy_header(s, n, i, true, &name, &body) : FY_NO;
+    if (h == FY_PARTIAL || (h == FY_YES && (body == n || s[body] == '{')))
+        return sp.from; /* perhaps Functionary's first call, "NAME\n{": hold it all */
     int which = -1;
-    size_t safe = first_mark(text, len, &which);
-    for (size_t k = 0; k < N_MARKS; k++) { /* hold a tail that may grow into a marker */
-        const size_t ml = strlen(MARKS[k]);
-        for (size_t t = ml - 1 < len ? ml - 1 : len; t > 0; t--)
-            if (len - t < safe && memcmp(text + len - t, MARKS[k], t) == 0) {
-                safe = len - t;
-                break;
-            }
+    size_t safe = first_mark(s, n, true, &which);
+    if (sp.end == len) { /* hold a tail that may grow into a marker */
+        for (size_t k = 0; k < N_MARKS; k++)
+            safe = hold_partial(s, n, safe, MARKS[k]);
+        if (sp.response)
+            safe = hold_partial(s, n, safe, CO_RESP_CLOSE);
     }
     /* nor the whitespace before it: a call after it would trim that from
      * the content (content_len) */
-    return trim_end(text, safe);
+    return sp.from + trim_end(s, safe);
 }

@@ -24,12 +24,26 @@
  *     `<｜tool▁call▁begin｜>...<｜tool▁call▁end｜>`: V3 and R1 write
  *     `function<｜tool▁sep｜>NAME\n```json\n{...}\n```` ("function" may be
  *     missing, the fence too), V3.1 `NAME<｜tool▁sep｜>{...}`; a reply that
- *     ends without `<｜tool▁calls▁end｜>` counts when every call is closed.
- * These markers are control tokens: the scheduler keeps their text in the
+ *     ends without `<｜tool▁calls▁end｜>` counts when every call is closed;
+ *   - Functionary v3.1 and Llama 3.1's custom form
+ *     `<function=NAME>{...}</function>`, one block per call;
+ *   - Functionary v3.2: blocks `>>>NAME\n{...}`, one per call, after
+ *     `all\n` or `>>>all\n` and the content, or with the first call
+ *     written without `>>>` (the generation prompt ends with it: taken
+ *     only where a `>>>` block follows it, as the request's tools are not
+ *     known here, so a single call `NAME\n{...}` stays content);
+ *   - Cohere's Command R7B and Command A: `<|START_ACTION|>[{"tool_call_id":
+ *     ..., "tool_name": NAME, "parameters": {...}}, ...]<|END_ACTION|>`,
+ *     after a plan `<|START_THINKING|>...<|END_THINKING|>` that is dropped
+ *     (serve/reasoning reads only `<think>`); an answer
+ *     `<|START_RESPONSE|>...<|END_RESPONSE|>` is the content inside.
+ * Most markers are control tokens: the scheduler keeps their text in the
  * reply (sched.c, marker_ids). Text before the first marker is content; a
  * bare object or array without a marker counts only when it is the whole
- * reply. Anything that does not parse completely is plain content, never
- * an error.
+ * reply; text after the last call is dropped. Anything that does not
+ * parse completely is plain content, never an error; the wrappers around
+ * the content (Cohere's plan and response markers, Functionary's `all`
+ * block header) are not content either way.
  *
  * Pure functions over text: no I/O, no global state.
  */
@@ -46,18 +60,20 @@ typedef struct toolcall {
 typedef struct toolcalls {
     toolcall *v;
     int n;
-    size_t content_len; /* bytes of the reply before the first call, trailing space trimmed */
+    size_t content_from; /* the content is text[content_from, content_from + content_len): */
+    size_t content_len;  /* up to the first call, trailing space trimmed; n = 0: all of it */
 } toolcalls;
 
-/* Reads the calls of a finished reply into *out (n = 0: none, the whole
- * text is content). Returns 0, or < 0 when out of memory. */
+/* Reads the calls of a finished reply into *out (n = 0: none, the text is
+ * content). Returns 0, or < 0 when out of memory. */
 int toolcall_parse(const char *text, size_t len, toolcalls *out);
 void toolcalls_free(toolcalls *tc);
 
-/* While streaming: how many leading bytes of the reply so far are content
- * for sure, i.e. cannot belong to a call that is still being written (nor
- * be whitespace that a call after it would trim). The value never
- * decreases as text is appended. */
-size_t toolcall_safe_len(const char *text, size_t len);
+/* While streaming: the content of the reply so far that is certain, i.e.
+ * cannot belong to a call that is still being written (nor be whitespace
+ * that a call after it would trim), is text[*from, return value). Neither
+ * decreases as text is appended, *from never passes the final
+ * content_from, and once the value returned passes *from, *from stays. */
+size_t toolcall_safe_len(const char *text, size_t len, size_t *from);
 
 #endif

@@ -1,12 +1,14 @@
 /*
  * test_toolcall.c - function calls found in model replies (serve/toolcall):
  * each written form, text before the calls, malformed calls left as
- * content, and the streaming hold-back never releasing part of a call.
+ * content, the streaming hold-back never releasing part of a call, and
+ * reply_cut streamed and whole giving the same content.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "serve/reply.h"
 #include "serve/toolcall.h"
 #include "testutil.h"
 
@@ -192,6 +194,186 @@ static void test_deepseek_malformed(void **state)
     }
 }
 
+/* Texts that must not be read as calls: each stays content, all of it. */
+static void expect_content(const char *const *texts, size_t n_texts, const char *form)
+{
+    for (size_t i = 0; i < n_texts; i++) {
+        toolcalls tc = parse(texts[i]);
+        if (tc.n != 0 || tc.content_from != 0 || tc.content_len != strlen(texts[i]))
+            fail_msg("%s text %zu read as %d calls, content [%zu, +%zu)", form, i, tc.n,
+                     tc.content_from, tc.content_len);
+        toolcalls_free(&tc);
+    }
+}
+
+/* Parses text and checks that its content is want (from content_from on). */
+static void expect_content_is(const char *text, const char *want, int n_calls)
+{
+    toolcalls tc = parse(text);
+    assert_int_equal(tc.n, n_calls);
+    if (tc.content_len != strlen(want) || tc.content_from + tc.content_len > strlen(text) ||
+        memcmp(text + tc.content_from, want, tc.content_len))
+        fail_msg("'%s': content '%.*s', not '%s'", text, (int)tc.content_len,
+                 text + tc.content_from, want);
+    toolcalls_free(&tc);
+}
+
+/* Functionary v3.1, Llama 3.1's custom form: <function=NAME>{...}</function> */
+static void test_function_tags(void **state)
+{
+    (void)state;
+    expect_calls("<function=get_weather>{\"city\": \"Paris\"}</function>", 0,
+                 (const char *const[]){"get_weather", "{\"city\":\"Paris\"}", NULL});
+    expect_calls("Let me check.\n<function=a>{\"x\": \"\xc3\xa9\"}</function>\n"
+                 "<function=b.c>{}</function><|eom_id|>",
+                 strlen("Let me check."),
+                 (const char *const[]){"a", "{\"x\":\"\xc3\xa9\"}", "b.c", "{}", NULL});
+    /* the last closing tag missing at the end of the reply */
+    expect_calls("<function=f>{\"a\": [1, 2]} ", 0,
+                 (const char *const[]){"f", "{\"a\":[1,2]}", NULL});
+    static const char *const bad[] = {
+        "<function=f>{\"a\": 1</function>",           /* broken JSON */
+        "<function=>{}</function>",                    /* no name */
+        "<function=f g>{}</function>",                 /* not a name */
+        "<function=f>[1]</function>",                  /* not an object */
+        "<function=f>{} x</function>",                 /* text after the arguments */
+        "<function=f>",                                /* no arguments */
+        "<function=f",                                 /* cut in the tag */
+        "<function=a>{}</function><function=b>{\"x\"", /* the second call cut */
+        "See <function=f>: {}",
+    };
+    expect_content(bad, sizeof bad / sizeof bad[0], "<function=");
+}
+
+/* Functionary v3.2: >>>NAME\n{...} blocks, "all" for the content */
+static void test_functionary(void **state)
+{
+    (void)state;
+    const char *t = ">>>all\nLet me look.>>>get_weather\n{\"city\": \"Paris\"}>>>now\n{}";
+    expect_calls(t, strlen("Let me look."),
+                 (const char *const[]){"get_weather", "{\"city\":\"Paris\"}", "now", "{}", NULL});
+    expect_content_is(t, "Let me look.", 2);
+    /* the generation prompt ended with ">>>": the first block without it */
+    expect_content_is("all\nSure.\n>>>f\n{\"a\": [1, 2]}\n", "Sure.", 1);
+    expect_calls("get_weather\n{\"city\": \"Paris\"}\n>>>now\n{}", 0,
+                 (const char *const[]){"get_weather", "{\"city\":\"Paris\"}", "now", "{}", NULL});
+    expect_calls(">>>f\n{\"q\": \"a>>>b\\n\"}", 0,
+                 (const char *const[]){"f", "{\"q\":\"a>>>b\\n\"}", NULL});
+    /* an "all" block or other text after the calls is dropped */
+    expect_calls(">>>f\n{}>>>all\nDone.", 0, (const char *const[]){"f", "{}", NULL});
+    expect_calls(">>>f\n{} text >>>g\n{\"a\": 1", 0, (const char *const[]){"f", "{}", NULL});
+    /* content only: without the "all" header */
+    expect_content_is("all\nJust text, >>> and all.", "Just text, >>> and all.", 0);
+    expect_content_is(">>>all\n\xc3\xa9", "\xc3\xa9", 0);
+    static const char *const bad[] = {
+        "f\n{\"a\": 1}",                  /* one call without ">>>": the tools are not known */
+        ">>>f\n{\"a\": ",                 /* cut */
+        ">>>f\n{\"a\" 1}",                /* broken JSON */
+        ">>>f\nnot json",
+        ">>>f\n[1]",
+        ">>>f\n",
+        ">>>f",
+        "x>>>f\n{}>>>g\n{",               /* the second call cut */
+        "Python:\n>>> print(1)\n1\n>>>",  /* no block header */
+        "a\n{} b>>>f\n{x}",             /* not "NAME\\n{...}" before: content, then broken */
+    };
+    expect_content(bad, sizeof bad / sizeof bad[0], "Functionary");
+    /* a broken call after "all": the text after the header stays content */
+    expect_content_is("all\nx>>>f\n{", "x>>>f\n{", 0);
+}
+
+/* Cohere Command R7B / Command A */
+#define CO_ACT(calls) "<|START_ACTION|>" calls "<|END_ACTION|>"
+static void test_cohere(void **state)
+{
+    (void)state;
+    const char *t = "<|START_THINKING|>I will look up the weather, then the time.<|END_THINKING|>"
+                    CO_ACT("[\n    {\"tool_call_id\": \"0\", \"tool_name\": \"get_weather\", "
+                           "\"parameters\": {\"city\": \"Paris\"}},\n    {\"tool_call_id\": \"1\", "
+                           "\"tool_name\": \"now\", \"parameters\": {}}\n]");
+    expect_calls(t, 0,
+                 (const char *const[]){"get_weather", "{\"city\":\"Paris\"}", "now", "{}", NULL});
+    expect_content_is(t, "", 2);
+    expect_content_is("Sure. " CO_ACT("[{\"tool_call_id\": \"0\", \"tool_name\": \"f\"}]"),
+                      "Sure.", 1);
+    /* the closing marker missing at the end; several action blocks */
+    expect_calls(CO_ACT("[{\"tool_name\": \"a\", \"parameters\": {\"x\": 1}}]")
+                 "\n<|START_ACTION|>[{\"tool_name\": \"b\", \"parameters\": {}}]",
+                 0, (const char *const[]){"a", "{\"x\":1}", "b", "{}", NULL});
+    /* answers: the content is inside the response markers, the plan dropped */
+    expect_content_is("<|START_RESPONSE|>Hello there.<|END_RESPONSE|>", "Hello there.", 0);
+    expect_content_is("<|START_RESPONSE|>Cut \xc3\xa9", "Cut \xc3\xa9", 0);
+    expect_content_is("<|START_THINKING|>plan<|END_THINKING|>\n"
+                      "<|START_RESPONSE|>Hi<|END_RESPONSE|>",
+                      "Hi", 0);
+    expect_content_is("<|START_THINKING|>plan<|END_THINKING|>\nThe answer.", "The answer.", 0);
+    static const char *const bad[] = {
+        CO_ACT("[]"),
+        CO_ACT("{\"tool_name\": \"f\", \"parameters\": {}}"), /* not an array */
+        CO_ACT("[{\"tool_name\": 5}]"),
+        CO_ACT("[{\"tool_name\": \"\"}]"),
+        CO_ACT("[{\"tool_name\": \"f\", \"parameters\": 3}]"),
+        CO_ACT("[{\"name\": \"f\", \"parameters\": {}}]"), /* not Cohere's keys */
+        CO_ACT("[{\"tool_name\": \"f\"}] junk"),
+        "<|START_ACTION|>[{\"tool_name\": \"f\", \"parameters\": {",
+        "<|START_THINKING|>a plan that never ends",
+        "<|START_THINKING|>plan <|START_RESPONSE|>x",
+    };
+    expect_content(bad, sizeof bad / sizeof bad[0], "Cohere");
+    /* a plan never closed before a call: kept as content, the call read */
+    expect_content_is("<|START_THINKING|>plan " CO_ACT("[{\"tool_name\": \"f\"}]"),
+                      "<|START_THINKING|>plan", 1);
+}
+
+/* reply_cut (serve/reply.h) streamed a byte at a time gives the same
+ * content as the whole reply, the wrappers left out, with thoughts read
+ * apart or not. */
+static void test_reply_stream(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *text, *content;
+    } cases[] = {
+        {"<|START_THINKING|>plan<|END_THINKING|><|START_RESPONSE|>Hi \xc3\xa9<|END_RESPONSE|>x",
+         "Hi \xc3\xa9"},
+        {"<|START_THINKING|>plan<|END_THINKING|>" CO_ACT("[{\"tool_name\": \"f\"}]"), ""},
+        {"all\nLook: >>>f\n{\"a\": 1}", "Look:"},
+        {">>>all\n\xc3\xa9t\xc3\xa9", "\xc3\xa9t\xc3\xa9"},
+        {"f\n{\"a\": 1}>>>g\n{}", ""},
+        {"Ok <function=f>{}</function>", "Ok"},
+        {"<think>\nhm\n</think>\n\nall\nSo >>>f\n{}", "So"},
+        {"all\nx>>>f\n{", "x>>>f\n{"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const char *t = cases[c].text;
+        const size_t n = strlen(t);
+        char got[256];
+        size_t n_got = 0;
+        reply_cut w, st;
+        reply_part p;
+        toolcalls tw, ts;
+        reply_cut_init(&w, true, false, true);
+        reply_cut_next(&w, t, n, &p, &tw);
+        if (p.c_n != strlen(cases[c].content) || memcmp(t + p.c_from, cases[c].content, p.c_n))
+            fail_msg("case %zu whole: '%.*s'", c, (int)p.c_n, t + p.c_from);
+        reply_cut_init(&st, true, false, true);
+        for (size_t len = 0; len <= n; len++) {
+            reply_cut_next(&st, t, len, &p, len == n ? &ts : NULL);
+            assert_true(n_got + p.c_n < sizeof got);
+            memcpy(got + n_got, t + p.c_from, p.c_n);
+            n_got += p.c_n;
+        }
+        if (n_got != strlen(cases[c].content) || memcmp(got, cases[c].content, n_got))
+            fail_msg("case %zu streamed: '%.*s'", c, (int)n_got, got);
+        assert_int_equal(ts.n, tw.n);
+        reply_cut_whole(&st, n, &p);
+        assert_int_equal(p.c_n, n_got);
+        assert_memory_equal(t + p.c_from, got, n_got);
+        toolcalls_free(&tw);
+        toolcalls_free(&ts);
+    }
+}
+
 static void test_bare_json(void **state)
 {
     (void)state;
@@ -238,16 +420,26 @@ static void test_not_calls(void **state)
     }
 }
 
-/* Streaming: appended one byte at a time, the safe length never shrinks and
- * never reaches into a call. */
+/* Streaming: appended one byte at a time, the safe span [from, safe) never
+ * shrinks, its start never passes the whole reply's content start (nor
+ * moves once content went out), and it never reaches past the whole
+ * reply's content, into a call. */
 static void check_stream(const char *text, size_t want_final)
 {
-    size_t n = strlen(text), prev = 0;
+    size_t n = strlen(text), prev = 0, prev_from = 0;
+    toolcalls whole = parse(text);
+    const size_t w_from = whole.content_from, w_end = w_from + whole.content_len;
+    toolcalls_free(&whole);
     for (size_t k = 0; k <= n; k++) {
-        size_t safe = toolcall_safe_len(text, k);
-        if (safe < prev || safe > k)
-            fail_msg("'%.*s': safe %zu after %zu", (int)k, text, safe, prev);
+        size_t from = 0;
+        size_t safe = toolcall_safe_len(text, k, &from);
+        if (safe < prev || safe > k || from < prev_from || from > safe || from > w_from ||
+            (safe > from && (from != w_from || safe > w_end)) ||
+            (prev > prev_from && from != prev_from))
+            fail_msg("'%.*s': [%zu, %zu) after [%zu, %zu); whole [%zu, %zu)", (int)k, text, from,
+                     safe, prev_from, prev, w_from, w_end);
         prev = safe;
+        prev_from = from;
     }
     assert_int_equal(prev, want_final);
 }
@@ -270,8 +462,29 @@ static void test_stream_hold(void **state)
     check_stream("ok " CALLS_BEGIN CALL_BEGIN "f" SEP "{}" CALL_END CALLS_END, 2);
     check_stream("ok <\xef\xbd", 2);      /* cut inside the first marker character */
     check_stream("ok <\xef\xbd\x9ctool" SP "calls" SP "be", 2); /* a partial marker */
-    check_stream("ok " DS(SP "calls"), 23);                   /* no marker after all */
+    check_stream("ok " DS(SP "calls") "!", 24); /* no marker (a last ">" may open ">>>") */
     check_stream("ok \xef\xbd\x9c", 6);  /* a fullwidth bar outside a marker is text */
+    /* Functionary v3.1 and v3.2 */
+    check_stream("ok <function=f>{\"a\": 1}</function>", 2);
+    check_stream("\xc3\xa9 <functi", 2); /* a partial marker after a two-byte character */
+    check_stream("all\nHi >>>f\n{}", 6);
+    check_stream("all\nHi >>", 6);
+    check_stream(">>>all\n\xc3\xa9t\xc3\xa9 >>>ab", 12);
+    check_stream("Python:\n>>> print(1)", 20); /* no block header: all of it goes */
+    check_stream("a -> b", 6);
+    check_stream("get_weather\n{\"a\": 1}", 0);  /* perhaps the first call: held */
+    check_stream("get_weather\n{\"a\": 1}>>>now\n{}", 0);
+    check_stream("Hello", 0);                    /* perhaps a call's name */
+    check_stream("Hello\nthere", 11);
+    check_stream("all", 0);
+    /* Cohere */
+    check_stream("<|START_RESPONSE|>Hi there<|END_RESPONSE|>", 26);
+    check_stream("<|START_RESPONSE|>Hi \xc3\xa9<|END_RESP", 23);
+    check_stream("<|START_THINKING|>plan<|END_THINKING|>Hi", 40);
+    check_stream("<|START_THINKING|>plan<|END_THINKING|>\n<|START_RES", 39);
+    check_stream("<|START_THINKING|>pl", 0);
+    check_stream("Sure. " CO_ACT("[{\"tool_name\": \"f\"}]"), 5);
+    check_stream("\xc3\xa9 <|START_AC", 2);
 }
 
 int main(void)
@@ -283,6 +496,10 @@ int main(void)
         cmocka_unit_test(test_deepseek_v3),
         cmocka_unit_test(test_deepseek_v31),
         cmocka_unit_test(test_deepseek_malformed),
+        cmocka_unit_test(test_function_tags),
+        cmocka_unit_test(test_functionary),
+        cmocka_unit_test(test_cohere),
+        cmocka_unit_test(test_reply_stream),
         cmocka_unit_test(test_bare_json),
         cmocka_unit_test(test_not_calls),
         cmocka_unit_test(test_stream_hold),
