@@ -14,6 +14,7 @@
  * message.
  */
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,12 +28,20 @@
 #include "route/remote.h"
 
 #define ERRBODY_MAX 65536 /* bytes of a non-2xx body kept for its message */
+#define MAX_CALLS 64      /* function calls in one reply */
 /* Remote ids live apart from the scheduler's (which count up from 1). */
 #define REMOTE_ID_BASE (1ull << 62)
 
 static uint64_t g_next_id;
 
 typedef struct rreq rreq;
+
+/* A function call of the reply, put together from its pieces. */
+typedef struct rcall {
+    char *name;                /* the first name a piece gave, or NULL */
+    char *args;                /* the arguments' JSON text so far (capped at LMS_SSE_MAX) */
+    size_t n_args, cap_args;
+} rcall;
 
 struct lms_remote {
     const lms_expert_cfg *e;   /* borrowed: id, endpoint, key, model, timeout */
@@ -64,6 +73,9 @@ struct rreq {
     lms_sse sse;
     long status;               /* HTTP status once the headers came; 0 before */
     bool thinking;             /* the pieces passed on are inside <think> (on_data) */
+    bool tools;                /* the body has tools: the upstream's calls are passed on */
+    rcall *calls;              /* [MAX_CALLS] by index once a call came, else NULL */
+    int n_calls;               /* the highest index seen + 1 */
     bool json_body;            /* a 2xx answer in one JSON body (an upstream that does not
                                 * stream): kept in eb, read at the end */
     char *eb;                  /* non-2xx body or json_body (capped) */
@@ -208,7 +220,44 @@ void lms_remote_delta_free(lms_remote_delta *d)
     free(d->text);
     free(d->thought);
     free(d->error);
+    for (int i = 0; i < d->n_calls; i++) {
+        free(d->calls[i].name);
+        free(d->calls[i].args);
+    }
+    free(d->calls);
     memset(d, 0, sizeof *d);
+}
+
+/* chat's tool_calls (of a delta or a message) into out->calls; < 0 when
+ * out of memory. Arguments given as JSON other than a string (some
+ * servers send the object) are taken as their text. */
+static int parse_calls(const json_t *calls, lms_remote_delta *out)
+{
+    const size_t n = json_array_size(calls);
+    if (n == 0)
+        return 0;
+    if (!(out->calls = calloc(n, sizeof *out->calls)))
+        return LMS_ERR_NOMEM;
+    size_t k;
+    const json_t *c;
+    json_array_foreach(calls, k, c)
+    {
+        lms_remote_call_piece *p = &out->calls[out->n_calls++];
+        const json_t *ix = json_object_get(c, "index"), *fn = json_object_get(c, "function");
+        const json_t *name = json_object_get(fn, "name"), *a = json_object_get(fn, "arguments");
+        p->index = json_is_integer(ix) ? (int64_t)json_integer_value(ix) : (int64_t)k;
+        if (json_is_string(name) && json_string_length(name) > 0 &&
+            !(p->name = strdup(json_string_value(name))))
+            return LMS_ERR_NOMEM;
+        if (json_is_string(a))
+            p->args = strndup(json_string_value(a), json_string_length(a));
+        else if (a && !json_is_null(a))
+            p->args = json_dumps(a, JSON_COMPACT | JSON_ENCODE_ANY | JSON_PRESERVE_ORDER);
+        if (a && !json_is_null(a) && !p->args)
+            return LMS_ERR_NOMEM;
+        p->n_args = p->args ? strlen(p->args) : 0;
+    }
+    return 0;
 }
 
 int lms_remote_parse_chunk(const char *data, size_t n, bool chat, lms_remote_delta *out)
@@ -248,6 +297,11 @@ int lms_remote_parse_chunk(const char *data, size_t n, bool chat, lms_remote_del
     }
     out->n_text = out->text ? json_string_length(t) : 0;
     out->n_thought = out->thought ? json_string_length(th) : 0;
+    if (chat && parse_calls(json_object_get(msg, "tool_calls"), out) < 0) {
+        json_decref(root);
+        lms_remote_delta_free(out);
+        return LMS_ERR_NOMEM;
+    }
     const json_t *f = json_object_get(c0, "finish_reason");
     if (json_is_string(f))
         out->finish = finish_static(json_string_value(f));
@@ -283,8 +337,9 @@ static lms_event *new_event(const rreq *q, int type)
     return ev;
 }
 
-/* One text piece of the reply as a token event. */
-static void piece(rreq *q, const char *text, size_t n)
+/* A token event: a text piece of the reply (token 0) or a function call
+ * (LMS_REMOTE_CALL). */
+static void token_event(rreq *q, const char *text, size_t n, int32_t token)
 {
     lms_event *ev = new_event(q, LMS_EV_TOKEN);
     if (!ev || !(ev->text = strndup(text, n))) {
@@ -292,10 +347,103 @@ static void piece(rreq *q, const char *text, size_t n)
         return;
     }
     ev->text_len = n;
+    ev->token = token;
     ev->prob = 1.0f;
     if (q->n_pieces++ == 0)
         q->t_first = lms_now_ms();
     q->cb(q->user, ev);
+}
+
+static void piece(rreq *q, const char *text, size_t n)
+{
+    token_event(q, text, n, 0);
+}
+
+/* Fails the request with a message (the first failure stays). */
+static void stream_fail(rreq *q, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void stream_fail(rreq *q, const char *fmt, ...)
+{
+    char msg[240];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (!q->stream_err)
+        q->stream_err = strdup(msg);
+}
+
+/* Adds a piece of a function call to the call of its index. */
+static void call_piece(rreq *q, const lms_remote_call_piece *p)
+{
+    bool oom = false;
+    if (q->stream_err)
+        return;
+    if (p->index < 0 || p->index >= MAX_CALLS) {
+        stream_fail(q, "tool call index %lld (at most %d calls are taken)",
+                    (long long)p->index, MAX_CALLS);
+        return;
+    }
+    if (!q->calls && !(q->calls = calloc(MAX_CALLS, sizeof *q->calls))) {
+        stream_fail(q, "out of memory");
+        return;
+    }
+    rcall *c = &q->calls[p->index];
+    if (p->index >= q->n_calls)
+        q->n_calls = (int)p->index + 1;
+    if (p->name && !c->name && !(c->name = strdup(p->name)))
+        oom = true;
+    if (p->args && !grow_add(&c->args, &c->n_args, &c->cap_args, p->args, p->n_args, &oom) && !oom)
+        stream_fail(q, "tool call %lld: its arguments are over %u bytes",
+                    (long long)p->index, LMS_SSE_MAX);
+    if (oom)
+        stream_fail(q, "out of memory");
+}
+
+/* The calls put together, once the upstream has finished well: each
+ * checked (a name, arguments that are a JSON object; none at all reads as
+ * {}), then passed on after the text as LMS_REMOTE_CALL events. One that
+ * fails the check fails the request, naming it; none is passed on then. */
+static void pass_calls(rreq *q)
+{
+    json_t *calls = json_array();
+    for (int i = 0; i < q->n_calls && !q->stream_err; i++) {
+        const rcall *c = &q->calls[i];
+        if (!c->name && !c->args) /* an index no piece used */
+            continue;
+        if (!c->name) {
+            stream_fail(q, "tool call %d has no function name", i);
+            break;
+        }
+        size_t k = 0;
+        while (k < c->n_args && strchr(" \t\r\n", c->args[k]))
+            k++;
+        json_error_t je;
+        json_t *a = k < c->n_args ? json_loadb(c->args, c->n_args, 0, &je) : json_object();
+        if (!json_is_object(a)) {
+            const bool cut = q->finish && !strcmp(q->finish, "length");
+            stream_fail(q, "tool call %d ('%.48s'): its arguments are not a JSON object%s%.64s%s",
+                        i, c->name, a ? "" : ": ", a ? "" : je.text,
+                        cut ? " (cut at the length limit)" : "");
+            json_decref(a);
+            break;
+        }
+        if (json_array_append_new(calls, json_pack("{s:s, s:o}", "name", c->name, "arguments", a)))
+            stream_fail(q, "out of memory");
+    }
+    if (!q->stream_err && json_array_size(calls) > 0 && q->thinking)
+        piece(q, "\n</think>\n\n", 11), q->thinking = false;
+    size_t i;
+    const json_t *call;
+    json_array_foreach(calls, i, call)
+    {
+        char *text = q->stream_err ? NULL : json_dumps(call, JSON_COMPACT);
+        if (text)
+            token_event(q, text, strlen(text), LMS_REMOTE_CALL);
+        else if (!q->stream_err)
+            stream_fail(q, "out of memory");
+        free(text);
+    }
+    json_decref(calls);
 }
 
 static void on_data(void *ud, const char *d, size_t n, bool overflow)
@@ -322,6 +470,8 @@ static void on_data(void *ud, const char *d, size_t n, bool overflow)
         piece(q, "\n</think>\n\n", 11), q->thinking = false;
     if (dl.text)
         piece(q, dl.text, dl.n_text);
+    for (int i = 0; i < dl.n_calls && q->tools; i++)
+        call_piece(q, &dl.calls[i]);
     if (dl.finish)
         q->finish = dl.finish;
     if (dl.n_prompt >= 0)
@@ -441,6 +591,8 @@ static void finish(rreq *q, int res)
     bool ok_status = q->status >= 200 && q->status < 300;
     if (res == CURLE_OK && q->json_body && ok_status)
         whole_answer(q);
+    if (res == CURLE_OK && ok_status && !q->stream_err && q->n_calls)
+        pass_calls(q);
     bool deadline = res == CURLE_OPERATION_TIMEDOUT && q->own_deadline && ok_status;
     lms_event *ev;
     if (res < 0)
@@ -474,6 +626,11 @@ static void finish(rreq *q, int res)
     lms_sse_deinit(&q->sse);
     free(q->eb);
     free(q->stream_err);
+    for (int i = 0; q->calls && i < q->n_calls; i++) {
+        free(q->calls[i].name);
+        free(q->calls[i].args);
+    }
+    free(q->calls);
     free(q->body);
     free(q);
 }
@@ -658,8 +815,8 @@ void lms_remote_destroy(lms_remote *r)
 }
 
 /* The upstream body: the caller's with "model", "stream" and
- * stream_options.include_usage set. */
-static char *upstream_body(const lms_remote *r, const char *body, size_t n)
+ * stream_options.include_usage set; *tools: it has tools. */
+static char *upstream_body(const lms_remote *r, const char *body, size_t n, bool *tools)
 {
     json_error_t je;
     json_t *o = json_loadb(body, n, 0, &je);
@@ -669,6 +826,7 @@ static char *upstream_body(const lms_remote *r, const char *body, size_t n)
         json_object_set_new(o, "stream", json_true()) == 0 &&
         json_object_set_new(o, "stream_options", json_pack("{s:b}", "include_usage", 1)) == 0)
         s = json_dumps(o, JSON_COMPACT);
+    *tools = json_array_size(json_object_get(o, "tools")) > 0;
     json_decref(o);
     return s;
 }
@@ -679,7 +837,7 @@ int lms_remote_submit(lms_remote *r, const lms_remote_request *q, uint64_t *id, 
     rreq *x = calloc(1, sizeof *x);
     if (!x)
         return lms_errf(err, errsz, LMS_ERR_NOMEM, "out of memory");
-    if (!(x->body = upstream_body(r, q->body, q->n_body))) {
+    if (!(x->body = upstream_body(r, q->body, q->n_body, &x->tools))) {
         free(x);
         return lms_errf(err, errsz, LMS_ERR_INVAL, "the request for expert '%s' is not a JSON "
                         "object", r->e->id);

@@ -8,7 +8,8 @@
  * request's callback, the same lms_event the scheduler delivers:
  *
  *   LMS_EV_TOKEN   one per text piece of the upstream stream (token 0:
- *                  a piece, no token id; no log-probabilities)
+ *                  a piece, no token id; no log-probabilities); token
+ *                  LMS_REMOTE_CALL: one function call (below)
  *   LMS_EV_END     stats: prompt / generated tokens from the upstream's
  *                  usage (pieces counted when it sends none), TTFT, total
  *                  ms, finish "stop" | "length" | "abort" | "deadline"
@@ -27,6 +28,15 @@
  * the worker thread and must not block. Abort removes the transfer at
  * once: the upstream sees its connection close.
  *
+ * Function calls: for a request whose body has "tools", the upstream's
+ * message.tool_calls, or the pieces of delta.tool_calls put together by
+ * their index (the name, then fragments of the arguments), are passed on
+ * once the upstream has finished, after the text, as one LMS_EV_TOKEN per
+ * call with token LMS_REMOTE_CALL and text {"name": ..., "arguments":
+ * {...}} (JSON). A call without a name, or whose arguments are not a JSON
+ * object, fails the request (LMS_EV_ERROR naming the call) rather than
+ * reaching the client mangled. Without "tools" calls are ignored.
+ *
  * The api_key goes only into the request's Authorization header; no
  * message or log here shows it.
  */
@@ -41,6 +51,9 @@
 #include "route/config.h"
 
 typedef struct lms_remote lms_remote;
+
+/* The token of an LMS_EV_TOKEN that carries a function call, not text. */
+#define LMS_REMOTE_CALL (-2)
 
 typedef struct lms_remote_request {
     bool chat;                 /* "chat/completions" (deltas) or "completions" (text) */
@@ -100,6 +113,16 @@ void lms_sse_deinit(lms_sse *p);
 /* < 0 when out of memory. */
 int lms_sse_feed(lms_sse *p, const char *bytes, size_t n, lms_sse_fn on_data, void *ud);
 
+/* A piece of a function call (chat): a streamed call comes in pieces that
+ * share its index (OpenAI: the first with the name, then fragments of the
+ * arguments' JSON text); a whole message's calls come whole. */
+typedef struct lms_remote_call_piece {
+    int64_t index;             /* the call's index (the array position when not given) */
+    char *name;                /* malloc'd, or NULL when this piece has none */
+    char *args;                /* malloc'd piece of the arguments' JSON text, or NULL */
+    size_t n_args;
+} lms_remote_call_piece;
+
 /* One data payload of an OpenAI stream. */
 typedef struct lms_remote_delta {
     bool done;                 /* "[DONE]" */
@@ -111,6 +134,8 @@ typedef struct lms_remote_delta {
     const char *finish;        /* static: "stop", "length", ... or NULL */
     int64_t n_prompt, n_gen;   /* usage; -1 when absent */
     char *error;               /* malloc'd error message ({"error": ...} in the stream) or NULL */
+    lms_remote_call_piece *calls; /* malloc'd: chat's tool_calls in this payload, or NULL */
+    int n_calls;
 } lms_remote_delta;
 
 /* Parses one payload; < 0 when it is not JSON (LMS_ERR_FORMAT). */

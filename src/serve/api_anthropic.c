@@ -8,7 +8,8 @@
  * text, tool_use {id, name, input} in the assistant's turns, tool_result
  * {tool_use_id, content} in the user's, thinking {thinking} given back),
  * stop_sequences, temperature, top_p, top_k, stream, tools ({name,
- * description, input_schema}), tool_choice ({"type": "auto" | "any" |
+ * description, input_schema}; custom tools only: Anthropic's own, named by
+ * their type, are refused), tool_choice ({"type": "auto" | "any" |
  * "tool" (with name) | "none"}: any and tool hold the reply to a call, as
  * chat completions does), thinking ({"type": "enabled", "budget_tokens"}
  * switches the template's thinking on and bounds it (the scheduler's
@@ -31,9 +32,12 @@
  *
  * count_tokens: the same system, messages and tools; {"input_tokens"}.
  * A remote expert (route/remote.h) gets the conversation as chat messages
- * with the sampling fields (its stream opens with the first piece, so a
- * refusal upstream stays an HTTP error); tools and count_tokens stay
- * local-only. Image and document blocks are refused naming them.
+ * (tool_use as tool_calls, tool_result as tool messages) with the sampling
+ * fields, the tools and tool_choice in chat's form (its stream opens with
+ * the first piece, so a refusal upstream stays an HTTP error); the calls
+ * its reply makes come apart from the text and go out as tool_use blocks
+ * as a local model's do. count_tokens stays local-only. Image and
+ * document blocks are refused naming them.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +55,7 @@ typedef struct anth_job {
     const lms_expert *x;
     sbuf text;                 /* the reply */
     reply_cut cut;             /* its thoughts, text and calls */
+    toolcalls calls;           /* a remote expert's calls (chatfmt_remote_call) */
     char *stops[LMS_MAX_STOP]; /* the stop sequences, to name the one that ended it */
     int n_stop;
     int32_t n_prompt;          /* prompt tokens (message_start's usage) */
@@ -254,6 +259,12 @@ static int chat_tools(const json_t *body, json_t **out, json_t **forced, reqerr 
     json_array_foreach(tools, i, t)
     {
         const json_t *name = json_object_get(t, "name"), *schema = json_object_get(t, "input_schema");
+        const char *type = json_string_value(json_object_get(t, "type"));
+        if (type && strcmp(type, "custom")) { /* Anthropic's own (bash, web search, ...) */
+            json_decref(a);
+            return reqerr_set(e, 400, "tools", "tools[%zu]: tools of type '%.40s' are not "
+                              "supported (only custom tools)", i, type);
+        }
         if (!json_is_string(name) || (schema && !json_is_object(schema))) {
             json_decref(a);
             return reqerr_set(e, 400, "tools", "tools[%zu] needs a string 'name' and an object "
@@ -440,6 +451,7 @@ static void stream_end(conn *c, anth_job *j, const lms_req_stats *st)
 {
     toolcalls tc;
     stream_part(c, j, &tc);
+    chatfmt_take_calls(&tc, &j->calls);
     if (j->n_blocks == 0 && tc.n == 0) /* an empty reply still has its text block */
         block_start(c, j, BLK_TEXT);
     block_stop(c, j);
@@ -473,6 +485,10 @@ static void anth_on_event(task *t, const lms_event *ev, double t_ms)
     /* a remote expert's stream opens with its first piece: a refusal stays an HTTP error */
     if (j->stream && !j->begun && (ev->type == LMS_EV_TOKEN || (terminal && !failed)))
         stream_begin(c, j);
+    if (ev->type == LMS_EV_TOKEN && ev->token == LMS_REMOTE_CALL) {
+        chatfmt_remote_call(&j->calls, ev);
+        return;
+    }
     if (ev->type == LMS_EV_TOKEN) {
         sbuf_add(&j->text, ev->text, ev->text_len);
         if (j->stream)
@@ -498,6 +514,7 @@ static void anth_on_event(task *t, const lms_event *ev, double t_ms)
     reply_part p, w;
     reply_cut_next(&j->cut, j->text.p, j->text.n, &p, &tc);
     reply_cut_whole(&j->cut, j->text.n, &w);
+    chatfmt_take_calls(&tc, &j->calls);
     http_reply_json(c, 200, full_reply(j, &w, &tc, &ev->stats));
     toolcalls_free(&tc);
 }
@@ -506,6 +523,7 @@ static void anth_destroy(task *t)
 {
     anth_job *j = t->state;
     sbuf_free(&j->text);
+    toolcalls_free(&j->calls);
     for (int i = 0; i < j->n_stop; i++)
         free(j->stops[i]);
     free(j);
@@ -529,17 +547,16 @@ static int prompt(conn *c, const json_t *body, json_t *kw, const json_t *tools, 
 }
 
 /* A remote expert: the conversation goes upstream as chat messages with
- * the generation fields (gen); tools stay local-only. */
-static task *submit_remote(conn *c, const json_t *body, const json_t *gen, const genparams *gp,
-                           anth_job *j, reqerr *e)
+ * the generation fields (gen), the tools and the forced call (chat_tools). */
+static task *submit_remote(conn *c, const json_t *body, const json_t *gen, const json_t *tools,
+                           const json_t *forced, const genparams *gp, anth_job *j, reqerr *e)
 {
-    if (json_array_size(json_object_get(body, "tools")) > 0) {
-        reqerr_set(e, 400, "tools", "'tools' is not available for remote expert '%s'",
-                   c->x->cfg->id);
-        return NULL;
-    }
     json_t *msgs = chat_messages(body, e);
-    return msgs ? task_submit_upstream(c, msgs, gen, gp, &anth_ops, j, e) : NULL;
+    json_t *fields = chatfmt_upstream_tools(tools, forced);
+    task *t = msgs ? chatfmt_submit_remote(c, msgs, gen, fields, gp, &anth_ops, j, e) : NULL;
+    json_decref(fields);
+    json_decref(msgs);
+    return t;
 }
 
 int api_anthropic_count(conn *c, json_t *body)
@@ -611,11 +628,13 @@ int api_anthropic_messages(conn *c, json_t *body)
             if ((j->stops[j->n_stop] = strdup(gp.stop[i])))
                 j->n_stop++;
         /* held to a call: no thoughts, whatever the prompt opened */
-        reply_cut_init(&j->cut, c->srv->rfmt != REASONING_NONE, open && !call, tools != NULL);
+        reply_cut_init(&j->cut, c->srv->rfmt != REASONING_NONE, open && !call,
+                       tools != NULL && !remote); /* remote: its calls come apart */
         lms_request r = genparams_request(&gp, toks, n);
         r.json = call != NULL;
         r.schema = call;
-        t = remote ? submit_remote(c, body, gen, &gp, j, &e) : task_submit(c, &r, &anth_ops, j, &e);
+        t = remote ? submit_remote(c, body, gen, tools, forced, &gp, j, &e)
+                   : task_submit(c, &r, &anth_ops, j, &e);
         if (!t)
             anth_destroy(&(task){.state = j});
     }

@@ -46,8 +46,11 @@
  * the text streams as far as it cannot be a call yet (toolcall_safe_len),
  * and each call follows as its own output item (added, its arguments as
  * one delta and done, done). A remote expert gets the conversation as chat
- * messages (its stream opening with the first piece); tools and
- * text.format stay local-only.
+ * messages (its stream opening with the first piece), the calls as
+ * assistant tool_calls and their outputs as tool messages, with the tools,
+ * tool_choice in chat's form and text.format as response_format; the calls
+ * its reply makes come apart from the text (route/remote.h) and go out as
+ * function_call items as a local model's do.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,6 +73,7 @@ typedef struct resp_job {
     sbuf text;
     bool tools;               /* function tools given: the reply is searched for calls */
     reply_cut cut;            /* thoughts, content and calls of the reply */
+    toolcalls calls;          /* a remote expert's calls (chatfmt_remote_call) */
     int rs_index, msg_index;  /* streamed: output index of the reasoning item and of the
                                * message once added, else -1 */
     bool rs_done;             /* streamed: the reasoning item is done */
@@ -381,6 +385,10 @@ static void resp_on_event(task *t, const lms_event *ev, double t_ms)
     /* a remote expert's stream opens with its first piece: a refusal stays an HTTP error */
     if (j->stream && !j->begun && (ev->type == LMS_EV_TOKEN || (terminal && !failed)))
         stream_begin(c, j);
+    if (ev->type == LMS_EV_TOKEN && ev->token == LMS_REMOTE_CALL) {
+        chatfmt_remote_call(&j->calls, ev);
+        return;
+    }
     if (ev->type == LMS_EV_TOKEN) {
         sbuf_add(&j->text, ev->text, ev->text_len);
         if (j->stream)
@@ -404,6 +412,7 @@ static void resp_on_event(task *t, const lms_event *ev, double t_ms)
         reply_part p;
         reply_cut_next(&j->cut, j->text.p, j->text.n, &p, &tc);
         reply_cut_whole(&j->cut, j->text.n, &w);
+        chatfmt_take_calls(&tc, &j->calls);
         json_t *o = response_obj(j, &ev->stats, &w, &tc);
         store_put(c->srv, j, o, &w, &tc);
         http_reply_json(c, 200, o);
@@ -412,6 +421,7 @@ static void resp_on_event(task *t, const lms_event *ev, double t_ms)
     }
     stream_part(c, j, &tc);
     reply_cut_whole(&j->cut, j->text.n, &w);
+    chatfmt_take_calls(&tc, &j->calls);
     const char *text = j->text.p ? j->text.p : "";
     item_close(c, j, false, text + w.c_from, w.c_n);
     for (int i = 0; i < tc.n; i++) {
@@ -441,6 +451,7 @@ static void resp_destroy(task *t)
 {
     resp_job *j = t->state;
     sbuf_free(&j->text);
+    toolcalls_free(&j->calls);
     json_decref(j->echo);
     json_decref(j->conv);
     free(j);
@@ -653,18 +664,49 @@ static json_t *input_messages(const json_t *body, const json_t *prev, reqerr *e)
     return norm;
 }
 
-/* text.format: JSON mode and its schema, as response_format gives them. */
-static int text_format(const json_t *body, bool *json, lms_jschema **schema, reqerr *e)
+/* text.format in chat's words for a remote expert: response_format
+ * {"type": "json_object"} or {"type": "json_schema", "json_schema": {name,
+ * schema, strict, description}}, into *fields; NULL with e. */
+static int upstream_format(const json_t *fmt, bool schema, json_t *fields, reqerr *e)
+{
+    if (!schema) {
+        json_object_set_new(fields, "response_format", json_pack("{s:s}", "type", "json_object"));
+        return 0;
+    }
+    const json_t *sch = json_object_get(fmt, "schema"), *name = json_object_get(fmt, "name");
+    if (!json_is_object(sch))
+        return reqerr_set(e, 400, "text.format", "text.format.schema must be an object");
+    json_t *js = json_pack("{s:s, s:O}", "name", json_is_string(name) ? json_string_value(name)
+                                                                       : "response",
+                           "schema", sch);
+    static const char *const more[] = {"strict", "description", NULL};
+    for (int k = 0; more[k]; k++)
+        if (json_object_get(fmt, more[k]))
+            json_object_set(js, more[k], json_object_get(fmt, more[k]));
+    json_object_set_new(fields, "response_format",
+                        json_pack("{s:s, s:o}", "type", "json_schema", "json_schema", js));
+    return 0;
+}
+
+/* text.format: JSON mode and its schema, as response_format gives them;
+ * fields (a remote expert's, else NULL): the upstream's response_format. */
+static int text_format(const json_t *body, json_t *fields, bool *json, lms_jschema **schema,
+                       reqerr *e)
 {
     const json_t *fmt = json_object_get(json_object_get(body, "text"), "format");
     const char *type = json_string_value(json_object_get(fmt, "type"));
     if (!fmt || json_is_null(fmt) || (type && !strcmp(type, "text")))
         return 0;
+    const bool is_schema = type && !strcmp(type, "json_schema");
+    if (fields && (is_schema || (type && !strcmp(type, "json_object")))) {
+        *json = true;
+        return upstream_format(fmt, is_schema, fields, e);
+    }
     if (type && !strcmp(type, "json_object")) {
         *json = true;
         return 0;
     }
-    if (type && !strcmp(type, "json_schema")) {
+    if (is_schema) {
         *json = true;
         return (*schema = api_compile_schema(json_object_get(fmt, "schema"), "text.format", e))
                    ? 0
@@ -672,18 +714,6 @@ static int text_format(const json_t *body, bool *json, lms_jschema **schema, req
     }
     return reqerr_set(e, 400, "text.format", "text.format type '%.40s' is not supported (text, "
                       "json_object, json_schema)", type ? type : "?");
-}
-
-/* What a remote expert's responses cannot have: tools, text.format. */
-static int remote_refusals(conn *c, const json_t *body, bool json, reqerr *e)
-{
-    if (json_array_size(json_object_get(body, "tools")) > 0)
-        return reqerr_set(e, 400, "tools", "'tools' is not available for remote expert '%s'",
-                          c->x->cfg->id);
-    if (json)
-        return reqerr_set(e, 400, "text.format", "text.format other than text is not available "
-                          "for remote expert '%s'", c->x->cfg->id);
-    return 0;
 }
 
 /* The messages rendered: the instructions (a system message) and conv. */
@@ -717,23 +747,27 @@ int api_responses(conn *c, json_t *body)
     int32_t *toks = NULL, n = 0;
     bool store = true;
     const json_t *prev = NULL;
+    json_t *fields = remote ? json_object() : NULL; /* the upstream's chat fields */
     int rc = previous_conv(c->srv, body, &prev, &e) < 0 ||
                      reqparse_bool(body, "store", &store, &e) < 0 || reqparse_gen(body, &gp, &e) < 0 ||
                      reqparse_bool(body, "stream", &stream, &e) < 0 ||
                      reqparse_int(body, "max_output_tokens", 1, INT32_MAX, &max_out, &e) < 0 ||
-                     text_format(body, &json, &schema, &e) < 0 || api_lora_pick(c, body, &gp, &e) < 0
+                     text_format(body, fields, &json, &schema, &e) < 0 ||
+                     api_lora_pick(c, body, &gp, &e) < 0
                  ? -1
                  : 0;
     if (rc == 0 && max_out > 0)
         gp.max_tokens = (int32_t)max_out;
-    if (rc == 0 && remote)
-        rc = remote_refusals(c, body, json, &e);
     json_t *tools = NULL, *forced = NULL;
     lms_jschema *call = NULL;
     if (rc == 0 && chat_tools(body, &tools, &forced, &e) < 0)
         rc = -1;
-    if (rc == 0 && forced && api_forced_call(tools, forced, &call, &e) < 0)
+    if (rc == 0 && forced && !remote && api_forced_call(tools, forced, &call, &e) < 0)
         rc = -1;
+    json_t *up_tools = rc == 0 && remote ? chatfmt_upstream_tools(tools, forced) : NULL;
+    if (up_tools)
+        json_object_update(fields, up_tools);
+    json_decref(up_tools);
     json_decref(forced);
     if (call && json) {
         free(call);
@@ -772,7 +806,7 @@ int api_responses(conn *c, json_t *body)
         j->rs_index = j->msg_index = -1;
         /* held to JSON: no thoughts, whatever the prompt opened */
         reply_cut_init(&j->cut, c->srv->rfmt != REASONING_NONE, open && !json,
-                       j->tools);
+                       j->tools && !remote); /* remote: its calls come apart */
         j->x = c->x;
         j->created = (int64_t)time(NULL);
         const uint64_t r = server_rand(c->srv);
@@ -798,7 +832,7 @@ int api_responses(conn *c, json_t *body)
             json_t *params = json_deep_copy(body);
             if (max_out > 0)
                 json_object_set_new(params, "max_tokens", json_integer(max_out));
-            t = task_submit_upstream(c, json_incref(msgs), params, &gp, &resp_ops, j, &e);
+            t = chatfmt_submit_remote(c, msgs, params, fields, &gp, &resp_ops, j, &e);
             json_decref(params);
         } else {
             t = task_submit(c, &r2, &resp_ops, j, &e);
@@ -810,6 +844,7 @@ int api_responses(conn *c, json_t *body)
     free(toks);
     free(schema); /* the scheduler made its copy */
     json_decref(tools);
+    json_decref(fields);
     json_decref(conv);
     genparams_deinit(&gp);
     if (!t)

@@ -5,6 +5,11 @@
  * strings read into objects), rendering them with the model's chat
  * template (parsed once when the model is attached), and tokenizing.
  *
+ * For a remote expert the same messages go upstream instead, with the
+ * request's tools (chatfmt_submit_remote), and the function calls of its
+ * reply come apart from the text (route/remote.h, LMS_REMOTE_CALL):
+ * chatfmt_remote_call collects them for the dialects' own emitters.
+ *
  * The template comes from the model file (tokenizer.chat_template) or, for
  * models without one, the documented default (template.h). Rendering runs
  * on the event-loop thread, so its time and output are bounded tighter
@@ -17,6 +22,7 @@
 #include "model/tokenizer.h"
 #include "serve/reasoning.h"
 #include "serve/serve_int.h"
+#include "serve/toolcall.h"
 
 static const lms_template_limits render_limits = {
     .max_loop_iters = 200000,
@@ -310,4 +316,88 @@ json_t *chatfmt_tool(const json_t *name, const json_t *description, const json_t
                                               ? json_incref((json_t *)parameters)
                                               : json_object());
     return json_pack("{s:s, s:o}", "type", "function", "function", fn);
+}
+
+/* ---- remote experts' chats --------------------------------------------------------- */
+
+/* msgs as OpenAI takes them: a copy whose calls' arguments are JSON text
+ * (chatfmt_messages read them into objects for the templates). */
+static json_t *upstream_messages(const json_t *msgs)
+{
+    json_t *out = json_deep_copy(msgs);
+    size_t i, k;
+    json_t *m, *call;
+    json_array_foreach(out, i, m)
+    {
+        json_array_foreach(json_object_get(m, "tool_calls"), k, call)
+        {
+            json_t *fn = json_object_get(call, "function");
+            const json_t *args = json_object_get(fn, "arguments");
+            if (args && !json_is_string(args)) {
+                char *text = json_dumps(args, JSON_COMPACT | JSON_ENCODE_ANY | JSON_PRESERVE_ORDER);
+                json_object_set_new(fn, "arguments", json_string(text ? text : "{}"));
+                free(text);
+            }
+        }
+    }
+    return out;
+}
+
+json_t *chatfmt_upstream_tools(const json_t *tools, const json_t *forced)
+{
+    if (!tools)
+        return NULL;
+    json_t *o = json_pack("{s:O}", "tools", tools);
+    const json_t *name = json_object_get(json_object_get(forced, "function"), "name");
+    if (json_is_string(forced))
+        json_object_set(o, "tool_choice", (json_t *)forced);
+    else if (json_is_string(name))
+        json_object_set_new(o, "tool_choice", json_pack("{s:s, s:{s:O}}", "type", "function",
+                                                        "function", "name", name));
+    return o;
+}
+
+task *chatfmt_submit_remote(conn *c, const json_t *msgs, const json_t *params,
+                            const json_t *fields, const genparams *gp, const task_ops *ops,
+                            void *state, reqerr *e)
+{
+    json_t *what = fields ? json_copy((json_t *)fields) : json_object();
+    json_t *m = upstream_messages(msgs);
+    if (!what || !m || json_object_set_new(what, "messages", json_incref(m)) < 0) {
+        json_decref(what);
+        json_decref(m);
+        reqerr_set(e, 503, NULL, "out of memory");
+        return NULL;
+    }
+    json_decref(m);
+    return task_submit_upstream(c, what, params, gp, ops, state, e);
+}
+
+int chatfmt_remote_call(toolcalls *calls, const lms_event *ev)
+{
+    json_t *o = json_loadb(ev->text, ev->text_len, 0, NULL);
+    const json_t *name = json_object_get(o, "name"), *args = json_object_get(o, "arguments");
+    char *nm = json_is_string(name) ? strdup(json_string_value(name)) : NULL;
+    char *a = json_is_object(args) ? json_dumps(args, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    toolcall *v = nm && a ? realloc(calls->v, (size_t)(calls->n + 1) * sizeof *v) : NULL;
+    json_decref(o);
+    if (!v) {
+        free(nm);
+        free(a);
+        return -1;
+    }
+    calls->v = v;
+    v[calls->n++] = (toolcall){nm, a};
+    return 0;
+}
+
+void chatfmt_take_calls(toolcalls *tc, toolcalls *from)
+{
+    if (from->n == 0)
+        return;
+    toolcalls_free(tc); /* its calls only: the content's span stays */
+    tc->v = from->v;
+    tc->n = from->n;
+    from->v = NULL;
+    from->n = 0;
 }

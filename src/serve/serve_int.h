@@ -192,6 +192,32 @@ int chatfmt_render(const chatfmt *cf, const chat_in *in, bool add_generation_pro
  * out), parameters (an object, else {})}}. For the APIs that name tools
  * their own way (Responses, Anthropic). */
 json_t *chatfmt_tool(const json_t *name, const json_t *description, const json_t *parameters);
+
+struct task_ops;
+struct toolcalls;
+
+/* For a remote expert: the chat fields of an API's tools (chat form, as
+ * chatfmt_tool makes them; NULL: none) and forced call ("required" or
+ * {"function": {"name"}}, as api_forced_call takes it; NULL: auto):
+ * {"tools", "tool_choice"} as chat completions has them, or NULL. */
+json_t *chatfmt_upstream_tools(const json_t *tools, const json_t *forced);
+/* A chat for a remote expert c->x (task_submit_upstream): msgs
+ * (normalized; sent with their calls' arguments as JSON text, as OpenAI
+ * takes them), the generation fields of params (reqparse_upstream), then
+ * fields as they are (tools, tool_choice, response_format; may be NULL),
+ * with gp's deadline. The live task, or NULL with e (then state is not
+ * taken). */
+task *chatfmt_submit_remote(conn *c, const json_t *msgs, const json_t *params,
+                            const json_t *fields, const genparams *gp, const struct task_ops *ops,
+                            void *state, reqerr *e);
+/* A remote expert's call event (LMS_EV_TOKEN with token LMS_REMOTE_CALL)
+ * added to calls; -1 when out of memory. */
+int chatfmt_remote_call(struct toolcalls *calls, const lms_event *ev);
+/* At the end of a reply whose own calls tc holds (reply_cut_next): the
+ * remote expert's calls (from, by chatfmt_remote_call), when it made any,
+ * take their place; from is left empty. */
+void chatfmt_take_calls(struct toolcalls *tc, struct toolcalls *from);
+
 /* The template text a model is rendered with: its own, or the default. */
 const char *chatfmt_source(const lms_model *m);
 /* Renders in and tokenizes the text. think_open (may be NULL): whether the
@@ -405,9 +431,9 @@ bool task_end_failed(const task *t, const lms_event *ev, reqerr *e);
  * for a remote expert the upstream's own 4xx, 504 (too slow) or 502. */
 int task_error_status(const task *t, const lms_event *ev);
 /* A WebSocket generation for a remote expert c->x: what (steals it; an
- * array of chat messages, else a prompt string for a completion) with the
- * generation fields of params (reqparse_upstream; may be NULL) and gp's
- * deadline. */
+ * array of chat messages, a chat's fields as an object, else a prompt
+ * string for a completion) with the generation fields of params
+ * (reqparse_upstream; may be NULL) and gp's deadline. */
 task *task_submit_upstream(conn *c, json_t *what, const json_t *params, const genparams *gp,
                            const task_ops *ops, void *state, reqerr *e);
 /* Asks the task's engine (scheduler or remote) to stop it; its terminal

@@ -218,9 +218,11 @@ task *task_submit_remote(conn *c, lms_remote_request *r, const task_ops *ops, vo
 task *task_submit_upstream(conn *c, json_t *what, const json_t *params, const genparams *gp,
                            const task_ops *ops, void *state, reqerr *e)
 {
-    bool chat = json_is_array(what);
+    bool chat = json_is_array(what) || json_is_object(what);
     json_t *o = reqparse_upstream(params);
-    if (o && what)
+    if (o && json_is_object(what))
+        json_object_update(o, what);
+    if (o && what && !json_is_object(what))
         json_object_set_new(o, chat ? "messages" : "prompt", what);
     else
         json_decref(what);

@@ -10,6 +10,13 @@ POST /v1/chat/completions by the request's "model":
   echokey   401 with the Authorization header quoted in the message
   thinker   streamed thoughts (delta.reasoning_content), then the content
   thinkjson one JSON answer whose message has reasoning_content and content
+  tooler    with tools: a streamed reply of some text and two function calls
+            in fragments (their pieces interleaved by index); once the last
+            message is a tool result: the text "tool said: " and the results
+  tooljson  the same calls in one JSON answer (message.tool_calls)
+  badargs   some text, then a streamed call whose arguments never make a
+            JSON object
+  noname    a streamed call whose pieces never name the function
 
 GET /last gives the last request as it came: its body and Authorization.
 """
@@ -59,6 +66,9 @@ class H(BaseHTTPRequestHandler):
             err = {"error": {"message": "refused %s" % self.headers.get("Authorization")}}
             self.send(401, "application/json", json.dumps(err).encode())
             return
+        if model in ("tooler", "tooljson", "badargs", "noname"):
+            self.tools(model, body)
+            return
         if model == "slow":
             time.sleep(5)
         chunks = [{"choices": [{"index": 0, "delta": {"content": "piece"}, "finish_reason": None}]}]
@@ -77,6 +87,57 @@ class H(BaseHTTPRequestHandler):
             self.send(200, "text/event-stream", out.encode())
         except (BrokenPipeError, ConnectionResetError):
             pass
+
+
+    def tools(self, model, body):
+        msgs = body.get("messages", [])
+        if msgs and msgs[-1].get("role") == "tool":
+            said = " | ".join(m["content"] for m in msgs if m.get("role") == "tool")
+            chunks = [{"content": "tool said: "}, {"content": said}]
+            finish = "stop"
+        elif not body.get("tools"):
+            chunks, finish = [{"content": "no tools"}], "stop"
+        elif model == "badargs":
+            chunks = [{"content": "Checking."},
+                      {"tool_calls": [{"index": 0, "id": "c0", "type": "function",
+                                       "function": {"name": "get_weather", "arguments": ""}}]},
+                      {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": "Par'}}]}]
+            finish = "tool_calls"
+        elif model == "noname":
+            chunks = [{"tool_calls": [{"index": 0, "id": "c0", "type": "function",
+                                       "function": {"arguments": '{"city": "Paris"}'}}]}]
+            finish = "tool_calls"
+        else:
+            chunks = [{"role": "assistant", "content": "Let me check."},
+                      {"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
+                                       "function": {"name": "get_weather", "arguments": ""}}]},
+                      {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": "Par'}}]},
+                      {"tool_calls": [{"index": 1, "id": "call_b", "type": "function",
+                                       "function": {"name": "get_time", "arguments": '{"tz":'}}]},
+                      {"tool_calls": [{"index": 0, "function": {"arguments": 'is", "unit": "C"}'}}]},
+                      {"tool_calls": [{"index": 1, "function": {"arguments": ' "CET"}'}}]}]
+            finish = "tool_calls"
+        usage = {"prompt_tokens": 11, "completion_tokens": 6, "total_tokens": 17}
+        if model == "tooljson":
+            msg = {"role": "assistant", "content": None, "tool_calls": []}
+            for c in chunks:
+                msg["content"] = (msg["content"] or "") + c.get("content", "")
+                for tc in c.get("tool_calls", []):
+                    calls = msg["tool_calls"]
+                    if tc["index"] == len(calls):
+                        calls.append({"id": tc["id"], "type": "function",
+                                      "function": {"name": tc["function"]["name"], "arguments": ""}})
+                    calls[tc["index"]]["function"]["arguments"] += tc["function"]["arguments"]
+            ans = {"choices": [{"index": 0, "message": msg, "finish_reason": finish}], "usage": usage}
+            self.send(200, "application/json", json.dumps(ans).encode())
+            return
+        out = "".join("data: %s\n\n" % json.dumps({"choices": [{"index": 0, "delta": d,
+                                                                 "finish_reason": None}]})
+                      for d in chunks)
+        out += "data: %s\n\n" % json.dumps({"choices": [{"index": 0, "delta": {},
+                                                          "finish_reason": finish}]})
+        out += "data: %s\n\ndata: [DONE]\n\n" % json.dumps({"choices": [], "usage": usage})
+        self.send(200, "text/event-stream", out.encode())
 
 
 srv = ThreadingHTTPServer(("127.0.0.1", 0), H)

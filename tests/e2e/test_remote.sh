@@ -4,13 +4,18 @@
 # local expert, plus "badkey" (the same upstream, a wrong key from
 # api_key_env), "down" (nothing listens) and experts on fake_openai.py (an
 # upstream that answers in one JSON body, too slowly, with an error or
-# garbage mid-stream, or quoting the key). Greedy answers through "far"
+# garbage mid-stream, quoting the key, or making function calls, whole,
+# in fragments or malformed). Greedy answers through "far"
 # equal the upstream's own, streamed and not, in chat and completions,
 # Ollama's routes and both WebSocket dialects, usage included; errors name
 # the expert (401 passes, a dead upstream is 502, a slow one 504); closing
 # a streamed request aborts the upstream's; /v1/models, /stats and
 # /metrics show "far" as remote; the key shows nowhere (listings, log,
-# errors).
+# errors). Tools on /v1/responses and /v1/messages reach the upstream in
+# chat's words (tools, tool_choice, text.format as response_format, the
+# calls and results of earlier turns as tool_calls and tool messages), and
+# its calls come back as function_call items and tool_use blocks, streamed
+# and not; a malformed call is a 502 naming it.
 . "$(dirname "$0")/lib.sh"
 T=$(mktemp -d)
 # libcurl (the servers' and ours) follows http_proxy: keep local traffic local
@@ -48,7 +53,11 @@ cat >"$T/cfg.json" <<JSON
   {"expert_id": "garbage", "endpoint": "$FAKE"},
   {"expert_id": "echokey", "endpoint": "$FAKE", "api_key": "fake-secret-key"},
   {"expert_id": "thinker", "endpoint": "$FAKE"},
-  {"expert_id": "thinkjson", "endpoint": "$FAKE"}],
+  {"expert_id": "thinkjson", "endpoint": "$FAKE"},
+  {"expert_id": "tooler", "endpoint": "$FAKE"},
+  {"expert_id": "tooljson", "endpoint": "$FAKE"},
+  {"expert_id": "badargs", "endpoint": "$FAKE"},
+  {"expert_id": "noname", "endpoint": "$FAKE"}],
  "router": {"default": "local"}}
 JSON
 LMS_TEST_BAD_KEY=wrong-key start_serve --config "$T/cfg.json" -c 512
@@ -101,8 +110,6 @@ req POST /v1/messages -d '{"model":"thinker","max_tokens":8,"messages":[{"role":
 check "messages on an upstream thinking model: a thinking block, then text" eq "$(py "$T/out" "[(b['type'], b.get('thinking', b.get('text'))) for b in d['content']]")" "[('thinking', 'Let me think'), ('text', 'The answer')]"
 req POST /v1/messages -d '{"model":"down","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}'
 check "messages, upstream down, streamed: an HTTP 502 in Anthropic's shape" eq "$(code) $(py "$T/out" "d['type']")" "502 error"
-req POST /v1/messages -d '{"model":"far","max_tokens":8,"tools":[{"name":"f","input_schema":{}}],"messages":[{"role":"user","content":"hi"}]}'
-check "messages with tools on a remote expert: 400 naming tools" eq "$(code) $(py "$T/out" "'tools' in d['error']['message']")" "400 True"
 req POST /v1/messages/count_tokens -d '{"model":"far","messages":[{"role":"user","content":"hi"}]}'
 check "count_tokens on a remote expert: 400" eq "$(code)" 400
 # the Responses API on a remote expert
@@ -117,8 +124,113 @@ req POST /v1/responses -d '{"model":"thinker","input":"hi"}'
 check "responses on an upstream thinking model: a reasoning item, then the message" eq "$(py "$T/out" "[(o['type'], o['content'][0]['text']) for o in d['output']]")" "[('reasoning', 'Let me think'), ('message', 'The answer')]"
 req POST /v1/responses -d '{"model":"down","input":"hi","stream":true}'
 check "responses, upstream down, streamed: an HTTP 502" eq "$(code)" 502
-req POST /v1/responses -d '{"model":"far","input":"hi","text":{"format":{"type":"json_object"}}}'
-check "responses with text.format on a remote expert: 400 naming it" eq "$(code) $(py "$T/out" "d['error']['param']")" "400 text.format"
+
+# ---- tools on a remote expert (fake_openai.py's tooler, tooljson, badargs, noname) -----------
+last() { curl -s "${FAKE%/v1}/last" >"$T/last"; py "$T/last" "$1"; }
+evs() { # FILE EXPR: EXPR over ev, the data of the streamed events
+    python3 -c 'import json,sys; ev=[json.loads(l[6:]) for l in open(sys.argv[1]) if l.startswith("data: {")]; print(eval(sys.argv[2]))' "$@"
+}
+WANT_CALLS="[('get_weather', {'city': 'Paris', 'unit': 'C'}), ('get_time', {'tz': 'CET'})]"
+CHAT_TOOLS="[{'type': 'function', 'function': {'name': 'get_weather', 'description': 'Weather', 'parameters': {'type': 'object'}}}, {'type': 'function', 'function': {'name': 'get_time', 'parameters': {}}}]"
+RTOOLS='"tools":[{"type":"function","name":"get_weather","description":"Weather","parameters":{"type":"object"}},{"type":"function","name":"get_time"}]'
+for m in tooler tooljson; do
+    req POST /v1/responses -d "{\"model\":\"$m\",\"input\":\"Weather in Paris?\",$RTOOLS,\"tool_choice\":\"required\"}"
+    check "responses, $m: the text, then two function_call items" eq "$(code) $(py "$T/out" "(d['status'], [o['type'] for o in d['output']], d['output'][0]['content'][0]['text'])")" \
+        "200 ('completed', ['message', 'function_call', 'function_call'], 'Let me check.')"
+    check "responses, $m: the calls put together" eq "$(py "$T/out" "[(o['name'], json.loads(o['arguments'])) for o in d['output'][1:]]")" "$WANT_CALLS"
+done
+check "responses: tools and tool_choice went upstream in chat's form" eq "$(last "(d['body']['tools'], d['body']['tool_choice'])")" "($CHAT_TOOLS, 'required')"
+RESP1=$(py "$T/out" "d['id']")
+CALLS_IN=$(py "$T/out" "json.dumps([{k: o[k] for k in ('type', 'call_id', 'name', 'arguments')} for o in d['output'][1:]])")
+curl -sN "$BASE/v1/responses" -d "{\"model\":\"tooler\",\"stream\":true,\"input\":\"Weather?\",$RTOOLS}" >"$T/rsse"
+check "responses streamed, tooler: the text, then each call's added, arguments delta and done, item done" eq \
+    "$(evs "$T/rsse" "([e['type'] for e in ev if 'function_call' in e['type'] or e.get('item', {}).get('type') == 'function_call'], ''.join(e['delta'] for e in ev if e['type'] == 'response.output_text.delta'), ev[-1]['type'])")" \
+    "(['response.output_item.added', 'response.function_call_arguments.delta', 'response.function_call_arguments.done', 'response.output_item.done', 'response.output_item.added', 'response.function_call_arguments.delta', 'response.function_call_arguments.done', 'response.output_item.done'], 'Let me check.', 'response.completed')"
+check "responses streamed, tooler: the calls, and in the completed response" eq \
+    "$(evs "$T/rsse" "([(e['item']['name'], json.loads(e['item']['arguments'])) for e in ev if e['type'] == 'response.output_item.done' and e['item']['type'] == 'function_call'] == [(o['name'], json.loads(o['arguments'])) for o in ev[-1]['response']['output'][1:]], [(e['item']['name'], json.loads(e['item']['arguments'])) for e in ev if e['type'] == 'response.output_item.done' and e['item']['type'] == 'function_call'])")" \
+    "(True, $WANT_CALLS)"
+# the round trip: the calls and their outputs in the input, or after previous_response_id
+OUTS=$(python3 -c 'import json,sys; c=json.loads(sys.argv[1]); print(json.dumps([{"type": "function_call_output", "call_id": x["call_id"], "output": o} for x, o in zip(c, ["18C", "12:00"])]))' "$CALLS_IN")
+python3 -c 'import json,sys; c=json.loads(sys.argv[1]); o=json.loads(sys.argv[2]); print(json.dumps({"model": "tooler", "input": [{"role": "user", "content": "Weather in Paris?"}] + c + o, "tools": [{"type": "function", "name": "get_weather"}]}))' "$CALLS_IN" "$OUTS" >"$T/rt.json"
+req POST /v1/responses -d @"$T/rt.json"
+check "responses round trip: the tool results reach the upstream" eq "$(code) $(py "$T/out" "d['output'][-1]['content'][0]['text']")" "200 tool said: 18C | 12:00"
+check "responses round trip: upstream got assistant tool_calls (arguments as text), then tool messages" eq \
+    "$(last "[(m['role'], [(c['id'], c['type'], c['function']['name'], json.loads(c['function']['arguments'])) for c in m.get('tool_calls', [])], m.get('tool_call_id'), m['content']) for m in d['body']['messages']]")" \
+    "$(python3 -c 'import json,sys; c=json.loads(sys.argv[1]); print([("user", [], None, "Weather in Paris?"), ("assistant", [(x["call_id"], "function", x["name"], json.loads(x["arguments"])) for x in c], None, ""), ("tool", [], c[0]["call_id"], "18C"), ("tool", [], c[1]["call_id"], "12:00")])' "$CALLS_IN")"
+python3 -c 'import json,sys; print(json.dumps({"model": "tooler", "previous_response_id": sys.argv[1], "input": json.loads(sys.argv[2]), "tools": [{"type": "function", "name": "get_weather"}]}))' "$RESP1" "$OUTS" >"$T/rt.json"
+req POST /v1/responses -d @"$T/rt.json"
+check "responses round trip after previous_response_id" eq "$(code) $(py "$T/out" "d['output'][-1]['content'][0]['text']")" "200 tool said: 18C | 12:00"
+req POST /v1/responses -d "{\"model\":\"tooler\",\"input\":\"hi\",$RTOOLS,\"tool_choice\":{\"type\":\"function\",\"name\":\"get_time\"}}"
+check "responses: a named tool_choice in chat's form" eq "$(last "d['body']['tool_choice']")" "{'type': 'function', 'function': {'name': 'get_time'}}"
+req POST /v1/responses -d "{\"model\":\"tooler\",\"input\":\"hi\",$RTOOLS,\"tool_choice\":\"none\"}"
+check "responses: tool_choice none sends no tools (as a local prompt has none)" eq "$(code) $(last "('tools' in d['body'], 'tool_choice' in d['body'])")" "200 (False, False)"
+req POST /v1/responses -d '{"model":"tooler","input":"hi","tools":[{"type":"web_search"}]}'
+check "responses: a built-in tool is refused naming it" eq "$(code) $(py "$T/out" "d['error']['param']")" "400 tools"
+req POST /v1/responses -d '{"model":"tooler","input":"hi","text":{"format":{"type":"json_schema","name":"w","strict":true,"schema":{"type":"object","properties":{"a":{"type":"integer"}}}}}}'
+check "responses: text.format json_schema as response_format" eq "$(code) $(last "d['body']['response_format']")" \
+    "200 {'type': 'json_schema', 'json_schema': {'name': 'w', 'schema': {'type': 'object', 'properties': {'a': {'type': 'integer'}}}, 'strict': True}}"
+req POST /v1/responses -d '{"model":"tooler","input":"hi","text":{"format":{"type":"json_object"}}}'
+check "responses: text.format json_object as response_format" eq "$(code) $(last "d['body']['response_format']")" "200 {'type': 'json_object'}"
+req POST /v1/responses -d '{"model":"tooler","input":"hi","text":{"format":{"type":"json_schema","name":"w","schema":"no"}}}'
+check "responses: a schema that is no object is refused" eq "$(code) $(py "$T/out" "d['error']['param']")" "400 text.format"
+req POST /v1/responses -d "{\"model\":\"badargs\",\"input\":\"hi\",$RTOOLS}"
+check "responses, arguments that are no JSON object: 502 naming the call" eq "$(code) $(py "$T/out" "'tool call 0 (\'get_weather\'): its arguments are not a JSON object' in d['error']['message']")" "502 True"
+curl -sN "$BASE/v1/responses" -d "{\"model\":\"badargs\",\"stream\":true,\"input\":\"hi\",$RTOOLS}" >"$T/rsse"
+check "responses streamed, malformed call after text: the text, then an error event naming the call" eq \
+    "$(evs "$T/rsse" "(''.join(e['delta'] for e in ev if e['type'] == 'response.output_text.delta'), ev[-1]['type'], 'tool call 0' in ev[-1]['message'], any('function_call' in e['type'] for e in ev))")" \
+    "('Checking.', 'error', True, False)"
+
+ATOOLS='"tools":[{"name":"get_weather","description":"Weather","input_schema":{"type":"object"}},{"name":"get_time","input_schema":{}}]'
+for m in tooler tooljson; do
+    req POST /v1/messages -d "{\"model\":\"$m\",\"max_tokens\":64,$ATOOLS,\"tool_choice\":{\"type\":\"any\"},\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"}]}"
+    check "messages, $m: a text block, two tool_use blocks, stop_reason tool_use" eq "$(code) $(py "$T/out" "([b['type'] for b in d['content']], d['content'][0]['text'], d['stop_reason'])")" \
+        "200 (['text', 'tool_use', 'tool_use'], 'Let me check.', 'tool_use')"
+    check "messages, $m: the inputs" eq "$(py "$T/out" "[(b['name'], b['input']) for b in d['content'][1:]]")" "$WANT_CALLS"
+done
+check "messages: tools and tool_choice any went upstream in chat's form" eq "$(last "(d['body']['tools'], d['body']['tool_choice'])")" "($CHAT_TOOLS, 'required')"
+cp "$T/out" "$T/amsg"
+curl -sN "$BASE/v1/messages" -d "{\"model\":\"tooler\",\"stream\":true,\"max_tokens\":64,$ATOOLS,\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"}]}" >"$T/asse"
+check "messages streamed, tooler: tool_use blocks start with input {}, then input_json_delta, stop" eq \
+    "$(evs "$T/asse" "([(e['content_block']['name'], e['content_block']['input']) for e in ev if e['type'] == 'content_block_start' and e['content_block']['type'] == 'tool_use'], [json.loads(''.join(x['delta']['partial_json'] for x in ev if x['type'] == 'content_block_delta' and x['index'] == i)) for i in (1, 2)], sum(e['type'] == 'content_block_stop' for e in ev), [e['delta']['stop_reason'] for e in ev if e['type'] == 'message_delta'], ev[-1]['type'])")" \
+    "([('get_weather', {}), ('get_time', {})], [{'city': 'Paris', 'unit': 'C'}, {'tz': 'CET'}], 3, ['tool_use'], 'message_stop')"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps({"model": "tooler", "max_tokens": 64, "tools": [{"name": "get_weather", "input_schema": {}}], "messages": [{"role": "user", "content": "Weather in Paris?"}, {"role": "assistant", "content": d["content"]}, {"role": "user", "content": [{"type": "tool_result", "tool_use_id": b["id"], "content": r} for b, r in zip(d["content"][1:], ["18C", [{"type": "text", "text": "12:00"}]])]}]}))' "$T/amsg" >"$T/rt.json"
+req POST /v1/messages -d @"$T/rt.json"
+check "messages round trip: the tool results reach the upstream" eq "$(code) $(py "$T/out" "(d['content'][0]['text'], d['stop_reason'])")" "200 ('tool said: 18C | 12:00', 'end_turn')"
+check "messages round trip: upstream got assistant tool_calls (arguments as text), then tool messages" eq \
+    "$(last "[(m['role'], [(c['id'], c['type'], c['function']['name'], json.loads(c['function']['arguments'])) for c in m.get('tool_calls', [])], m.get('tool_call_id'), m['content']) for m in d['body']['messages']]")" \
+    "$(py "$T/amsg" "[('user', [], None, 'Weather in Paris?'), ('assistant', [(b['id'], 'function', b['name'], b['input']) for b in d['content'][1:]], None, 'Let me check.'), ('tool', [], d['content'][1]['id'], '18C'), ('tool', [], d['content'][2]['id'], '12:00')]")"
+req POST /v1/messages -d "{\"model\":\"tooler\",\"max_tokens\":8,$ATOOLS,\"tool_choice\":{\"type\":\"tool\",\"name\":\"get_time\"},\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
+check "messages: tool_choice tool in chat's form" eq "$(last "d['body']['tool_choice']")" "{'type': 'function', 'function': {'name': 'get_time'}}"
+req POST /v1/messages -d "{\"model\":\"tooler\",\"max_tokens\":8,$ATOOLS,\"tool_choice\":{\"type\":\"none\"},\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
+check "messages: tool_choice none sends no tools" eq "$(code) $(last "'tools' in d['body']")" "200 False"
+req POST /v1/messages -d '{"model":"tooler","max_tokens":8,"tools":[{"type":"bash_20250124","name":"bash"}],"messages":[{"role":"user","content":"hi"}]}'
+check "messages: a built-in tool is refused naming it" eq "$(code) $(py "$T/out" "('tools[0]' in d['error']['message'], 'bash_20250124' in d['error']['message'])")" "400 (True, True)"
+req POST /v1/messages -d "{\"model\":\"noname\",\"max_tokens\":8,$ATOOLS,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
+check "messages, a call without a name: 502 naming it" eq "$(code) $(py "$T/out" "(d['type'], 'tool call 0 has no function name' in d['error']['message'])")" "502 ('error', True)"
+curl -sN "$BASE/v1/messages" -d "{\"model\":\"badargs\",\"stream\":true,\"max_tokens\":8,$ATOOLS,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}" >"$T/asse"
+check "messages streamed, malformed call after text: an error event naming the call, no tool_use" eq \
+    "$(evs "$T/asse" "(ev[-1]['type'], 'tool call 0' in ev[-1]['error']['message'], any(e.get('content_block', {}).get('type') == 'tool_use' for e in ev))")" \
+    "('error', True, False)"
+# the official clients put the streamed calls together as they do a local model's
+if command -v node >/dev/null && node_modules_ok; then
+    R=$(cd "$E2E_DIR" && BASE="$BASE" timeout 60 node --input-type=module -e '
+import OpenAI from "openai";
+import Anthropic from "@anthropic-ai/sdk";
+const base = process.env.BASE;
+const o = new OpenAI({ baseURL: `${base}/v1`, apiKey: "x", maxRetries: 0 });
+const a = new Anthropic({ baseURL: base, apiKey: "x", maxRetries: 0 });
+const fr = await o.responses.stream({ model: "tooler", input: "Weather?",
+    tools: [{ type: "function", name: "get_weather", parameters: { type: "object" } }] }).finalResponse();
+const fm = await a.messages.stream({ model: "tooler", max_tokens: 64, messages: [{ role: "user", content: "Weather?" }],
+    tools: [{ name: "get_weather", input_schema: { type: "object" } }] }).finalMessage();
+console.log(JSON.stringify([fr.output.find((x) => x.type === "message").content[0].text, fr.output.filter((x) => x.type === "function_call").map((x) => [x.name, JSON.parse(x.arguments)]),
+                            fm.stop_reason, fm.content.filter((b) => b.type === "tool_use").map((b) => [b.name, b.input])]));
+' 2>&1)
+    check "SDKs: streamed remote calls through OpenAI's ResponseStream and Anthropic's MessageStream" eq "$R" \
+        '["Let me check.",[["get_weather",{"city":"Paris","unit":"C"}],["get_time",{"tz":"CET"}]],"tool_use",[["get_weather",{"city":"Paris","unit":"C"}],["get_time",{"tz":"CET"}]]]'
+else
+    echo "  (no node or SDKs: the client library checks are skipped)"
+fi
 
 # ---- chat, streamed ------------------------------------------------------------------------
 sse_text() { # FILE KIND: the streamed text (chat deltas or completion text) and the usage
