@@ -17,9 +17,11 @@
  * words (remote_body) and forwarded: chat and generate as chat
  * completions, generate with "raw" as a completion; options become
  * max_tokens, temperature, ... (top_k, min_p and repeat_penalty as the
- * llama.cpp-style servers name them); format as response_format. Its
- * stream starts with the first piece, so an upstream refusal is an HTTP
- * error naming the expert. Tools stay local-only (400).
+ * llama.cpp-style servers name them); format as response_format; tools
+ * as they are, and the conversation's calls with the ids OpenAI wants
+ * (upstream_ids). Its stream starts with the first piece, so an upstream
+ * refusal is an HTTP error naming the expert. The calls of its reply come
+ * apart from the text (route/remote.h) and go out as a local model's do.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +41,8 @@ typedef struct oll_job {
                   * off, thoughts dropped), 1 true (thoughts in "thinking") */
     sbuf text;   /* the reply (not streamed; streamed with tools or think) */
     reply_cut cut; /* thoughts, content and calls of the reply */
+    toolcalls calls; /* a remote expert's calls (chatfmt_remote_call) */
+    bool calls_lost; /* one of them could not be kept (out of memory): the reply fails */
     double t0;   /* arrival, ms (lms_now_ms) */
     const lms_expert *x; /* the expert answering */
     bool begun;  /* streamed: the 200 went out */
@@ -159,6 +163,8 @@ static void send_part(conn *c, oll_job *j, const lms_event *end)
     toolcalls tc = {0};
     reply_part p;
     reply_cut_next(&j->cut, j->text.p, j->text.n, &p, end ? &tc : NULL);
+    if (end)
+        chatfmt_take_calls(&tc, &j->calls);
     if (p.c_n || (p.r_n && j->think > 0))
         send_line(c, part_obj(j, &p, NULL, false));
     if (tc.n) {
@@ -176,10 +182,16 @@ static void oll_on_event(task *t, const lms_event *ev, double t_ms)
     conn *c = t->c;
     (void)t_ms;
     const char *f = ev->stats.finish;
-    bool failed = ev->type == LMS_EV_ERROR || (f && !strcmp(f, "abort"));
+    bool failed = ev->type == LMS_EV_ERROR || (f && !strcmp(f, "abort")) ||
+                  (ev->type == LMS_EV_END && j->calls_lost);
     if (j->stream && !j->begun && (ev->type == LMS_EV_TOKEN || (ev->type == LMS_EV_END && !failed))) {
         http_stream_begin(c, 200, "application/x-ndjson");
         j->begun = true;
+    }
+    if (ev->type == LMS_EV_TOKEN && ev->token == LMS_REMOTE_CALL) {
+        if (chatfmt_remote_call(&j->calls, ev) < 0)
+            j->calls_lost = true;
+        return;
     }
     if (ev->type == LMS_EV_TOKEN) {
         const bool cut = j->tools || j->think >= 0;
@@ -193,9 +205,11 @@ static void oll_on_event(task *t, const lms_event *ev, double t_ms)
     }
     if (ev->type != LMS_EV_END && ev->type != LMS_EV_ERROR)
         return;
-    const char *why = ev->type == LMS_EV_ERROR ? ev->message : "the generation was aborted";
+    const char *why = ev->type == LMS_EV_ERROR ? ev->message
+                      : j->calls_lost              ? "out of memory for the upstream's tool calls"
+                                                   : "the generation was aborted";
     if (j->stream && j->begun) {
-        if (!failed && (j->tools || j->think >= 0))
+        if (!failed && (j->tools || j->think >= 0 || j->calls.n))
             send_part(c, j, ev); /* what was held back, then the calls */
         json_t *o = failed ? err_obj(why) : reply_obj(j, "", 0, true);
         if (!failed)
@@ -210,6 +224,7 @@ static void oll_on_event(task *t, const lms_event *ev, double t_ms)
         toolcalls tc;
         reply_part p;
         reply_cut_next(&j->cut, j->text.p, j->text.n, &p, &tc);
+        chatfmt_take_calls(&tc, &j->calls);
         json_t *o = part_obj(j, &p, &tc, true);
         toolcalls_free(&tc);
         add_stats(o, j, &ev->stats);
@@ -221,6 +236,7 @@ static void oll_destroy(task *t)
 {
     oll_job *j = t->state;
     sbuf_free(&j->text);
+    toolcalls_free(&j->calls);
     free(j);
 }
 
@@ -302,17 +318,89 @@ static int prompt_tokens(conn *c, const json_t *body, bool chat, int think, int3
     return rc;
 }
 
-/* The OpenAI body of an Ollama request for a remote expert; *chat_out:
- * whether it goes to chat/completions. NULL with e filled. */
-static json_t *remote_body(const lms_expert *x, const json_t *body, const json_t *opts, bool chat,
-                           bool *chat_out, reqerr *e)
+/* The call of calls (an assistant message's) that tool message m answers:
+ * the one its tool_call_id names, else the first not yet answered (used:
+ * a bit per call), the first of those named m's tool_name when it names
+ * one; marked used. NULL when none is left. */
+static const json_t *answered_call(const json_t *m, const json_t *calls, uint64_t *used)
+{
+    const char *id = json_string_value(json_object_get(m, "tool_call_id"));
+    const char *want = json_string_value(json_object_get(m, "tool_name"));
+    for (int pass = id ? 0 : want ? 1 : 2; pass < 3; pass++) {
+        size_t k;
+        const json_t *call;
+        json_array_foreach(calls, k, call)
+        {
+            const json_t *fn = json_object_get(call, "function");
+            const char *name = json_string_value(json_object_get(fn, "name"));
+            const char *cid = json_string_value(json_object_get(call, "id"));
+            bool fits = pass == 0   ? cid && !strcmp(cid, id)
+                        : pass == 1 ? name && !strcmp(name, want)
+                                    : true;
+            if (k < 64 && fits && (pass == 0 || !(*used >> k & 1))) {
+                *used |= 1ull << k;
+                return call;
+            }
+        }
+        if (pass == 0)
+            return NULL;
+    }
+    return NULL;
+}
+
+/* Ollama's calls carry no ids, and its tool messages name no call (at most
+ * the tool, tool_name); OpenAI wants both. In msgs (normalized, ours) a
+ * call without an id gets "call_<message>_<k>" (and type "function"), and
+ * a tool message without tool_call_id the id of the call it answers
+ * (answered_call) in the assistant message before it, in place of its
+ * tool_name. */
+static void upstream_ids(json_t *msgs)
+{
+    const json_t *calls = NULL; /* the last assistant message's calls */
+    uint64_t used = 0;
+    size_t i;
+    json_t *m;
+    json_array_foreach(msgs, i, m)
+    {
+        const char *role = json_string_value(json_object_get(m, "role"));
+        if (role && !strcmp(role, "tool")) {
+            const json_t *call = answered_call(m, calls, &used);
+            json_t *id = json_object_get(call, "id");
+            if (!json_object_get(m, "tool_call_id") && json_is_string(id))
+                json_object_set(m, "tool_call_id", id);
+            json_object_del(m, "tool_name"); /* Ollama's; said by tool_call_id now */
+            continue;
+        }
+        if (!json_is_array(json_object_get(m, "tool_calls")))
+            continue;
+        calls = json_object_get(m, "tool_calls");
+        used = 0;
+        size_t k;
+        json_t *call;
+        json_array_foreach(calls, k, call)
+        {
+            char id[64];
+            snprintf(id, sizeof id, "call_%zu_%zu", i, k);
+            if (json_is_object(call) && !json_is_string(json_object_get(call, "id")))
+                json_object_set_new(call, "id", json_string(id));
+            if (json_is_object(call) && !json_object_get(call, "type"))
+                json_object_set_new(call, "type", json_string("function"));
+        }
+    }
+}
+
+/* The OpenAI body of an Ollama request for a remote expert, less a chat's
+ * messages, which go to *msgs_out (with upstream_ids; NULL for a raw
+ * generate, a completion). NULL with e filled. */
+static json_t *remote_body(const json_t *body, const json_t *opts, bool chat, json_t **msgs_out,
+                           reqerr *e)
 {
     static const char *const same[] = {"temperature", "top_p", "top_k", "min_p", "seed", "stop",
                                        "presence_penalty", "frequency_penalty", "repeat_penalty",
                                        NULL};
-    if (json_array_size(json_object_get(body, "tools")) > 0) {
-        reqerr_set(e, 400, "tools", "'tools' is not available for remote expert '%s'",
-                   x->cfg->id);
+    const json_t *tools = json_object_get(body, "tools");
+    if (tools && !json_is_null(tools) && !json_is_array(tools)) {
+        reqerr_set(e, 400, "tools", "'tools' must be an array");
         return NULL;
     }
     const char *prompt = NULL, *system = NULL;
@@ -333,11 +421,13 @@ static json_t *remote_body(const lms_expert *x, const json_t *body, const json_t
     if (!msgs && !raw)
         return NULL;
     json_t *o = json_object();
-    *chat_out = !raw;
     if (raw)
         json_object_set_new(o, "prompt", json_string(prompt));
     else
-        json_object_set_new(o, "messages", msgs);
+        upstream_ids(msgs);
+    *msgs_out = msgs;
+    if (chat && json_array_size(tools) > 0)
+        json_object_set(o, "tools", (json_t *)tools);
     for (int k = 0; opts && same[k]; k++) {
         json_t *v = json_object_get(opts, same[k]);
         if (v && !json_is_null(v))
@@ -356,28 +446,44 @@ static json_t *remote_body(const lms_expert *x, const json_t *body, const json_t
     return o;
 }
 
+/* A raw generate for a remote expert: o as a completion's body. */
+static task *submit_completion(conn *c, const json_t *o, const genparams *gp, oll_job *j,
+                               reqerr *e)
+{
+    size_t n = 0;
+    char *text = json_dump_compact(o, &n);
+    if (!text) {
+        reqerr_set(e, 503, NULL, "out of memory");
+        return NULL;
+    }
+    lms_remote_request r = {.chat = false, .body = text, .n_body = n,
+                            .timeout_ms = gp->timeout_ms};
+    task *t = task_submit_remote(c, &r, &oll_ops, j, e);
+    free(text);
+    return t;
+}
+
 /* Forwards the request to c->x (remote); the stream starts with the first piece. */
 static int generate_remote(conn *c, const json_t *body, const json_t *opts, const genparams *gp,
                            bool chat, bool stream)
 {
     reqerr e;
-    bool up_chat = true;
-    json_t *o = remote_body(c->x, body, opts, chat, &up_chat, &e);
-    size_t n = 0;
-    char *text = o ? json_dump_compact(o, &n) : NULL;
-    json_decref(o);
-    oll_job *j = text ? calloc(1, sizeof *j) : NULL;
+    json_t *msgs = NULL;
+    json_t *o = remote_body(body, opts, chat, &msgs, &e);
+    oll_job *j = o ? calloc(1, sizeof *j) : NULL;
     if (o && !j)
         reqerr_set(&e, 503, NULL, "out of memory");
     task *t = NULL;
     if (j) {
         *j = (oll_job){.chat = chat, .stream = stream, .t0 = lms_now_ms(), .x = c->x};
-        lms_remote_request r = {.chat = up_chat, .body = text, .n_body = n,
-                                .timeout_ms = gp->timeout_ms};
-        if (!(t = task_submit_remote(c, &r, &oll_ops, j, &e)))
+        /* a chat: the messages with the rest of o as its fields; raw: a completion */
+        t = msgs ? chatfmt_submit_remote(c, msgs, NULL, o, gp, &oll_ops, j, &e)
+                 : submit_completion(c, o, gp, j, &e);
+        if (!t)
             oll_destroy(&(task){.state = j});
     }
-    free(text);
+    json_decref(msgs);
+    json_decref(o);
     return t ? 0 : reply_err(c, &e);
 }
 

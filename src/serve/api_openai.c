@@ -47,8 +47,13 @@
  * completion, seed + i for choice i), and its events feed the same
  * gen_job. Its stream opens with the first piece rather than at once, so
  * that an upstream refusal is still an HTTP error (502, 504, or the
- * upstream's own 4xx) naming the expert. Log-probabilities, tools, echo
- * and token-id prompts stay local-only (400).
+ * upstream's own 4xx) naming the expert. tools, tool_choice,
+ * parallel_tool_calls, response_format and the conversation's tool_calls
+ * and tool messages go upstream as written; the calls of its reply come
+ * apart from the text (route/remote.h, LMS_REMOTE_CALL) and go out as a
+ * local model's do (a malformed one fails the reply: 502, or an error
+ * event once streaming). Log-probabilities, echo and token-id prompts stay
+ * local-only (400).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -113,6 +118,8 @@ struct gen_job {
     const char *echo;          /* completions: its prompt's text to echo, or NULL */
     size_t echo_len;
     reply_cut cut;             /* chat: thoughts, content and calls of the reply */
+    toolcalls calls;           /* chat, remote: the upstream's calls (chatfmt_remote_call) */
+    bool calls_lost;           /* one of them could not be kept (out of memory) */
     size_t plp_off;            /* prompt log-probabilities: text offset of the next token */
     const char *finish;        /* after a normal end: the finish reason */
     lms_req_stats stats;       /* after a normal end */
@@ -369,10 +376,16 @@ static void on_token(task *t, gen_job *j, const lms_event *ev)
     sbuf_add(&j->text, ev->text, ev->text_len);
 }
 
-/* An end that is not a normal finish: an engine error, or an abort (only
- * the server aborts a request whose client is still there). */
+/* An end that is not a normal finish: an engine error, an abort (only
+ * the server aborts a request whose client is still there), or a remote
+ * expert's call that could not be kept. */
 static void end_error(const conn *c, const task *t, const lms_event *ev, reqerr *e)
 {
+    const gen_job *j = t->state;
+    if (ev->type != LMS_EV_ERROR && j->calls_lost) {
+        reqerr_set(e, 503, NULL, "out of memory for the upstream's tool calls");
+        return;
+    }
     if (ev->type == LMS_EV_ERROR) {
         reqerr_set(e, task_error_status(t, ev), NULL, "%s", ev->message);
         if (t->x->remote)
@@ -406,14 +419,16 @@ static json_t *tool_calls_json(lms_server *s, const toolcalls *tc, bool with_ind
     return a;
 }
 
-/* Streamed with tools or thoughts, at a normal end: sends what was held
- * back, then the calls found in one delta; returns the finish reason. */
+/* Streamed with tools, thoughts or a remote expert's calls, at a normal
+ * end: sends what was held back, then the calls in one delta; returns the
+ * finish reason. */
 static const char *stream_flush(conn *c, gen_job *j, const char *finish)
 {
-    if (!j->r->tools && !split_thoughts(j->r))
+    if (!j->r->tools && !split_thoughts(j->r) && j->calls.n == 0)
         return finish;
     toolcalls tc = {0};
     stream_release(c, j, NULL, &tc);
+    chatfmt_take_calls(&tc, &j->calls);
     if (tc.n) {
         json_t *ch = chunk_choice(j, NULL, 0, NULL, NULL, NULL);
         json_object_set_new(json_object_get(ch, "delta"), "tool_calls",
@@ -436,6 +451,7 @@ static json_t *choice_json(lms_server *s, gen_job *j)
     toolcalls tc;
     reply_part p;
     reply_cut_next(&j->cut, t, j->text.n, &p, &tc);
+    chatfmt_take_calls(&tc, &j->calls);
     json_t *text = json_string_lossy(t + p.c_from, p.c_n);
     if (r->kind == JOB_CHAT) {
         json_t *msg = json_object();
@@ -529,6 +545,11 @@ static void gen_on_event(task *t, const lms_event *ev, double t_ms)
     if (r->stream && !r->begun &&
         (ev->type == LMS_EV_TOKEN || (ev->type == LMS_EV_END && finish_reason(ev->stats.finish))))
         stream_open(t->c, r);
+    if (ev->type == LMS_EV_TOKEN && ev->token == LMS_REMOTE_CALL) {
+        if (chatfmt_remote_call(&j->calls, ev) < 0)
+            j->calls_lost = true; /* the end event fails the response */
+        return;
+    }
     if (ev->type == LMS_EV_TOKEN) {
         on_token(t, j, ev);
         return;
@@ -541,7 +562,7 @@ static void gen_on_event(task *t, const lms_event *ev, double t_ms)
     if (ev->type != LMS_EV_END && ev->type != LMS_EV_ERROR)
         return;
     j->t = NULL; /* removed after this event */
-    if (ev->type == LMS_EV_ERROR || !finish_reason(ev->stats.finish)) {
+    if (ev->type == LMS_EV_ERROR || !finish_reason(ev->stats.finish) || j->calls_lost) {
         reqerr e;
         end_error(t->c, t, ev, &e);
         resp_fail(t->c, j, &e);
@@ -585,6 +606,7 @@ static void resp_free(gen_resp *r)
             continue;
         sbuf_free(&j->text);
         json_decref(j->lp);
+        toolcalls_free(&j->calls);
         free(j);
     }
     free(r);
@@ -696,6 +718,20 @@ int api_forced_call(const json_t *tools, const json_t *choice, lms_jschema **out
     return 0;
 }
 
+/* tools and tool_choice as chat takes them (local or remote); *tools and
+ * *choice are borrowed from body, NULL when absent. */
+static int parse_tool_fields(const json_t *body, const json_t **tools, const json_t **choice,
+                             reqerr *e)
+{
+    *tools = json_object_get(body, "tools");
+    *choice = json_object_get(body, "tool_choice");
+    if (*tools && !json_is_null(*tools) && !json_is_array(*tools))
+        return reqerr_set(e, 400, "tools", "'tools' must be an array");
+    if (*choice && !json_is_null(*choice) && !json_is_string(*choice) && !json_is_object(*choice))
+        return reqerr_set(e, 400, "tool_choice", "'tool_choice' must be a string or an object");
+    return 0;
+}
+
 static int parse_chat(conn *c, const json_t *body, gen_resp *r, gen_prompt *pr, reqerr *e)
 {
     bool lp = false;
@@ -707,12 +743,9 @@ static int parse_chat(conn *c, const json_t *body, gen_resp *r, gen_prompt *pr, 
     if (tl && !json_is_null(tl) && !lp)
         return reqerr_set(e, 400, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
     r->logprobs = lp ? (int)top : -1;
-    const json_t *tools = json_object_get(body, "tools");
-    if (tools && !json_is_null(tools) && !json_is_array(tools))
-        return reqerr_set(e, 400, "tools", "'tools' must be an array");
-    const json_t *choice = json_object_get(body, "tool_choice");
-    if (choice && !json_is_null(choice) && !json_is_string(choice) && !json_is_object(choice))
-        return reqerr_set(e, 400, "tool_choice", "'tool_choice' must be a string or an object");
+    const json_t *tools, *choice;
+    if (parse_tool_fields(body, &tools, &choice, e) < 0)
+        return -1;
     r->tools = json_array_size(tools) > 0 &&
                !(json_is_string(choice) && !strcmp(json_string_value(choice), "none"));
     const json_t *rf = NULL;
@@ -839,7 +872,8 @@ static int parse_completion(conn *c, const json_t *body, gen_resp *r, gen_prompt
 }
 
 /* A request for a remote expert: checked here (what only the local engine
- * does is refused), sent upstream as written. */
+ * does is refused), sent upstream as written. Its reply is not searched
+ * for calls (r->tools stays false): the upstream's come apart. */
 static int parse_remote(const json_t *body, gen_resp *r, reqerr *e)
 {
     static const char *const ours[] = {"model", "n", "best_of", "stream", "stream_options",
@@ -850,9 +884,9 @@ static int parse_remote(const json_t *body, gen_resp *r, reqerr *e)
         return reqerr_set(e, 400, "logprobs", "'logprobs' is not available for remote expert "
                           "'%s'", id);
     if (r->kind == JOB_CHAT) {
-        if (json_array_size(json_object_get(body, "tools")) > 0)
-            return reqerr_set(e, 400, "tools", "'tools' is not available for remote expert '%s'",
-                              id);
+        const json_t *tools, *choice;
+        if (parse_tool_fields(body, &tools, &choice, e) < 0)
+            return -1;
         json_t *msgs = chatfmt_messages(json_object_get(body, "messages"), "messages", e);
         if (!msgs)
             return -1;

@@ -14,6 +14,7 @@ POST /v1/chat/completions by the request's "model":
             in fragments (their pieces interleaved by index); once the last
             message is a tool result: the text "tool said: " and the results
   tooljson  the same calls in one JSON answer (message.tool_calls)
+            (both without the text when the last message says "just call")
   badargs   some text, then a streamed call whose arguments never make a
             JSON object
   noname    a streamed call whose pieces never name the function
@@ -116,6 +117,8 @@ class H(BaseHTTPRequestHandler):
                                        "function": {"name": "get_time", "arguments": '{"tz":'}}]},
                       {"tool_calls": [{"index": 0, "function": {"arguments": 'is", "unit": "C"}'}}]},
                       {"tool_calls": [{"index": 1, "function": {"arguments": ' "CET"}'}}]}]
+            if msgs and msgs[-1].get("content") == "just call":
+                chunks = chunks[1:]
             finish = "tool_calls"
         usage = {"prompt_tokens": 11, "completion_tokens": 6, "total_tokens": 17}
         if model == "tooljson":

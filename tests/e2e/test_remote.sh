@@ -15,7 +15,11 @@
 # chat's words (tools, tool_choice, text.format as response_format, the
 # calls and results of earlier turns as tool_calls and tool messages), and
 # its calls come back as function_call items and tool_use blocks, streamed
-# and not; a malformed call is a 502 naming it.
+# and not; on /v1/chat/completions tools, tool_choice, parallel_tool_calls
+# and response_format go as written and the calls come back as
+# message.tool_calls or a delta.tool_calls chunk, on Ollama's /api/chat
+# (its calls given ids upstream) as message.tool_calls; a malformed call
+# is a 502 naming it, or an error event once streaming.
 . "$(dirname "$0")/lib.sh"
 T=$(mktemp -d)
 # libcurl (the servers' and ours) follows http_proxy: keep local traffic local
@@ -211,6 +215,87 @@ curl -sN "$BASE/v1/messages" -d "{\"model\":\"badargs\",\"stream\":true,\"max_to
 check "messages streamed, malformed call after text: an error event naming the call, no tool_use" eq \
     "$(evs "$T/asse" "(ev[-1]['type'], 'tool call 0' in ev[-1]['error']['message'], any(e.get('content_block', {}).get('type') == 'tool_use' for e in ev))")" \
     "('error', True, False)"
+# chat completions and Ollama's /api/chat: tools, tool_choice, parallel_tool_calls and
+# response_format go upstream as written; the calls come back as a local model's do
+CTOOLS='"tools":[{"type":"function","function":{"name":"get_weather","description":"Weather","parameters":{"type":"object"}}},{"type":"function","function":{"name":"get_time","parameters":{}}}]'
+chat_calls() { # FILE: the streamed calls put together by index, [(name, arguments)]
+    python3 - "$1" <<'PY'
+import json, sys
+calls = {}
+for line in open(sys.argv[1]):
+    if line.startswith("data: {"):
+        for c in json.loads(line[6:]).get("choices", []):
+            for t in c["delta"].get("tool_calls", []):
+                k = calls.setdefault(t["index"], {"name": "", "args": ""})
+                k["name"] += t.get("function", {}).get("name") or ""
+                k["args"] += t.get("function", {}).get("arguments") or ""
+print([(calls[i]["name"], calls[i]["args"]) for i in sorted(calls)])
+PY
+}
+for m in tooler tooljson; do
+    req POST /v1/chat/completions -d "{\"model\":\"$m\",$CTOOLS,\"tool_choice\":\"required\",\"parallel_tool_calls\":true,\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"}]}"
+    check "chat, $m: the text, two tool_calls, finish_reason tool_calls" eq "$(code) $(py "$T/out" "(d['choices'][0]['message']['content'], [(c['type'], c['id'][:5]) for c in d['choices'][0]['message']['tool_calls']], d['choices'][0]['finish_reason'])")" \
+        "200 ('Let me check.', [('function', 'call_'), ('function', 'call_')], 'tool_calls')"
+    check "chat, $m: the calls put together" eq "$(py "$T/out" "[(c['function']['name'], json.loads(c['function']['arguments'])) for c in d['choices'][0]['message']['tool_calls']]")" "$WANT_CALLS"
+    check "chat, $m: tools, tool_choice and parallel_tool_calls went upstream as written" eq \
+        "$(last "(d['body']['tools'], d['body']['tool_choice'], d['body']['parallel_tool_calls'])")" "($CHAT_TOOLS, 'required', True)"
+done
+cp "$T/out" "$T/cmsg"
+req POST /v1/chat/completions -d "{\"model\":\"tooler\",$CTOOLS,\"messages\":[{\"role\":\"user\",\"content\":\"just call\"}]}"
+check "chat, calls without text: content null" eq "$(code) $(py "$T/out" "(d['choices'][0]['message']['content'], len(d['choices'][0]['message']['tool_calls']), d['choices'][0]['finish_reason'])")" \
+    "200 (None, 2, 'tool_calls')"
+curl -sN "$BASE/v1/chat/completions" -d "{\"model\":\"tooler\",\"stream\":true,\"stream_options\":{\"include_usage\":true},$CTOOLS,\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"}]}" >"$T/csse"
+check "chat streamed, tooler: the text, a tool_calls delta (index, id, type, function), finish tool_calls, usage, [DONE]" eq \
+    "$(evs "$T/csse" "(''.join(c['delta'].get('content') or '' for e in ev for c in e['choices']), [sorted(t) + sorted(t['function']) for e in ev for c in e['choices'] for t in c['delta'].get('tool_calls', [])], [c['finish_reason'] for e in ev for c in e['choices'] if c['finish_reason']], ev[-1]['usage']['completion_tokens'])") $(tail -n 2 "$T/csse" | head -1)" \
+    "('Let me check.', [['function', 'id', 'index', 'type', 'arguments', 'name'], ['function', 'id', 'index', 'type', 'arguments', 'name']], ['tool_calls'], 6) data: [DONE]"
+check "chat streamed: the deltas' calls put together by index are the non-streamed ones" eq "$(chat_calls "$T/csse")" \
+    "$(py "$T/cmsg" "[(c['function']['name'], c['function']['arguments']) for c in d['choices'][0]['message']['tool_calls']]")"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); m=d["choices"][0]["message"]; print(json.dumps({"model": "tooler", "tools": [{"type": "function", "function": {"name": "get_weather"}}], "messages": [{"role": "user", "content": "Weather in Paris?"}, m] + [{"role": "tool", "tool_call_id": c["id"], "content": r} for c, r in zip(m["tool_calls"], ["18C", "12:00"])]}))' "$T/cmsg" >"$T/rt.json"
+req POST /v1/chat/completions -d @"$T/rt.json"
+check "chat round trip: the tool results reach the upstream" eq "$(code) $(py "$T/out" "(d['choices'][0]['message']['content'], d['choices'][0]['finish_reason'], 'tool_calls' in d['choices'][0]['message'])")" \
+    "200 ('tool said: 18C | 12:00', 'stop', False)"
+check "chat round trip: the upstream got the messages as given (assistant tool_calls, tool messages)" eq \
+    "$(last "d['body']['messages']")" "$(py "$T/rt.json" "d['messages']")"
+req POST /v1/chat/completions -d "{\"model\":\"tooler\",$CTOOLS,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_time\"}},\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
+check "chat: a named tool_choice went upstream" eq "$(code) $(last "d['body']['tool_choice']")" "200 {'type': 'function', 'function': {'name': 'get_time'}}"
+req POST /v1/chat/completions -d '{"model":"tooler","messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema","json_schema":{"name":"w","schema":{"type":"object"}}}}'
+check "chat: response_format json_schema went upstream" eq "$(code) $(last "d['body']['response_format']")" \
+    "200 {'type': 'json_schema', 'json_schema': {'name': 'w', 'schema': {'type': 'object'}}}"
+req POST /v1/chat/completions -d '{"model":"tooler","messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_object"}}'
+check "chat: response_format json_object went upstream" eq "$(code) $(last "d['body']['response_format']")" "200 {'type': 'json_object'}"
+req POST /v1/chat/completions -d '{"model":"tooler","tools":{"a":1},"messages":[{"role":"user","content":"hi"}]}'
+check "chat: tools that are no array are refused" eq "$(code) $(py "$T/out" "d['error']['param']")" "400 tools"
+req POST /v1/chat/completions -d "{\"model\":\"badargs\",$CTOOLS,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
+check "chat, arguments that are no JSON object: 502 naming the call" eq "$(code) $(py "$T/out" "('tool call 0 (\'get_weather\'): its arguments are not a JSON object' in d['error']['message'], d['error']['code'])")" "502 (True, 'upstream_error')"
+req POST /v1/chat/completions -d "{\"model\":\"noname\",\"stream\":true,$CTOOLS,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
+check "chat streamed, a call without a name (nothing sent yet): 502 naming it" eq "$(code) $(py "$T/out" "'tool call 0 has no function name' in d['error']['message']")" "502 True"
+curl -sN "$BASE/v1/chat/completions" -d "{\"model\":\"badargs\",\"stream\":true,$CTOOLS,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}" >"$T/csse"
+check "chat streamed, malformed call after text: the text, then an error event naming the call, no tool_calls" eq \
+    "$(evs "$T/csse" "(''.join(c['delta'].get('content') or '' for e in ev for c in e.get('choices', [])), 'tool call 0' in ev[-1]['error']['message'], any('tool_calls' in c['delta'] for e in ev for c in e.get('choices', [])))") $(tail -n 2 "$T/csse" | head -1)" \
+    "('Checking.', True, False) data: [DONE]"
+# Ollama: its calls have no ids and its tool messages name the tool at most
+req POST /api/chat -d "{\"model\":\"tooljson\",\"stream\":false,$CTOOLS,\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"}]}"
+check "ollama chat, tooljson: the text and tool_calls (arguments as objects)" eq "$(code) $(py "$T/out" "(d['message']['content'], [(c['function']['name'], c['function']['arguments']) for c in d['message']['tool_calls']], d['done'])")" \
+    "200 ('Let me check.', $WANT_CALLS, True)"
+check "ollama chat: the tools went upstream" eq "$(last "d['body']['tools']")" "$CHAT_TOOLS"
+req POST /api/chat -d "{\"model\":\"tooler\",$CTOOLS,\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"}]}"
+check "ollama chat streamed, tooler: the text, then a line with the calls, then done" eq "$(code) $(python3 -c 'import json,sys
+ls=[json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+print(("".join(x["message"]["content"] for x in ls), [[(c["function"]["name"], c["function"]["arguments"]) for c in x["message"]["tool_calls"]] for x in ls if x["message"].get("tool_calls")], ls[-1]["done"]))' "$T/out")" \
+    "200 ('Let me check.', [$WANT_CALLS], True)"
+req POST /api/chat -d "{\"model\":\"tooler\",\"stream\":false,$CTOOLS,\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"},{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":[{\"function\":{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}},{\"function\":{\"name\":\"get_time\",\"arguments\":{\"tz\":\"CET\"}}}]},{\"role\":\"tool\",\"tool_name\":\"get_time\",\"content\":\"12:00\"},{\"role\":\"tool\",\"content\":\"18C\"}]}"
+check "ollama round trip: the tool results reach the upstream" eq "$(code) $(py "$T/out" "d['message']['content']")" "200 tool said: 12:00 | 18C"
+check "ollama round trip: calls with ids (arguments as text), tool messages answering them" eq \
+    "$(last "[(m['role'], [(c['id'], c['type'], c['function']['name'], c['function']['arguments']) for c in m.get('tool_calls', [])], m.get('tool_call_id')) for m in d['body']['messages']]")" \
+    "[('user', [], None), ('assistant', [('call_1_0', 'function', 'get_weather', '{\"city\":\"Paris\"}'), ('call_1_1', 'function', 'get_time', '{\"tz\":\"CET\"}')], None), ('tool', [], 'call_1_1'), ('tool', [], 'call_1_0')]"
+check "ollama round trip: tool_name, Ollama's own, not sent upstream" eq "$(py "$T/last" "any('tool_name' in m for m in d['body']['messages'])")" False
+req POST /api/chat -d "{\"model\":\"badargs\",\"stream\":false,$CTOOLS,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
+check "ollama chat, malformed call: 502 naming it" eq "$(code) $(py "$T/out" "'tool call 0' in d['error']")" "502 True"
+req POST /api/chat -d "{\"model\":\"badargs\",$CTOOLS,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
+check "ollama chat streamed, malformed call after text: the text, then an error line" eq "$(code) $(python3 -c 'import json,sys
+ls=[json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+print(("".join(x.get("message", {}).get("content", "") for x in ls), "tool call 0" in ls[-1].get("error", ""), any(x.get("message", {}).get("tool_calls") for x in ls)))' "$T/out")" \
+    "200 ('Checking.', True, False)"
 # the official clients put the streamed calls together as they do a local model's
 if command -v node >/dev/null && node_modules_ok; then
     R=$(cd "$E2E_DIR" && BASE="$BASE" timeout 60 node --input-type=module -e '
@@ -228,6 +313,18 @@ console.log(JSON.stringify([fr.output.find((x) => x.type === "message").content[
 ' 2>&1)
     check "SDKs: streamed remote calls through OpenAI's ResponseStream and Anthropic's MessageStream" eq "$R" \
         '["Let me check.",[["get_weather",{"city":"Paris","unit":"C"}],["get_time",{"tz":"CET"}]],"tool_use",[["get_weather",{"city":"Paris","unit":"C"}],["get_time",{"tz":"CET"}]]]'
+    R=$(cd "$E2E_DIR" && BASE="$BASE" timeout 60 node --input-type=module -e '
+import OpenAI from "openai";
+const o = new OpenAI({ baseURL: `${process.env.BASE}/v1`, apiKey: "x", maxRetries: 0 });
+const s = o.chat.completions.stream({ model: "tooler", messages: [{ role: "user", content: "Weather?" }],
+    tools: [{ type: "function", function: { name: "get_weather", parameters: { type: "object" } } }] });
+const done = [];
+s.on("tool_calls.function.arguments.done", (e) => done.push([e.name, JSON.parse(e.arguments)]));
+const c = (await s.finalChatCompletion()).choices[0];
+console.log(JSON.stringify([c.message.content, c.finish_reason, c.message.tool_calls.map((x) => [x.type, x.function.name, JSON.parse(x.function.arguments)]), done]));
+' 2>&1)
+    check "SDK: a streamed remote chat's calls through OpenAI's ChatCompletionStream" eq "$R" \
+        '["Let me check.","tool_calls",[["function","get_weather",{"city":"Paris","unit":"C"}],["function","get_time",{"tz":"CET"}]],[["get_weather",{"city":"Paris","unit":"C"}],["get_time",{"tz":"CET"}]]]'
 else
     echo "  (no node or SDKs: the client library checks are skipped)"
 fi
