@@ -21,6 +21,7 @@ const char *lms_strerror(int err)
     case LMS_ERR_DEVICE: return "device error";
     case LMS_ERR_NOTFOUND: return "not found";
     case LMS_ERR_RANGE: return "out of range";
+    case LMS_ERR_ADAPTER: return "LoRA adapter does not fit in GPU memory";
     }
     return "unknown error";
 }

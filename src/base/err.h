@@ -23,6 +23,8 @@ enum lms_err {
     LMS_ERR_DEVICE = -9,      /* accelerator failure */
     LMS_ERR_NOTFOUND = -10,   /* key, tensor, model or file not found */
     LMS_ERR_RANGE = -11,      /* value out of range (e.g. token id) */
+    LMS_ERR_ADAPTER = -12,    /* a step's LoRA adapters found no room on the device; the
+                                 step ran nothing */
 };
 
 /* Static string describing an error code. */

@@ -218,6 +218,16 @@ const lms_model *lms_ctx_model(const lms_ctx *c) { return c->m; }
 const float *lms_ctx_hidden(const lms_ctx *c) { return c->hidden; }
 const lms_gpu_plan *lms_ctx_gpu_plan(const lms_ctx *c) { return c->gpu ? &c->plan : NULL; }
 
+const lms_lora *lms_ctx_lora_failed(const lms_ctx *c)
+{
+#ifdef LMS_HAVE_CUDA
+    return c->gpu ? fwd_gpu_lora_failed(c) : NULL;
+#else
+    (void)c;
+    return NULL;
+#endif
+}
+
 /* A header before the block says how it was made (64 bytes: the block
  * keeps the allocator's alignment for vector loads). */
 #define HOST_HDR 64

@@ -92,6 +92,11 @@ int lms_forward(lms_ctx *c, const lms_batch *b, float *logits);
 void *lms_ctx_host_alloc(const lms_ctx *c, size_t bytes);
 void lms_host_free(void *p);
 
+/* After lms_forward returned LMS_ERR_ADAPTER: the adapter that found no
+ * room on the device (the step ran nothing; requests without it may run
+ * again), else NULL. */
+const lms_lora *lms_ctx_lora_failed(const lms_ctx *c);
+
 /* The GPU placement of a context, or NULL when it runs on the CPU only. */
 const lms_gpu_plan *lms_ctx_gpu_plan(const lms_ctx *c);
 /* One line describing a plan ("gpu: NAME, 32/32 layers + output, ..."). */

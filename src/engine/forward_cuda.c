@@ -56,7 +56,10 @@
  * step and cached by content id (lms_lora_id) in up to LORA_CACHE entries,
  * the least recently used not in the step evicted beyond that, the rest
  * freed with the context; unlike everything above, that memory is
- * allocated when first needed and is not part of the plan. A step without
+ * allocated when first needed and is not part of the plan (it comes out of
+ * the margin; LMS_CUDA_LORA_MAX_MB caps it). A step whose adapters find no
+ * room returns LMS_ERR_ADAPTER before anything ran: the scheduler then
+ * fails only the requests with adapters in it. A step without
  * adapters runs exactly the kernels it ran before adapters existed.
  *
  * Owner: the thread that owns the lms_ctx.
@@ -160,6 +163,9 @@ struct fwd_gpu {
     gpu_lora *lora;          /* [n_lora] */
     int32_t n_lora;
     uint64_t lora_step;
+    size_t lora_cap;         /* most bytes the adapters' entries may hold (LMS_CUDA_LORA_MAX_MB;
+                                0: as the device allows) */
+    const lms_lora *lora_failed; /* the adapter that found no room in this step, or NULL */
     bool lora_on;            /* this step applies adapters */
     gpu_lora **lora_grp;     /* [n_batch * LMS_LORA_MAX] the entry of each of c->lora's groups */
     void *lora_scr;          /* device: rows, scales, xr, t */
@@ -477,6 +483,8 @@ static int alloc_buffers(lms_ctx *c, fwd_gpu *gp, const sizes *z, int32_t n_bloc
     gp->graphs = !gr || atoi(gr) != 0;
     const char *dl = getenv("LMS_CUDA_DIRECT");
     gp->direct = !dl || atoi(dl) != 0;
+    const char *lm = getenv("LMS_CUDA_LORA_MAX_MB");
+    gp->lora_cap = lm && atol(lm) > 0 ? (size_t)atol(lm) << 20 : 0;
     gp->meta_n = z->meta_n;
     if (!(gp->meta = lcu_alloc(gp->g, z->meta_n * 4, err, errsz)))
         return LMS_ERR_NOMEM;
@@ -856,6 +864,30 @@ static void lora_evict(fwd_gpu *gp, int32_t i)
 /* The cache entry of adapter l, uploaded (its pairs of the GPU layers)
  * when it has none; NULL with a message on failure. Entries move (the
  * array grows, evictions fill holes): the pointer holds until the next call. */
+/* Evicts the least recently used entries not in this step until at most
+ * n_max remain and, under a cap, `bytes` more fit beside them; false when
+ * the step's own entries leave no such room. */
+static bool lora_make_room(fwd_gpu *gp, size_t bytes, int32_t n_max)
+{
+    for (;;) {
+        size_t held = 0;
+        for (int32_t i = 0; i < gp->n_lora; i++)
+            held += gp->lora[i].bytes;
+        const bool over = gp->lora_cap && held + bytes > gp->lora_cap;
+        if (gp->n_lora <= n_max && !over)
+            return true;
+        int32_t old = -1;
+        for (int32_t i = 0; i < gp->n_lora; i++) {
+            const uint64_t u = gp->lora[i].used;
+            if (u < gp->lora_step && (old < 0 || u < gp->lora[old].used))
+                old = i;
+        }
+        if (old < 0)
+            return !over;
+        lora_evict(gp, old);
+    }
+}
+
 static gpu_lora *lora_entry(lms_ctx *c, const lms_lora *l)
 {
     fwd_gpu *gp = c->gpu;
@@ -865,17 +897,7 @@ static gpu_lora *lora_entry(lms_ctx *c, const lms_lora *l)
             gp->lora[i].used = gp->lora_step;
             return &gp->lora[i];
         }
-    while (gp->n_lora >= LORA_CACHE) { /* the least recently used not in this step */
-        int32_t old = -1;
-        for (int32_t i = 0; i < gp->n_lora; i++) {
-            const uint64_t u = gp->lora[i].used;
-            if (u < gp->lora_step && (old < 0 || u < gp->lora[old].used))
-                old = i;
-        }
-        if (old < 0)
-            break;
-        lora_evict(gp, old);
-    }
+    lora_make_room(gp, 0, LORA_CACHE - 1);
     const int nt = LMS_LORA_N_TARGETS;
     gpu_lora e = {id, gp->lora_step, NULL, 0, calloc((size_t)c->n_gpu * nt + 1, sizeof *e.pairs)};
     gpu_lora *grown = realloc(gp->lora, ((size_t)gp->n_lora + 1) * sizeof *grown);
@@ -904,6 +926,13 @@ static gpu_lora *lora_entry(lms_ctx *c, const lms_lora *l)
                        align_up((size_t)p->rank * (size_t)p->n_out * 4);
         }
     char err[256];
+    if (!lora_make_room(gp, e.bytes, LORA_CACHE - 1)) {
+        free(e.pairs);
+        fprintf(stderr, "lmserv: LoRA adapter '%s' (%.1f MiB on the GPU) does not fit beside "
+                        "this step's other adapters in LMS_CUDA_LORA_MAX_MB=%zu\n",
+                lms_lora_name(l), (double)e.bytes / (1 << 20), gp->lora_cap >> 20);
+        return NULL;
+    }
     if (e.bytes && !(e.mem = lcu_alloc(gp->g, e.bytes, err, sizeof err))) {
         free(e.pairs);
         fprintf(stderr, "lmserv: LoRA adapter '%s' (%.1f MiB on the GPU): %s\n", lms_lora_name(l),
@@ -942,6 +971,7 @@ static int lora_begin(lms_ctx *c)
     wide = wide > q ? wide : q;
     wide = wide > (size_t)hp->n_ff ? wide : (size_t)hp->n_ff;
     char err[256];
+    gp->lora_failed = NULL;
     if (!gp->lora_grp && !(gp->lora_grp = malloc(uses * sizeof *gp->lora_grp)))
         return LMS_ERR_NOMEM;
     if (!gp->lora_h && !(gp->lora_h = lcu_host_alloc(uses * 8)))
@@ -954,7 +984,7 @@ static int lora_begin(lms_ctx *c)
         if (!(gp->lora_scr = lcu_alloc(gp->g, gp->lora_scr_bytes, err, sizeof err))) {
             gp->lora_scr_bytes = 0;
             fprintf(stderr, "lmserv: LoRA scratch on the GPU: %s\n", err);
-            return LMS_ERR_NOMEM;
+            return LMS_ERR_ADAPTER;
         }
         char *cur = gp->lora_scr;
         gp->lora_rows = (int32_t *)cur;
@@ -966,8 +996,11 @@ static int lora_begin(lms_ctx *c)
     gp->lora_step++;
     int32_t total = 0;
     for (int32_t i = 0; i < F->n_groups; i++) { /* all present first, then where they are */
-        if (!lora_entry(c, F->groups[i].lora))
-            return LMS_ERR_NOMEM;
+        if (!lora_entry(c, F->groups[i].lora)) {
+            gp->lora_failed = F->groups[i].lora; /* nothing ran yet: the scheduler fails
+                                                    only the requests with it */
+            return LMS_ERR_ADAPTER;
+        }
         const int32_t end = F->groups[i].off + F->groups[i].n_rows;
         total = end > total ? end : total;
     }
@@ -1271,6 +1304,11 @@ int fwd_gpu_layers(lms_ctx *c, const lms_batch *b, float *logits)
         gp->pre_n = head ? n_lg : -1;
     }
     return rc;
+}
+
+const lms_lora *fwd_gpu_lora_failed(const lms_ctx *c)
+{
+    return c->gpu->lora_failed;
 }
 
 bool fwd_gpu_has_output(const lms_ctx *c)

@@ -119,6 +119,8 @@ bool fwd_gpu_offload_layer(lms_ctx *c, int il, const lms_batch *b);
  * (cap: with gemma2's final soft-capping; false leaves it to the caller,
  * which adds the adapters' head deltas first). */
 bool fwd_gpu_has_output(const lms_ctx *c);
+/* The adapter of the last step's LMS_ERR_ADAPTER, or NULL. */
+const lms_lora *fwd_gpu_lora_failed(const lms_ctx *c);
 int fwd_gpu_output(lms_ctx *c, const float *xn, int32_t n, float *logits, bool cap);
 #endif
 

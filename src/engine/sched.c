@@ -1181,6 +1181,35 @@ static void fail_all_running(lms_sched *s, int rc)
     }
 }
 
+static bool uses_lora(const sreq *q, const lms_lora *l)
+{
+    for (int32_t k = 0; k < q->lora.n; k++)
+        if (q->lora.use[k].lora == l)
+            return true;
+    return false;
+}
+
+/* A step whose adapters found no room on the device ran nothing
+ * (LMS_ERR_ADAPTER): the requests among its n rows with the adapter that
+ * did not fit (any adapter when the context does not say which) end with
+ * that error; the others keep their state and run in the next step. */
+static void fail_lora_rows(lms_sched *s, int32_t n, int rc)
+{
+    const lms_lora *bad = lms_ctx_lora_failed(s->ctx);
+    for (int32_t i = s->n_run - 1; i >= 0; i--) {
+        sreq *q = s->run[i];
+        bool in_step = false;
+        for (int32_t r = 0; r < n && !in_step; r++)
+            in_step = s->b_owner[r] == q;
+        if (!in_step || q->lora.n == 0 || (bad && !uses_lora(q, bad)))
+            continue;
+        remove_running(s, i);
+        finish(s, q, "error", rc,
+               "the request's LoRA adapters do not fit in the GPU's memory beside the model "
+               "(the server log names the adapter)");
+    }
+}
+
 static void publish_stats(lms_sched *s, bool stepped)
 {
     lms_kv_cache *kv = lms_ctx_kv(s->ctx);
@@ -1261,7 +1290,9 @@ static void step(lms_sched *s)
         int rc = lms_forward(s->ctx, &b, s->logits);
         if (s->abandoned)
             return;
-        if (rc < 0)
+        if (rc == LMS_ERR_ADAPTER && any_lora)
+            fail_lora_rows(s, n, rc);
+        else if (rc < 0)
             fail_all_running(s, rc);
         else
             after_forward(s, n);
