@@ -46,7 +46,7 @@ int app_think_setup(const app_think_opts *o, const char *cmd, json_t **kwargs, b
 void app_reply_init(app_reply *r, bool split, bool open)
 {
     *r = (app_reply){.dim = isatty(STDERR_FILENO)};
-    reply_cut_init(&r->cut, split, open, false);
+    reply_cut_init(&r->cut, split, open, false, NULL);
 }
 
 /* Writes what of the reply can go out now: thoughts to stderr, the answer

@@ -18,8 +18,8 @@
 #define LMS_MARK_PYTHON_TAG "<|python_tag|>" /* Llama 3.x */
 #define LMS_MARK_GRANITE_CALL "<|tool_call|>"
 
-/* Cohere's Command R7B and Command A: a plan, then the calls as a JSON
- * array, or the answer. The response markers are not kept (sched.c):
+/* Cohere's Command R7B and Command A: a plan (thoughts to
+ * serve/reasoning.c), then the calls as a JSON array, or the answer. The response markers are not kept (sched.c):
  * every reply of these models has them, tools or not. */
 #define LMS_MARK_COHERE_THINK_OPEN "<|START_THINKING|>"
 #define LMS_MARK_COHERE_THINK_CLOSE "<|END_THINKING|>"

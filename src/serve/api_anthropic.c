@@ -55,6 +55,7 @@ typedef struct anth_job {
     const lms_expert *x;
     sbuf text;                 /* the reply */
     reply_cut cut;             /* its thoughts, text and calls */
+    char **fn_names;           /* local with tools: their names (toolcall_names); owned */
     toolcalls calls;           /* a remote expert's calls (chatfmt_remote_call) */
     char *stops[LMS_MAX_STOP]; /* the stop sequences, to name the one that ended it */
     int n_stop;
@@ -524,6 +525,7 @@ static void anth_destroy(task *t)
     anth_job *j = t->state;
     sbuf_free(&j->text);
     toolcalls_free(&j->calls);
+    free(j->fn_names);
     for (int i = 0; i < j->n_stop; i++)
         free(j->stops[i]);
     free(j);
@@ -628,8 +630,10 @@ int api_anthropic_messages(conn *c, json_t *body)
             if ((j->stops[j->n_stop] = strdup(gp.stop[i])))
                 j->n_stop++;
         /* held to a call: no thoughts, whatever the prompt opened */
-        reply_cut_init(&j->cut, c->srv->rfmt != REASONING_NONE, open && !call,
-                       tools != NULL && !remote); /* remote: its calls come apart */
+        const bool find_calls = tools != NULL && !remote; /* remote: its calls come apart */
+        j->fn_names = find_calls ? toolcall_names(tools) : NULL;
+        reply_cut_init(&j->cut, c->srv->rfmt != REASONING_NONE, open && !call, find_calls,
+                       (const char *const *)j->fn_names);
         lms_request r = genparams_request(&gp, toks, n);
         r.json = call != NULL;
         r.schema = call;

@@ -41,6 +41,7 @@ typedef struct oll_job {
                   * off, thoughts dropped), 1 true (thoughts in "thinking") */
     sbuf text;   /* the reply (not streamed; streamed with tools or think) */
     reply_cut cut; /* thoughts, content and calls of the reply */
+    char **fn_names; /* with tools: their names (toolcall_names); owned */
     toolcalls calls; /* a remote expert's calls (chatfmt_remote_call) */
     bool calls_lost; /* one of them could not be kept (out of memory): the reply fails */
     double t0;   /* arrival, ms (lms_now_ms) */
@@ -237,6 +238,7 @@ static void oll_destroy(task *t)
     oll_job *j = t->state;
     sbuf_free(&j->text);
     toolcalls_free(&j->calls);
+    free(j->fn_names);
     free(j);
 }
 
@@ -657,7 +659,9 @@ static int generate(conn *c, json_t *body, bool chat)
                        .tools = chat && json_array_size(json_object_get(body, "tools")) > 0,
                        .think = think};
         /* held to JSON: no thoughts, whatever the prompt opened */
-        reply_cut_init(&j->cut, think >= 0, open && !json && !schema, j->tools);
+        j->fn_names = j->tools ? toolcall_names(json_object_get(body, "tools")) : NULL;
+        reply_cut_init(&j->cut, think >= 0, open && !json && !schema, j->tools,
+                       (const char *const *)j->fn_names);
         lms_request r = genparams_request(&gp, toks, n);
         r.json = json;
         r.schema = schema;

@@ -49,7 +49,8 @@
  * that an upstream refusal is still an HTTP error (502, 504, or the
  * upstream's own 4xx) naming the expert. tools, tool_choice,
  * parallel_tool_calls, response_format and the conversation's tool_calls
- * and tool messages go upstream as written; the calls of its reply come
+ * and tool messages go upstream as written (tool_choice "none" sends no
+ * tools); the calls of its reply come
  * apart from the text (route/remote.h, LMS_REMOTE_CALL) and go out as a
  * local model's do (a malformed one fails the reply: 502, or an error
  * event once streaming). Log-probabilities, echo and token-id prompts stay
@@ -87,6 +88,7 @@ typedef struct gen_resp {
     char id[48];
     int64_t created;
     bool tools;                /* chat with tools: replies are searched for calls */
+    char **fn_names;           /* with tools: their names (toolcall_names), or NULL; owned */
     int rfmt;                  /* chat: enum reasoning_format ("reasoning_format") */
     bool think_open;           /* chat: the prompt opened <think> (reasoning.h) */
     bool json;                 /* response_format json_object: JSON mode */
@@ -599,6 +601,7 @@ static void resp_free(gen_resp *r)
     genparams_deinit(&r->gp);
     free(r->schema);
     json_decref(r->up);
+    free(r->fn_names);
     json_decref(r->prompts);
     for (int i = 0; i < r->n_choices; i++) {
         gen_job *j = r->jobs[i];
@@ -748,6 +751,8 @@ static int parse_chat(conn *c, const json_t *body, gen_resp *r, gen_prompt *pr, 
         return -1;
     r->tools = json_array_size(tools) > 0 &&
                !(json_is_string(choice) && !strcmp(json_string_value(choice), "none"));
+    if (r->tools) /* none when out of memory: a lone call is then read as without a list */
+        r->fn_names = toolcall_names(tools);
     const json_t *rf = NULL;
     const char *rft = NULL;
     if (reqparse_obj(body, "response_format", &rf, e) < 0 ||
@@ -872,14 +877,18 @@ static int parse_completion(conn *c, const json_t *body, gen_resp *r, gen_prompt
 }
 
 /* A request for a remote expert: checked here (what only the local engine
- * does is refused), sent upstream as written. Its reply is not searched
- * for calls (r->tools stays false): the upstream's come apart. */
+ * does is refused), sent upstream as written, but for tool_choice "none":
+ * then no tools go (nor tool_choice, parallel_tool_calls), as a local
+ * prompt has none and the Responses and Anthropic paths send none, so the
+ * upstream cannot call. Its reply is not searched for calls (r->tools
+ * stays false): the upstream's come apart. */
 static int parse_remote(const json_t *body, gen_resp *r, reqerr *e)
 {
     static const char *const ours[] = {"model", "n", "best_of", "stream", "stream_options",
                                        "lora", "timeout", NULL};
     const json_t *lp = json_object_get(body, "logprobs");
     const char *id = r->x->cfg->id;
+    bool no_tools = false;
     if (lp && !json_is_null(lp) && !json_is_false(lp))
         return reqerr_set(e, 400, "logprobs", "'logprobs' is not available for remote expert "
                           "'%s'", id);
@@ -887,6 +896,7 @@ static int parse_remote(const json_t *body, gen_resp *r, reqerr *e)
         const json_t *tools, *choice;
         if (parse_tool_fields(body, &tools, &choice, e) < 0)
             return -1;
+        no_tools = json_is_string(choice) && !strcmp(json_string_value(choice), "none");
         json_t *msgs = chatfmt_messages(json_object_get(body, "messages"), "messages", e);
         if (!msgs)
             return -1;
@@ -913,6 +923,11 @@ static int parse_remote(const json_t *body, gen_resp *r, reqerr *e)
         return reqerr_set(e, 503, NULL, "out of memory");
     for (int k = 0; ours[k]; k++)
         json_object_del(r->up, ours[k]);
+    if (no_tools) {
+        json_object_del(r->up, "tools");
+        json_object_del(r->up, "tool_choice");
+        json_object_del(r->up, "parallel_tool_calls");
+    }
     return 0;
 }
 
@@ -979,7 +994,8 @@ static int make_jobs(const lms_model *m, gen_resp *r)
         j->index = i;
         j->echo = r->pr[i / r->n].echo;
         j->echo_len = j->echo ? strlen(j->echo) : 0;
-        reply_cut_init(&j->cut, split_thoughts(r), r->think_open, r->tools);
+        reply_cut_init(&j->cut, split_thoughts(r), r->think_open, r->tools,
+                       (const char *const *)r->fn_names);
         if (!r->stream && r->logprobs >= 0 &&
             !(j->lp = r->kind == JOB_CHAT ? json_array() : legacy_lp_new()))
             return -1;

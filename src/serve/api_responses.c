@@ -73,6 +73,7 @@ typedef struct resp_job {
     sbuf text;
     bool tools;               /* function tools given: the reply is searched for calls */
     reply_cut cut;            /* thoughts, content and calls of the reply */
+    char **fn_names;          /* local with tools: their names (toolcall_names); owned */
     toolcalls calls;          /* a remote expert's calls (chatfmt_remote_call) */
     int rs_index, msg_index;  /* streamed: output index of the reasoning item and of the
                                * message once added, else -1 */
@@ -452,6 +453,7 @@ static void resp_destroy(task *t)
     resp_job *j = t->state;
     sbuf_free(&j->text);
     toolcalls_free(&j->calls);
+    free(j->fn_names);
     json_decref(j->echo);
     json_decref(j->conv);
     free(j);
@@ -805,8 +807,10 @@ int api_responses(conn *c, json_t *body)
         j->tools = tools != NULL;
         j->rs_index = j->msg_index = -1;
         /* held to JSON: no thoughts, whatever the prompt opened */
-        reply_cut_init(&j->cut, c->srv->rfmt != REASONING_NONE, open && !json,
-                       j->tools && !remote); /* remote: its calls come apart */
+        const bool find_calls = j->tools && !remote; /* remote: its calls come apart */
+        j->fn_names = find_calls ? toolcall_names(tools) : NULL;
+        reply_cut_init(&j->cut, c->srv->rfmt != REASONING_NONE, open && !json, find_calls,
+                       (const char *const *)j->fn_names);
         j->x = c->x;
         j->created = (int64_t)time(NULL);
         const uint64_t r = server_rand(c->srv);

@@ -8,8 +8,18 @@
 #include "base/textscan.h"
 #include "model/markers.h"
 
-static const char TAG_OPEN[] = LMS_MARK_THINK_OPEN;
-static const char TAG_CLOSE[] = LMS_MARK_THINK_CLOSE;
+/* The pairs of tags, by rs->tag: each opening is closed by its own
+ * closing tag only. */
+static const struct {
+    const char *open, *close;
+    size_t open_len, close_len;
+} TAGS[] = {
+    {LMS_MARK_THINK_OPEN, LMS_MARK_THINK_CLOSE, LIT_LEN(LMS_MARK_THINK_OPEN),
+     LIT_LEN(LMS_MARK_THINK_CLOSE)},
+    {LMS_MARK_COHERE_THINK_OPEN, LMS_MARK_COHERE_THINK_CLOSE,
+     LIT_LEN(LMS_MARK_COHERE_THINK_OPEN), LIT_LEN(LMS_MARK_COHERE_THINK_CLOSE)},
+};
+#define N_TAGS (sizeof TAGS / sizeof TAGS[0])
 
 
 int reasoning_format_parse(const char *name)
@@ -27,10 +37,10 @@ int reasoning_format_parse(const char *name)
 
 bool reasoning_prompt_open(const char *prompt, size_t len)
 {
+    const size_t k = TAGS[0].open_len;
     while (len > 0 && text_is_space(prompt[len - 1]))
         len--;
-    return len >= LIT_LEN(TAG_OPEN) &&
-           !memcmp(prompt + len - LIT_LEN(TAG_OPEN), TAG_OPEN, LIT_LEN(TAG_OPEN));
+    return len >= k && !memcmp(prompt + len - k, TAGS[0].open, k);
 }
 
 void reasoning_init(reasoning *rs, bool open)
@@ -51,16 +61,22 @@ static size_t partial_tail(const char *s, size_t from, size_t n, const char *lit
     return 0;
 }
 
-/* Phase 0: does the reply open with the tag? Returns false while unknown. */
+/* Phase 0: does the reply open with one of the tags? Returns false while
+ * unknown. */
 static bool decide_start(reasoning *rs, const char *t, size_t n, bool final)
 {
-    const size_t i = text_skip_space(t, 0, n), m = n - i, k = LIT_LEN(TAG_OPEN);
-    if (m >= k && !memcmp(t + i, TAG_OPEN, k)) {
-        rs->phase = 1;
-        rs->r0 = rs->r1 = rs->scan = i + k;
-        return true;
+    const size_t i = text_skip_space(t, 0, n), m = n - i;
+    bool may = m == 0; /* the text so far may still become an opening tag */
+    for (int g = 0; g < (int)N_TAGS; g++) {
+        const size_t k = TAGS[g].open_len;
+        if (m >= k && !memcmp(t + i, TAGS[g].open, k)) {
+            rs->phase = 1, rs->tag = g;
+            rs->r0 = rs->r1 = rs->scan = i + k;
+            return true;
+        }
+        may = may || (m < k && !memcmp(t + i, TAGS[g].open, m));
     }
-    if (!final && (m == 0 || (m < k && !memcmp(t + i, TAG_OPEN, m))))
+    if (!final && may)
         return false;
     rs->phase = 2, rs->c0 = 0, rs->lead = false; /* all answer, as written */
     return true;
@@ -74,9 +90,12 @@ static void in_thoughts(reasoning *rs, const char *t, size_t n, bool final)
             rs->scan = rs->r0;
         rs->lead = rs->r0 == n;
     }
-    const char *p = memmem(t + rs->scan, n - rs->scan, TAG_CLOSE, LIT_LEN(TAG_CLOSE));
-    size_t end = p ? (size_t)(p - t)
-                   : final ? n : n - partial_tail(t, rs->scan, n, TAG_CLOSE, LIT_LEN(TAG_CLOSE));
+    const char *close = TAGS[rs->tag].close;
+    const size_t close_len = TAGS[rs->tag].close_len;
+    const char *p = memmem(t + rs->scan, n - rs->scan, close, close_len);
+    size_t end = p       ? (size_t)(p - t)
+                 : final ? n
+                         : n - partial_tail(t, rs->scan, n, close, close_len);
     size_t r1 = end;
     while (r1 > rs->r0 && text_is_space(t[r1 - 1]))
         r1--;
@@ -87,7 +106,7 @@ static void in_thoughts(reasoning *rs, const char *t, size_t n, bool final)
         return;
     }
     rs->phase = 2, rs->lead = true;
-    rs->c0 = end + LIT_LEN(TAG_CLOSE);
+    rs->c0 = end + close_len;
 }
 
 void reasoning_feed(reasoning *rs, const char *text, size_t len, bool final)

@@ -11,13 +11,19 @@
  *
  * and several templates (DeepSeek-R1, Qwen3.5 with thinking on) end the
  * prompt with the opening tag, so the reply starts inside the thoughts
- * ("open"). The thoughts become OpenAI's `reasoning_content` (llama-server
- * and vLLM), Ollama's `thinking`, a Responses API `reasoning` item.
+ * ("open"). Cohere's Command R7B and Command A write their plan the same
+ * way between `<|START_THINKING|>` and `<|END_THINKING|>`; each opening
+ * tag is closed by its own closing tag only (the other pair's is text).
+ * The thoughts become OpenAI's `reasoning_content` (llama-server and
+ * vLLM), Ollama's `thinking`, a Responses API `reasoning` item, an
+ * Anthropic `thinking` block.
  *
  * The thoughts are trimmed of surrounding whitespace, the answer of leading
- * whitespace; a reply cut before `</think>` is all thoughts. A reply that
- * does not start with `<think>` (leading whitespace aside) and whose
- * prompt did not open one is all answer, byte for byte.
+ * whitespace; a reply cut before its closing tag is all thoughts. A reply
+ * that does not start with an opening tag (leading whitespace aside) and
+ * whose prompt did not open one is all answer, byte for byte. With
+ * reasoning_format "none" the callers take nothing apart: either pair
+ * stays in the content as written.
  *
  * Streaming: reasoning_feed is given the reply so far each time it grows
  * and says how much of each part is certain: a partial tag at the end, or
@@ -44,11 +50,13 @@ typedef enum reasoning_format {
 int reasoning_format_parse(const char *name);
 
 /* Whether a rendered prompt ends inside an opened `<think>` (trailing
- * whitespace aside), so the reply starts with thoughts. */
+ * whitespace aside), so the reply starts with thoughts (closed by
+ * `</think>`; Cohere's templates never open the plan themselves). */
 bool reasoning_prompt_open(const char *prompt, size_t len);
 
 typedef struct reasoning {
     int phase;         /* 0: not known yet, 1: in the thoughts, 2: in the answer */
+    int tag;           /* the pair that opened them: 0 <think>, 1 Cohere's */
     bool lead;         /* leading whitespace of the current part still skipped */
     size_t r0, r1;     /* the thoughts certain so far: text[r0, r1) */
     size_t c0;         /* phase 2: the answer is text[c0, len) */

@@ -5,11 +5,13 @@
 
 #include <string.h>
 
-void reply_cut_init(reply_cut *rc, bool thoughts, bool open, bool tools)
+void reply_cut_init(reply_cut *rc, bool thoughts, bool open, bool tools,
+                    const char *const *names)
 {
     memset(rc, 0, sizeof *rc);
     rc->thoughts = thoughts;
     rc->tools = tools;
+    rc->names = names;
     reasoning_init(&rc->rs, thoughts && open);
 }
 
@@ -34,14 +36,14 @@ void reply_cut_next(reply_cut *rc, const char *text, size_t n, reply_part *out, 
     if (rc->c_sent < c0)
         rc->c_sent = c0;
     size_t upto = n;
-    if (rc->tools && final && toolcall_parse(text + c0, n - c0, tc) < 0)
+    if (rc->tools && final && toolcall_parse(text + c0, n - c0, rc->names, tc) < 0)
         *tc = (toolcalls){.content_from = rc->c_skip, .content_len = n - c0 - rc->c_skip};
     if (rc->tools) {
         if (final) {
             rc->c_skip = tc->content_from;
             upto = c0 + tc->content_from + tc->content_len;
         } else {
-            upto = c0 + toolcall_safe_len(text + c0, n - c0, &rc->c_skip);
+            upto = c0 + toolcall_safe_len(text + c0, n - c0, rc->names, &rc->c_skip);
         }
         if (rc->c_sent < c0 + rc->c_skip) /* a wrapper before the content */
             rc->c_sent = c0 + rc->c_skip;

@@ -18,6 +18,7 @@
 typedef struct reply_cut {
     bool thoughts;     /* thoughts are taken apart from the content */
     bool tools;        /* the content is searched for calls */
+    const char *const *names; /* the request's function names (toolcall.h), or NULL; borrowed */
     reasoning rs;
     size_t r_sent;     /* streamed: text up to here went out as thoughts */
     size_t c_sent;     /* streamed: text up to here went out as content (or was thoughts) */
@@ -31,8 +32,11 @@ typedef struct reply_part {
     size_t c_from, c_n;
 } reply_part;
 
-/* open: the prompt opened <think> (reasoning_prompt_open). */
-void reply_cut_init(reply_cut *rc, bool thoughts, bool open, bool tools);
+/* open: the prompt opened <think> (reasoning_prompt_open). names: the
+ * request's function names, NULL-terminated (toolcall_names), or NULL
+ * where not known; borrowed, kept until the last reply_cut_next. */
+void reply_cut_init(reply_cut *rc, bool thoughts, bool open, bool tools,
+                    const char *const *names);
 /* The reply so far is text[0, n) (longer than last time); returns what of
  * it has not gone out yet and now can, and counts it as sent. tc: the
  * reply is complete; everything goes out but the calls, which are read

@@ -25,8 +25,6 @@ static const char FN_OPEN[] = LMS_MARK_FUNCTION_OPEN;
 static const char FN_CLOSE[] = LMS_MARK_FUNCTION_CLOSE;
 static const char FY_BLOCK[] = LMS_MARK_FUNCTIONARY_BLOCK;
 static const char FY_ALL[] = "all\n"; /* Functionary v3.2's content block */
-static const char CO_THINK_OPEN[] = LMS_MARK_COHERE_THINK_OPEN;
-static const char CO_THINK_CLOSE[] = LMS_MARK_COHERE_THINK_CLOSE;
 static const char CO_ACTION_OPEN[] = LMS_MARK_COHERE_ACTION_OPEN;
 static const char CO_ACTION_CLOSE[] = LMS_MARK_COHERE_ACTION_CLOSE;
 static const char CO_RESP_OPEN[] = LMS_MARK_COHERE_RESPONSE_OPEN;
@@ -403,6 +401,21 @@ static fy_head fy_header(const char *s, size_t n, size_t i, bool bare, size_t *n
     return FY_YES;
 }
 
+/* Whether s[0, n) may name a request's function: any name where the list
+ * is not known (names NULL), else one in it (partial: the start of one,
+ * the rest still to be written). */
+static bool fy_listed(const char *const *names, const char *s, size_t n, bool partial)
+{
+    if (!names)
+        return true;
+    for (size_t k = 0; names[k]; k++) {
+        const size_t l = strlen(names[k]);
+        if ((l == n || (partial && l > n)) && memcmp(names[k], s, n) == 0)
+            return true;
+    }
+    return false;
+}
+
 /* Whether the header's name is "all": Functionary's content block. */
 static bool fy_is_all(const char *s, size_t name, size_t body)
 {
@@ -430,14 +443,15 @@ static int parse_functionary(const char *s, size_t n, size_t i, toolcalls *tc)
 
 /* The first call of a Functionary v3.2 reply is written without ">>>"
  * (the template's generation prompt ends with it): s[i, mark) is
- * "NAME\n{...}", whitespace after it allowed. Taken only where a ">>>"
- * block follows, as the request's tools are not known here.
+ * "NAME\n{...}", whitespace after it allowed, NAME one of names where
+ * they are known (toolcall_parse says where it is looked for).
  * Returns 1 added, 0 not this form, < 0 out of memory. */
-static int fy_first_call(const char *s, size_t i, size_t mark, toolcalls *tc)
+static int fy_first_call(const char *s, size_t i, size_t mark, const char *const *names,
+                         toolcalls *tc)
 {
     size_t name = 0, body = 0;
     if (fy_header(s, mark, i, true, &name, &body) != FY_YES || fy_is_all(s, name, body) ||
-        body == mark || s[body] != '{')
+        body == mark || s[body] != '{' || !fy_listed(names, s + name, body - 1 - name, false))
         return 0;
     return add_named_call(tc, s + name, body - 1 - name, s + body, mark - body, NULL);
 }
@@ -491,13 +505,14 @@ static int parse_cohere(const char *s, size_t n, size_t i, toolcalls *tc)
 
 /* ---- where the content is ---------------------------------------------------- */
 
-/* Some forms wrap the content, or put something before it:
- *   Cohere:       <|START_THINKING|>plan<|END_THINKING|>  (dropped: serve/
- *                 reasoning reads only <think>), then the calls, or
- *                 <|START_RESPONSE|>content<|END_RESPONSE|> (text after
+/* Some forms wrap the content:
+ *   Cohere:       <|START_RESPONSE|>content<|END_RESPONSE|> (text after
  *                 it dropped; the closing marker may be missing)
  *   Functionary:  all\n or >>>all\n (v3.2's content block) at the start
- * A plan that is never closed leaves it all content. */
+ * Cohere's plan before either, <|START_THINKING|>...<|END_THINKING|>, is
+ * thoughts (serve/reasoning), taken apart before the text comes here;
+ * where it is not (reasoning_format "none") it is content as written, as
+ * <think>...</think> is, and the wrappers after it are text. */
 typedef struct span {
     size_t from;   /* where the content starts */
     size_t end;    /* where what may hold content and calls ends: len unless a response closed */
@@ -510,20 +525,7 @@ static span content_span(const char *text, size_t len, bool partial)
     static const char FY_ALL_BLOCK[] = LMS_MARK_FUNCTIONARY_BLOCK "all\n";
     static const char *const heads[] = {CO_RESP_OPEN, FY_ALL, FY_ALL_BLOCK};
     span sp = {.end = len};
-    size_t i = text_skip_space(text, 0, len);
-    if (partial && is_prefix_of(text + i, len - i, CO_THINK_OPEN, LIT_LEN(CO_THINK_OPEN))) {
-        sp.open = true;
-        return sp;
-    }
-    if (starts_with(text + i, len - i, CO_THINK_OPEN, LIT_LEN(CO_THINK_OPEN))) {
-        const size_t a = i + LIT_LEN(CO_THINK_OPEN);
-        const size_t e = a + find(text + a, len - a, CO_THINK_CLOSE, LIT_LEN(CO_THINK_CLOSE));
-        if (e == len) {
-            sp.open = partial;
-            return sp;
-        }
-        sp.from = i = text_skip_space(text, e + LIT_LEN(CO_THINK_CLOSE), len);
-    }
+    const size_t i = text_skip_space(text, 0, len);
     for (size_t k = 0; k < sizeof heads / sizeof heads[0]; k++) {
         const size_t hl = strlen(heads[k]);
         if (partial && is_prefix_of(text + i, len - i, heads[k], hl)) {
@@ -584,7 +586,7 @@ static size_t first_mark(const char *text, size_t len, bool partial, int *which)
     return at;
 }
 
-int toolcall_parse(const char *text, size_t len, toolcalls *out)
+int toolcall_parse(const char *text, size_t len, const char *const *names, toolcalls *out)
 {
     *out = (toolcalls){0};
     if (!text)
@@ -596,7 +598,11 @@ int toolcall_parse(const char *text, size_t len, toolcalls *out)
     size_t mark = first_mark(s, n, false, &which);
     int rc;
     if (mark == n) { /* no marker: the whole reply may be a bare call */
-        rc = parse_bare(s, n, text_skip_space(s, 0, n), out);
+        const size_t i = text_skip_space(s, 0, n);
+        /* or Functionary's lone first call, where the names tell it from text */
+        rc = names && sp.from == 0 ? fy_first_call(s, i, n, names, out) : 0;
+        if (rc == 0)
+            rc = parse_bare(s, n, i, out);
         mark = 0;
     } else if (which == MARK_TAG) {
         rc = parse_tags(s, n, mark, out);
@@ -607,7 +613,7 @@ int toolcall_parse(const char *text, size_t len, toolcalls *out)
     } else if (which == MARK_FUNCTIONARY) {
         /* the first call may come without ">>>", where no "all" block came first */
         const int first =
-            sp.from == 0 ? fy_first_call(s, text_skip_space(s, 0, mark), mark, out) : 0;
+            sp.from == 0 ? fy_first_call(s, text_skip_space(s, 0, mark), mark, names, out) : 0;
         rc = first < 0 ? first : parse_functionary(s, n, mark, out);
         if (first > 0)
             mark = 0; /* no content before it */
@@ -639,7 +645,7 @@ static size_t hold_partial(const char *text, size_t len, size_t safe, const char
     return safe;
 }
 
-size_t toolcall_safe_len(const char *text, size_t len, size_t *from)
+size_t toolcall_safe_len(const char *text, size_t len, const char *const *names, size_t *from)
 {
     const span sp = content_span(text, len, true);
     const char *s = text + sp.from;
@@ -650,7 +656,9 @@ size_t toolcall_safe_len(const char *text, size_t len, size_t *from)
         return sp.from; /* nothing yet, or perhaps a bare call: hold it all */
     size_t name, body;
     const fy_head h = sp.from == 0 ? fy_header(s, n, i, true, &name, &body) : FY_NO;
-    if (h == FY_PARTIAL || (h == FY_YES && (body == n || s[body] == '{')))
+    if ((h == FY_PARTIAL && fy_listed(names, s + i, n - i, true)) ||
+        (h == FY_YES && (body == n || s[body] == '{') &&
+         fy_listed(names, s + name, body - 1 - name, false)))
         return sp.from; /* perhaps Functionary's first call, "NAME\n{": hold it all */
     int which = -1;
     size_t safe = first_mark(s, n, true, &which);
@@ -663,4 +671,43 @@ size_t toolcall_safe_len(const char *text, size_t len, size_t *from)
     /* nor the whitespace before it: a call after it would trim that from
      * the content (content_len) */
     return sp.from + trim_end(s, safe);
+}
+
+/* The name of one entry of a tools array, or NULL. */
+static const char *tool_name(const json_t *t)
+{
+    const json_t *f = json_object_get(t, "function");
+    const json_t *name = json_object_get(json_is_object(f) ? f : t, "name");
+    return json_is_string(name) && json_string_length(name) > 0 ? json_string_value(name) : NULL;
+}
+
+char **toolcall_names(const json_t *tools)
+{
+    if (!json_is_array(tools))
+        return NULL;
+    /* the pointers, then the strings they point to */
+    size_t n = 0, bytes = sizeof(char *), k;
+    const json_t *t;
+    json_array_foreach(tools, k, t)
+    {
+        const char *nm = tool_name(t);
+        if (nm)
+            n++, bytes += sizeof(char *) + strlen(nm) + 1;
+    }
+    char **v = malloc(bytes);
+    if (!v)
+        return NULL;
+    char *p = (char *)(v + n + 1);
+    n = 0;
+    json_array_foreach(tools, k, t)
+    {
+        const char *nm = tool_name(t);
+        if (nm) {
+            const size_t l = strlen(nm) + 1;
+            v[n++] = memcpy(p, nm, l);
+            p += l;
+        }
+    }
+    v[n] = NULL;
+    return v;
 }

@@ -29,27 +29,33 @@
  *     `<function=NAME>{...}</function>`, one block per call;
  *   - Functionary v3.2: blocks `>>>NAME\n{...}`, one per call, after
  *     `all\n` or `>>>all\n` and the content, or with the first call
- *     written without `>>>` (the generation prompt ends with it: taken
- *     only where a `>>>` block follows it, as the request's tools are not
- *     known here, so a single call `NAME\n{...}` stays content);
+ *     written without `>>>` (the generation prompt ends with it). Such a
+ *     first call `NAME\n{...}` is told from text by the request's
+ *     function names: given them (names, NULL-terminated), NAME must be
+ *     one of them, and a single call is the whole reply; without them it
+ *     is taken only where a `>>>` block follows it, so a single call
+ *     stays content;
  *   - Cohere's Command R7B and Command A: `<|START_ACTION|>[{"tool_call_id":
  *     ..., "tool_name": NAME, "parameters": {...}}, ...]<|END_ACTION|>`,
- *     after a plan `<|START_THINKING|>...<|END_THINKING|>` that is dropped
- *     (serve/reasoning reads only `<think>`); an answer
- *     `<|START_RESPONSE|>...<|END_RESPONSE|>` is the content inside.
+ *     after a plan `<|START_THINKING|>...<|END_THINKING|>` that
+ *     serve/reasoning takes apart as thoughts (with reasoning_format
+ *     "none" it stays content before the calls, as `<think>` does); an
+ *     answer `<|START_RESPONSE|>...<|END_RESPONSE|>` at the start is the
+ *     content inside.
  * Most markers are control tokens: the scheduler keeps their text in the
  * reply (sched.c, marker_ids). Text before the first marker is content; a
  * bare object or array without a marker counts only when it is the whole
  * reply; text after the last call is dropped. Anything that does not
  * parse completely is plain content, never an error; the wrappers around
- * the content (Cohere's plan and response markers, Functionary's `all`
- * block header) are not content either way.
+ * the content (Cohere's response markers, Functionary's `all` block
+ * header) are not content either way.
  *
  * Pure functions over text: no I/O, no global state.
  */
 #ifndef LMS_SERVE_TOOLCALL_H
 #define LMS_SERVE_TOOLCALL_H
 
+#include <jansson.h>
 #include <stddef.h>
 
 typedef struct toolcall {
@@ -65,8 +71,9 @@ typedef struct toolcalls {
 } toolcalls;
 
 /* Reads the calls of a finished reply into *out (n = 0: none, the text is
- * content). Returns 0, or < 0 when out of memory. */
-int toolcall_parse(const char *text, size_t len, toolcalls *out);
+ * content). names: the request's function names, NULL-terminated, or NULL
+ * where not known (borrowed). Returns 0, or < 0 when out of memory. */
+int toolcall_parse(const char *text, size_t len, const char *const *names, toolcalls *out);
 void toolcalls_free(toolcalls *tc);
 
 /* While streaming: the content of the reply so far that is certain, i.e.
@@ -74,6 +81,13 @@ void toolcalls_free(toolcalls *tc);
  * that a call after it would trim), is text[*from, return value). Neither
  * decreases as text is appended, *from never passes the final
  * content_from, and once the value returned passes *from, *from stays. */
-size_t toolcall_safe_len(const char *text, size_t len, size_t *from);
+size_t toolcall_safe_len(const char *text, size_t len, const char *const *names, size_t *from);
+
+/* The function names of a request's tools array (OpenAI's, Ollama's
+ * {"function": {"name"}}, Responses' and Anthropic's {"name"}), as a
+ * NULL-terminated list in one allocation (free it with free()); NULL when
+ * tools is not an array or out of memory. Entries without a name are left
+ * out. */
+char **toolcall_names(const json_t *tools);
 
 #endif

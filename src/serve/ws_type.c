@@ -226,7 +226,7 @@ static int start(conn *c, const json_t *msg, const char *sid, reqerr *e)
         rc = reqerr_set(e, 503, NULL, "out of memory");
     if (rc == 0) {
         j->split = rf == REASONING_DEEPSEEK;
-        reply_cut_init(&j->cut, j->split, open, false);
+        reply_cut_init(&j->cut, j->split, open, false, NULL);
     }
     if (rc == 0 && c->x->remote) { /* forwarded as chat messages */
         rc = task_submit_upstream(c, msgs, msg, &gp, &type_ops, j, e) ? 0 : -1;

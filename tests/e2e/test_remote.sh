@@ -16,7 +16,8 @@
 # calls and results of earlier turns as tool_calls and tool messages), and
 # its calls come back as function_call items and tool_use blocks, streamed
 # and not; on /v1/chat/completions tools, tool_choice, parallel_tool_calls
-# and response_format go as written and the calls come back as
+# and response_format go as written (tool_choice "none" sends no tools)
+# and the calls come back as
 # message.tool_calls or a delta.tool_calls chunk, on Ollama's /api/chat
 # (its calls given ids upstream) as message.tool_calls; a malformed call
 # is a 502 naming it, or an error event once streaming.
@@ -258,6 +259,13 @@ check "chat round trip: the upstream got the messages as given (assistant tool_c
     "$(last "d['body']['messages']")" "$(py "$T/rt.json" "d['messages']")"
 req POST /v1/chat/completions -d "{\"model\":\"tooler\",$CTOOLS,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_time\"}},\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
 check "chat: a named tool_choice went upstream" eq "$(code) $(last "d['body']['tool_choice']")" "200 {'type': 'function', 'function': {'name': 'get_time'}}"
+for st in false true; do
+    req POST /v1/chat/completions -d "{\"model\":\"tooler\",\"stream\":$st,$CTOOLS,\"tool_choice\":\"none\",\"parallel_tool_calls\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
+    check "chat (stream $st): tool_choice none sends no tools (as a local prompt has none)" eq \
+        "$(code) $(last "[k for k in ('tools', 'tool_choice', 'parallel_tool_calls') if k in d['body']]")" "200 []"
+done
+check "chat (stream true): tool_choice none, the upstream answered without tools, nothing called" eq \
+    "$(grep -c '"tool_calls"' "$T/out") $(grep -o 'no tools' "$T/out" | head -1)" "0 no tools"
 req POST /v1/chat/completions -d '{"model":"tooler","messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema","json_schema":{"name":"w","schema":{"type":"object"}}}}'
 check "chat: response_format json_schema went upstream" eq "$(code) $(last "d['body']['response_format']")" \
     "200 {'type': 'json_schema', 'json_schema': {'name': 'w', 'schema': {'type': 'object'}}}"

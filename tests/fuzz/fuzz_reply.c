@@ -1,8 +1,9 @@
 /*
  * fuzz_reply.c - libFuzzer target: a model's reply cut into thoughts,
  * content and calls (serve/reply.h). The first byte picks the setting
- * (thoughts taken apart, the prompt opened them, calls searched for) and
- * how the rest arrives when streamed (pieces of 1 to 8 bytes); the rest is
+ * (thoughts taken apart, the prompt opened them, calls searched for, the
+ * request's function names known) and how the rest arrives when streamed
+ * (pieces of 1 to 8 bytes); the rest is
  * the reply. The streamed pieces must add up to what the whole reply
  * gives at once, and the calls read at the end must be the same.
  */
@@ -32,6 +33,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const uint8_t mode = data[0];
     const bool thoughts = mode & 1, open = mode & 2, tools = mode & 4;
     const size_t step = 1 + ((mode >> 3) & 7);
+    static const char *const fn_names[] = {"f", "get_weather", NULL};
+    const char *const *names = mode & 64 ? fn_names : NULL;
     const char *text = (const char *)data + 1;
     const size_t n = size - 1;
     char *buf = malloc(n + 1), *th = malloc(n + 1), *ct = malloc(n + 1);
@@ -44,12 +47,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     reply_part p;
     toolcalls wtc, stc;
     size_t n_wth = 0, n_wct = 0, n_th = 0, n_ct = 0;
-    reply_cut_init(&w, thoughts, open, tools);
+    reply_cut_init(&w, thoughts, open, tools, names);
     reply_cut_next(&w, buf, n, &p, &wtc);
     take(buf, &p, wth, &n_wth, wct, &n_wct);
     /* streamed */
     reply_cut s;
-    reply_cut_init(&s, thoughts, open, tools);
+    reply_cut_init(&s, thoughts, open, tools, names);
     for (size_t len = 0; len < n; len += step) {
         reply_cut_next(&s, buf, len, &p, NULL);
         take(buf, &p, th, &n_th, ct, &n_ct);

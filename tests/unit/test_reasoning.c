@@ -94,6 +94,39 @@ static void test_forms(void **state)
     check("<think>caf\xc3\xa9</think>\xe2\x9c\x93", false, "caf\xc3\xa9", "\xe2\x9c\x93");
 }
 
+/* Cohere's Command R7B / Command A: the plan between <|START_THINKING|>
+ * and <|END_THINKING|>; each opening closes with its own closing tag only. */
+static void test_cohere(void **state)
+{
+    (void)state;
+    check("<|START_THINKING|>I will look up the weather.<|END_THINKING|>"
+          "<|START_RESPONSE|>Sunny.<|END_RESPONSE|>",
+          false, "I will look up the weather.", "<|START_RESPONSE|>Sunny.<|END_RESPONSE|>");
+    check(" \n<|START_THINKING|>\n plan \xc3\xa9\n<|END_THINKING|>\n\n<|START_ACTION|>[]", false,
+          "plan \xc3\xa9", "<|START_ACTION|>[]");
+    check("<|START_THINKING|><|END_THINKING|>Hi", false, "", "Hi");
+    /* the other pair's closing tag is text */
+    check("<|START_THINKING|>a </think> b<|END_THINKING|>c", false, "a </think> b", "c");
+    check("<think>a <|END_THINKING|> b</think>c", false, "a <|END_THINKING|> b", "c");
+    check("<|START_THINKING|>a</think>", false, "a</think>", "");
+    /* a prompt that opened <think> is closed by </think> only */
+    check("plan<|END_THINKING|>x", true, "plan<|END_THINKING|>x", "");
+    /* only the first closing tag counts */
+    check("<|START_THINKING|>a<|END_THINKING|>b<|END_THINKING|>c", false, "a",
+          "b<|END_THINKING|>c");
+    /* unclosed, or closed only in part: all thoughts */
+    check("<|START_THINKING|>still planning  ", false, "still planning", "");
+    check("<|START_THINKING|>still <|END_THINK", false, "still <|END_THINK", "");
+    check("<|START_THINKING|>", false, "", "");
+    /* not an opening tag: all answer, as written */
+    check("<|START_THINK", false, "", "<|START_THINK");
+    check("<|START_THINKING", false, "", "<|START_THINKING");
+    check("<|START_RESPONSE|>Hi", false, "", "<|START_RESPONSE|>Hi");
+    check("<|", false, "", "<|");
+    check("Ok <|START_THINKING|>x<|END_THINKING|>", false, "",
+          "Ok <|START_THINKING|>x<|END_THINKING|>");
+}
+
 static void test_prompt_open(void **state)
 {
     (void)state;
@@ -125,11 +158,11 @@ static void test_reply_stream(void **state)
         reply_cut w, s;
         reply_part p;
         toolcalls tw, ts;
-        reply_cut_init(&w, true, false, true);
+        reply_cut_init(&w, true, false, true, NULL);
         reply_cut_next(&w, t, n, &p, &tw);
         char whole[256] = "", streamed[256] = "";
         strncat(whole, t + p.c_from, p.c_n);
-        reply_cut_init(&s, true, false, true);
+        reply_cut_init(&s, true, false, true, NULL);
         for (size_t len = 1; len <= n; len++) {
             reply_cut_next(&s, t, len, &p, len == n ? &ts : NULL);
             strncat(streamed, t + p.c_from, p.c_n);
@@ -139,6 +172,59 @@ static void test_reply_stream(void **state)
         toolcalls_free(&tw);
         toolcalls_free(&ts);
     }
+}
+
+/* reply_cut with Cohere's plan: taken apart as thoughts (every dialect's
+ * reasoning output) or, with reasoning_format "none", left in the content
+ * as <think> is; streamed a byte at a time equal to the whole reply. */
+static void cut_check(const char *t, bool thoughts, bool tools, const char *want_th,
+                      const char *want_ct, int n_calls)
+{
+    const size_t n = strlen(t);
+    reply_cut w, s;
+    reply_part p;
+    toolcalls tw, ts;
+    reply_cut_init(&w, thoughts, false, tools, NULL);
+    reply_cut_next(&w, t, n, &p, &tw);
+    char wth[256] = "", wct[256] = "", sth[256] = "", sct[256] = "";
+    strncat(wth, t + p.r_from, p.r_n);
+    strncat(wct, t + p.c_from, p.c_n);
+    reply_cut_init(&s, thoughts, false, tools, NULL);
+    for (size_t len = 0; len <= n; len++) {
+        reply_cut_next(&s, t, len, &p, len == n ? &ts : NULL);
+        strncat(sth, t + p.r_from, p.r_n);
+        strncat(sct, t + p.c_from, p.c_n);
+    }
+    assert_string_equal(wth, want_th);
+    assert_string_equal(wct, want_ct);
+    assert_string_equal(sth, want_th);
+    assert_string_equal(sct, want_ct);
+    assert_int_equal(tw.n, n_calls);
+    assert_int_equal(ts.n, n_calls);
+    reply_cut_whole(&s, n, &p);
+    assert_int_equal(p.r_n, strlen(want_th));
+    assert_int_equal(p.c_n, strlen(want_ct));
+    toolcalls_free(&tw);
+    toolcalls_free(&ts);
+}
+
+static void test_reply_cohere(void **state)
+{
+    (void)state;
+    const char *act = "<|START_THINKING|>Look it up.<|END_THINKING|>"
+                      "<|START_ACTION|>[{\"tool_name\": \"f\", \"parameters\": {}}]<|END_ACTION|>";
+    cut_check(act, true, true, "Look it up.", "", 1);
+    cut_check(act, false, true, "", "<|START_THINKING|>Look it up.<|END_THINKING|>", 1);
+    const char *ans = "<|START_THINKING|>plan<|END_THINKING|><|START_RESPONSE|>Hi<|END_RESPONSE|>";
+    cut_check(ans, true, true, "plan", "Hi", 0);
+    cut_check(ans, true, false, "plan", "<|START_RESPONSE|>Hi<|END_RESPONSE|>", 0);
+    cut_check(ans, false, true, "", ans, 0);
+    cut_check("<|START_THINKING|>plan<|END_THINKING|>\nDone.", true, false, "plan", "Done.", 0);
+    /* as <think> with "none": the same */
+    cut_check("<think>plan</think>\nDone.", false, true, "", "<think>plan</think>\nDone.", 0);
+    /* a plan never closed: all thoughts, nothing called */
+    cut_check("<|START_THINKING|>plan <|START_ACTION|>[{\"tool_name\": \"f\"}]", true, true,
+              "plan <|START_ACTION|>[{\"tool_name\": \"f\"}]", "", 0);
 }
 
 static void test_formats(void **state)
@@ -157,6 +243,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_forms),
+        cmocka_unit_test(test_cohere),
+        cmocka_unit_test(test_reply_cohere),
         cmocka_unit_test(test_prompt_open),
         cmocka_unit_test(test_reply_stream),
         cmocka_unit_test(test_formats),

@@ -12,11 +12,17 @@
 #include "serve/toolcall.h"
 #include "testutil.h"
 
-static toolcalls parse(const char *text)
+/* names: the request's function names (NULL-terminated), or NULL */
+static toolcalls parse_names(const char *text, const char *const *names)
 {
     toolcalls tc;
-    assert_int_equal(toolcall_parse(text, strlen(text), &tc), 0);
+    assert_int_equal(toolcall_parse(text, strlen(text), names, &tc), 0);
     return tc;
+}
+
+static toolcalls parse(const char *text)
+{
+    return parse_names(text, NULL);
 }
 
 static void test_tags(void **state)
@@ -291,22 +297,22 @@ static void test_cohere(void **state)
                     CO_ACT("[\n    {\"tool_call_id\": \"0\", \"tool_name\": \"get_weather\", "
                            "\"parameters\": {\"city\": \"Paris\"}},\n    {\"tool_call_id\": \"1\", "
                            "\"tool_name\": \"now\", \"parameters\": {}}\n]");
-    expect_calls(t, 0,
+    /* the plan is content as written here: serve/reasoning takes it apart
+     * first where thoughts are (test_reply_stream, test_reasoning) */
+    const char *plan = "<|START_THINKING|>I will look up the weather, then the time."
+                       "<|END_THINKING|>";
+    expect_calls(t, strlen(plan),
                  (const char *const[]){"get_weather", "{\"city\":\"Paris\"}", "now", "{}", NULL});
-    expect_content_is(t, "", 2);
+    expect_content_is(t, plan, 2);
     expect_content_is("Sure. " CO_ACT("[{\"tool_call_id\": \"0\", \"tool_name\": \"f\"}]"),
                       "Sure.", 1);
     /* the closing marker missing at the end; several action blocks */
     expect_calls(CO_ACT("[{\"tool_name\": \"a\", \"parameters\": {\"x\": 1}}]")
                  "\n<|START_ACTION|>[{\"tool_name\": \"b\", \"parameters\": {}}]",
                  0, (const char *const[]){"a", "{\"x\":1}", "b", "{}", NULL});
-    /* answers: the content is inside the response markers, the plan dropped */
+    /* answers: the content is inside the response markers */
     expect_content_is("<|START_RESPONSE|>Hello there.<|END_RESPONSE|>", "Hello there.", 0);
     expect_content_is("<|START_RESPONSE|>Cut \xc3\xa9", "Cut \xc3\xa9", 0);
-    expect_content_is("<|START_THINKING|>plan<|END_THINKING|>\n"
-                      "<|START_RESPONSE|>Hi<|END_RESPONSE|>",
-                      "Hi", 0);
-    expect_content_is("<|START_THINKING|>plan<|END_THINKING|>\nThe answer.", "The answer.", 0);
     static const char *const bad[] = {
         CO_ACT("[]"),
         CO_ACT("{\"tool_name\": \"f\", \"parameters\": {}}"), /* not an array */
@@ -318,6 +324,9 @@ static void test_cohere(void **state)
         "<|START_ACTION|>[{\"tool_name\": \"f\", \"parameters\": {",
         "<|START_THINKING|>a plan that never ends",
         "<|START_THINKING|>plan <|START_RESPONSE|>x",
+        /* a plan before the answer, thoughts not taken apart: all as written */
+        "<|START_THINKING|>plan<|END_THINKING|>\n<|START_RESPONSE|>Hi<|END_RESPONSE|>",
+        "<|START_THINKING|>plan<|END_THINKING|>\nThe answer.",
     };
     expect_content(bad, sizeof bad / sizeof bad[0], "Cohere");
     /* a plan never closed before a call: kept as content, the call read */
@@ -325,38 +334,65 @@ static void test_cohere(void **state)
                       "<|START_THINKING|>plan", 1);
 }
 
+/* The function names of the requests below that give them. */
+static const char *const NAMES[] = {"get_weather", "f", NULL};
+
 /* reply_cut (serve/reply.h) streamed a byte at a time gives the same
- * content as the whole reply, the wrappers left out, with thoughts read
- * apart or not. */
+ * content and calls as the whole reply, the wrappers left out, with
+ * thoughts taken apart or not (reasoning_format "none": left as written),
+ * the request's function names known or not. */
 static void test_reply_stream(void **state)
 {
     (void)state;
     static const struct {
         const char *text, *content;
+        int n_calls;
+        bool thoughts, named;
     } cases[] = {
         {"<|START_THINKING|>plan<|END_THINKING|><|START_RESPONSE|>Hi \xc3\xa9<|END_RESPONSE|>x",
-         "Hi \xc3\xa9"},
-        {"<|START_THINKING|>plan<|END_THINKING|>" CO_ACT("[{\"tool_name\": \"f\"}]"), ""},
-        {"all\nLook: >>>f\n{\"a\": 1}", "Look:"},
-        {">>>all\n\xc3\xa9t\xc3\xa9", "\xc3\xa9t\xc3\xa9"},
-        {"f\n{\"a\": 1}>>>g\n{}", ""},
-        {"Ok <function=f>{}</function>", "Ok"},
-        {"<think>\nhm\n</think>\n\nall\nSo >>>f\n{}", "So"},
-        {"all\nx>>>f\n{", "x>>>f\n{"},
+         "Hi \xc3\xa9", 0, true, false},
+        {"<|START_THINKING|>plan<|END_THINKING|>" CO_ACT("[{\"tool_name\": \"f\"}]"), "", 1, true,
+         false},
+        {"all\nLook: >>>f\n{\"a\": 1}", "Look:", 1, true, false},
+        {">>>all\n\xc3\xa9t\xc3\xa9", "\xc3\xa9t\xc3\xa9", 0, true, false},
+        {"f\n{\"a\": 1}>>>g\n{}", "", 2, true, false},
+        {"Ok <function=f>{}</function>", "Ok", 1, true, false},
+        {"<think>\nhm\n</think>\n\nall\nSo >>>f\n{}", "So", 1, true, false},
+        {"all\nx>>>f\n{", "x>>>f\n{", 0, true, false},
+        /* thoughts not taken apart: either plan stays in the content as written */
+        {"<|START_THINKING|>plan<|END_THINKING|>" CO_ACT("[{\"tool_name\": \"f\"}]"),
+         "<|START_THINKING|>plan<|END_THINKING|>", 1, false, false},
+        {"<think>plan</think><tool_call>{\"name\": \"f\"}</tool_call>", "<think>plan</think>", 1,
+         false, false},
+        {"<|START_THINKING|>plan<|END_THINKING|><|START_RESPONSE|>Hi<|END_RESPONSE|>",
+         "<|START_THINKING|>plan<|END_THINKING|><|START_RESPONSE|>Hi<|END_RESPONSE|>", 0, false,
+         false},
+        /* Functionary v3.2's lone call without ">>>": read where the names say so */
+        {"get_weather\n{\"city\": \"Paris\"}\n", "", 1, true, true},
+        {"<think>hm</think>\nf\n{}", "", 1, true, true},
+        {"get_weather\n{\"city\": \"Paris\"}", "get_weather\n{\"city\": \"Paris\"}", 0, true,
+         false},
+        {"other\n{\"a\": 1}", "other\n{\"a\": 1}", 0, true, true},
+        {"Hello there", "Hello there", 0, true, true},
+        {"x\n{}\n>>>f\n{}", "x\n{}", 1, true, true}, /* x is not a name: content */
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const char *t = cases[c].text;
+        const char *const *names = cases[c].named ? NAMES : NULL;
+        const bool th = cases[c].thoughts;
         const size_t n = strlen(t);
         char got[256];
         size_t n_got = 0;
         reply_cut w, st;
         reply_part p;
         toolcalls tw, ts;
-        reply_cut_init(&w, true, false, true);
+        reply_cut_init(&w, th, false, true, names);
         reply_cut_next(&w, t, n, &p, &tw);
         if (p.c_n != strlen(cases[c].content) || memcmp(t + p.c_from, cases[c].content, p.c_n))
             fail_msg("case %zu whole: '%.*s'", c, (int)p.c_n, t + p.c_from);
-        reply_cut_init(&st, true, false, true);
+        if (tw.n != cases[c].n_calls)
+            fail_msg("case %zu whole: %d calls, not %d", c, tw.n, cases[c].n_calls);
+        reply_cut_init(&st, th, false, true, names);
         for (size_t len = 0; len <= n; len++) {
             reply_cut_next(&st, t, len, &p, len == n ? &ts : NULL);
             assert_true(n_got + p.c_n < sizeof got);
@@ -366,6 +402,10 @@ static void test_reply_stream(void **state)
         if (n_got != strlen(cases[c].content) || memcmp(got, cases[c].content, n_got))
             fail_msg("case %zu streamed: '%.*s'", c, (int)n_got, got);
         assert_int_equal(ts.n, tw.n);
+        for (int k = 0; k < ts.n; k++) {
+            assert_string_equal(ts.v[k].name, tw.v[k].name);
+            assert_string_equal(ts.v[k].arguments, tw.v[k].arguments);
+        }
         reply_cut_whole(&st, n, &p);
         assert_int_equal(p.c_n, n_got);
         assert_memory_equal(t + p.c_from, got, n_got);
@@ -424,15 +464,15 @@ static void test_not_calls(void **state)
  * shrinks, its start never passes the whole reply's content start (nor
  * moves once content went out), and it never reaches past the whole
  * reply's content, into a call. */
-static void check_stream(const char *text, size_t want_final)
+static void check_stream_names(const char *text, const char *const *names, size_t want_final)
 {
     size_t n = strlen(text), prev = 0, prev_from = 0;
-    toolcalls whole = parse(text);
+    toolcalls whole = parse_names(text, names);
     const size_t w_from = whole.content_from, w_end = w_from + whole.content_len;
     toolcalls_free(&whole);
     for (size_t k = 0; k <= n; k++) {
         size_t from = 0;
-        size_t safe = toolcall_safe_len(text, k, &from);
+        size_t safe = toolcall_safe_len(text, k, names, &from);
         if (safe < prev || safe > k || from < prev_from || from > safe || from > w_from ||
             (safe > from && (from != w_from || safe > w_end)) ||
             (prev > prev_from && from != prev_from))
@@ -442,6 +482,65 @@ static void check_stream(const char *text, size_t want_final)
         prev_from = from;
     }
     assert_int_equal(prev, want_final);
+}
+
+static void check_stream(const char *text, size_t want_final)
+{
+    check_stream_names(text, NULL, want_final);
+}
+
+/* Functionary v3.2's first call without ">>>" (the generation prompt ends
+ * with it), told from text by the request's function names */
+static void test_functionary_names(void **state)
+{
+    (void)state;
+    toolcalls tc = parse_names("get_weather\n{\"city\": \"Paris\"}\n", NAMES);
+    assert_int_equal(tc.n, 1);
+    assert_int_equal(tc.content_len, 0);
+    assert_string_equal(tc.v[0].name, "get_weather");
+    assert_string_equal(tc.v[0].arguments, "{\"city\":\"Paris\"}");
+    toolcalls_free(&tc);
+    tc = parse_names("  f\n{}", NAMES);
+    assert_int_equal(tc.n, 1);
+    toolcalls_free(&tc);
+    /* followed by ">>>" blocks: the first is read only with a listed name */
+    tc = parse_names("f\n{\"a\": 1}\n>>>get_weather\n{}", NAMES);
+    assert_int_equal(tc.n, 2);
+    assert_string_equal(tc.v[0].name, "f");
+    toolcalls_free(&tc);
+    tc = parse_names("x\n{\"a\": 1}\n>>>get_weather\n{}", NAMES);
+    assert_int_equal(tc.n, 1);
+    assert_string_equal(tc.v[0].name, "get_weather");
+    assert_int_equal(tc.content_len, strlen("x\n{\"a\": 1}"));
+    toolcalls_free(&tc);
+    /* not a listed name, not a whole call, or no list: all content */
+    static const char *const bad[] = {
+        "other\n{\"a\": 1}",     "get_weathe\n{}",  "get_weather_now\n{}",
+        "get_weather\n{\"a\": ", "f\n{} and more", "f\n[1]",
+        "f\nnot json",            "f\n",             "f",
+        "get_weather {}",         "F\n{}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        tc = parse_names(bad[i], NAMES);
+        if (tc.n != 0 || tc.content_from != 0 || tc.content_len != strlen(bad[i]))
+            fail_msg("'%s' read as %d calls, content [%zu, +%zu)", bad[i], tc.n, tc.content_from,
+                     tc.content_len);
+        toolcalls_free(&tc);
+    }
+    static const char *const none[] = {NULL};
+    tc = parse_names("f\n{}", none);
+    assert_int_equal(tc.n, 0);
+    tc = parse_names("f\n{}", NULL);
+    assert_int_equal(tc.n, 0);
+    /* streaming: only what may still become a listed name's call is held */
+    check_stream_names("get_weather\n{\"a\": 1}", NAMES, 0);
+    check_stream_names("get_wea", NAMES, 0);
+    check_stream_names("f", NAMES, 0);
+    check_stream_names("Hello", NAMES, 5);
+    check_stream_names("Hello\n{\"a\": 1}", NAMES, 14);
+    check_stream_names("get_weathers", NAMES, 12);
+    check_stream_names("x\n{}\n>>>f\n{}", NAMES, 4);
+    check_stream_names("Hello", none, 5);
 }
 
 static void test_stream_hold(void **state)
@@ -480,9 +579,10 @@ static void test_stream_hold(void **state)
     /* Cohere */
     check_stream("<|START_RESPONSE|>Hi there<|END_RESPONSE|>", 26);
     check_stream("<|START_RESPONSE|>Hi \xc3\xa9<|END_RESP", 23);
+    /* the plan, where it comes here (thoughts not taken apart), is text */
     check_stream("<|START_THINKING|>plan<|END_THINKING|>Hi", 40);
-    check_stream("<|START_THINKING|>plan<|END_THINKING|>\n<|START_RES", 39);
-    check_stream("<|START_THINKING|>pl", 0);
+    check_stream("<|START_THINKING|>plan<|END_THINKING|>\n<|START_AC", 38);
+    check_stream("<|START_THINKING|>pl", 20);
     check_stream("Sure. " CO_ACT("[{\"tool_name\": \"f\"}]"), 5);
     check_stream("\xc3\xa9 <|START_AC", 2);
 }
@@ -500,6 +600,7 @@ int main(void)
         cmocka_unit_test(test_functionary),
         cmocka_unit_test(test_cohere),
         cmocka_unit_test(test_reply_stream),
+        cmocka_unit_test(test_functionary_names),
         cmocka_unit_test(test_bare_json),
         cmocka_unit_test(test_not_calls),
         cmocka_unit_test(test_stream_hold),
