@@ -46,6 +46,20 @@ bool args_float(const char *flag, const char *s, double lo, double hi, double *o
     return true;
 }
 
+bool args_gpu_layers(const char *flag, const char *s, int32_t *out)
+{
+    int64_t v;
+    if (!strcmp(s, "auto"))
+        *out = LMS_GPU_LAYERS_AUTO;
+    else if (!strcmp(s, "all"))
+        *out = LMS_GPU_LAYERS_ALL;
+    else if (args_int(flag, s, 0, 1 << 20, &v))
+        *out = (int32_t)v;
+    else
+        return false;
+    return true;
+}
+
 int args_spec(int argc, char **argv, int *i, args_spec_opts *o)
 {
     const char *a = argv[*i];
@@ -59,15 +73,7 @@ int args_spec(int argc, char **argv, int *i, args_spec_opts *o)
         return (o->draft = args_value(argc, argv, i)) ? 1 : -1;
     if (!strcmp(a, "--gpu-layers-draft")) {
         const char *s = args_value(argc, argv, i);
-        if (!s)
-            return -1;
-        if (!strcmp(s, "auto"))
-            o->draft_gpu = LMS_GPU_LAYERS_AUTO;
-        else if (!strcmp(s, "all"))
-            o->draft_gpu = LMS_GPU_LAYERS_ALL;
-        else if (args_int(a, s, 0, 1 << 20, &v))
-            o->draft_gpu = (int32_t)v;
-        else
+        if (!s || !args_gpu_layers(a, s, &o->draft_gpu))
             return -1;
         o->draft_gpu_set = true;
         return 1;

@@ -16,6 +16,8 @@ const char *args_value(int argc, char **argv, int *i);
 /* Parse helpers: print "lmserv: FLAG: ..." and return false on bad input. */
 bool args_int(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out);
 bool args_float(const char *flag, const char *s, double lo, double hi, double *out);
+/* A layer count for the GPU: auto, all or N (lms_ctx_params.gpu_layers). */
+bool args_gpu_layers(const char *flag, const char *s, int32_t *out);
 
 /* Speculative decoding options of run, serve and bench. */
 typedef struct args_spec_opts {

@@ -47,15 +47,11 @@ int app_gpu_arg(int argc, char **argv, int *i, app_gpu_opts *o)
         o->kv_type = t;
         return 1;
     }
-    if (layers && !strcmp(v, "auto"))
-        o->gpu_layers = LMS_GPU_LAYERS_AUTO;
-    else if (layers && !strcmp(v, "all"))
-        o->gpu_layers = LMS_GPU_LAYERS_ALL;
-    else if (!args_int(a, v, 0, 1 << 20, &n))
+    if (layers)
+        return args_gpu_layers(a, v, &o->gpu_layers) ? 1 : -1;
+    if (!args_int(a, v, 0, 1 << 20, &n))
         return -1;
-    else if (layers)
-        o->gpu_layers = (int32_t)n;
-    else if (margin)
+    if (margin)
         o->vram_margin_mb = n > 0 ? (int32_t)n : 1; /* 0 would mean "default" */
     else
         o->vram_budget_mb = (int32_t)n;
