@@ -897,7 +897,6 @@ static gpu_lora *lora_entry(lms_ctx *c, const lms_lora *l)
             gp->lora[i].used = gp->lora_step;
             return &gp->lora[i];
         }
-    lora_make_room(gp, 0, LORA_CACHE - 1);
     const int nt = LMS_LORA_N_TARGETS;
     gpu_lora e = {id, gp->lora_step, NULL, 0, calloc((size_t)c->n_gpu * nt + 1, sizeof *e.pairs)};
     gpu_lora *grown = realloc(gp->lora, ((size_t)gp->n_lora + 1) * sizeof *grown);
@@ -1224,6 +1223,13 @@ static int run_layers(lms_ctx *c, const lcu_batch *db, int n_split, bool head)
     return rc;
 }
 
+/* Whether logits may come down straight into the caller's buffer p:
+ * page-locked (lms_ctx_host_alloc) and not LMS_CUDA_DIRECT=0. */
+static bool direct_to(const fwd_gpu *gp, const float *p)
+{
+    return p && gp->direct && lcu_host_pinned(p);
+}
+
 int fwd_gpu_layers(lms_ctx *c, const lms_batch *b, float *logits)
 {
     fwd_gpu *gp = c->gpu;
@@ -1283,7 +1289,7 @@ int fwd_gpu_layers(lms_ctx *c, const lms_batch *b, float *logits)
      * cost no copy on the host. */
     int32_t n_lg = 0;
     const size_t nv = (size_t)c->m->hp.n_vocab;
-    gp->pre_at = logits && gp->direct && lcu_host_pinned(logits) ? logits : gp->logits_h;
+    gp->pre_at = direct_to(gp, logits) ? logits : gp->logits_h;
     for (int32_t t = 0; head && rc == 0 && t < b->n_tokens;) {
         int32_t k = 0;
         while (t + k < b->n_tokens && (b->logits ? b->logits[t + k] : t + k == b->n_tokens - 1))
@@ -1327,7 +1333,7 @@ int fwd_gpu_output(lms_ctx *c, const float *xn, int32_t n, float *logits, bool c
         return 0;
     }
     gp->pre_n = -1;
-    const bool direct = gp->direct && lcu_host_pinned(logits);
+    const bool direct = direct_to(gp, logits);
     for (int32_t r0 = 0; r0 < n; r0 += HEAD_CHUNK) {
         int32_t k = n - r0 < HEAD_CHUNK ? n - r0 : HEAD_CHUNK;
         memcpy(gp->x_h, xn + (size_t)r0 * e, (size_t)k * e * sizeof(float));
