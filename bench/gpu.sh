@@ -17,6 +17,8 @@ run "$B/lmserv" bench -m "$W/l8b.gguf" --gpu-layers all -p 512 -n 128 -r 3
 LMS_CUDA_MV1=0 run "$B/lmserv" bench -m "$W/l8b.gguf" --gpu-layers all -p 0 -n 128 -r 3
 run "$B/tests/bench_batched_cuda" "$W/l8b.gguf" 128 128 1,8
 LMS_CUDA_PDL=0 run "$B/tests/bench_batched_cuda" "$W/l8b.gguf" 128 128 1,8
+# logits into a plain (not page-locked) buffer: a host copy a step, for comparison
+LMS_BENCH_PAGEABLE=1 run "$B/tests/bench_batched_cuda" "$W/l8b.gguf" 128 128 1,8
 run "$B/lmserv" bench -m "$W/l8b.gguf" --gpu-layers all -p 0 -n 0 --parallel 1,8
 if [ -n "${LLAMA_BIN:-}" ]; then
     run "$LLAMA_BIN/llama-bench" -m "$W/l8b.gguf" -ngl 99 -p 512 -n 128 -r 3
