@@ -722,9 +722,10 @@ int api_forced_call(const json_t *tools, const json_t *choice, lms_jschema **out
 }
 
 /* tools and tool_choice as chat takes them (local or remote); *tools and
- * *choice are borrowed from body, NULL when absent. */
+ * *choice are borrowed from body, NULL when absent; *none: tool_choice is
+ * "none", so the model gets no tools. */
 static int parse_tool_fields(const json_t *body, const json_t **tools, const json_t **choice,
-                             reqerr *e)
+                             bool *none, reqerr *e)
 {
     *tools = json_object_get(body, "tools");
     *choice = json_object_get(body, "tool_choice");
@@ -732,6 +733,7 @@ static int parse_tool_fields(const json_t *body, const json_t **tools, const jso
         return reqerr_set(e, 400, "tools", "'tools' must be an array");
     if (*choice && !json_is_null(*choice) && !json_is_string(*choice) && !json_is_object(*choice))
         return reqerr_set(e, 400, "tool_choice", "'tool_choice' must be a string or an object");
+    *none = json_is_string(*choice) && !strcmp(json_string_value(*choice), "none");
     return 0;
 }
 
@@ -747,10 +749,10 @@ static int parse_chat(conn *c, const json_t *body, gen_resp *r, gen_prompt *pr, 
         return reqerr_set(e, 400, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
     r->logprobs = lp ? (int)top : -1;
     const json_t *tools, *choice;
-    if (parse_tool_fields(body, &tools, &choice, e) < 0)
+    bool no_tools;
+    if (parse_tool_fields(body, &tools, &choice, &no_tools, e) < 0)
         return -1;
-    r->tools = json_array_size(tools) > 0 &&
-               !(json_is_string(choice) && !strcmp(json_string_value(choice), "none"));
+    r->tools = json_array_size(tools) > 0 && !no_tools;
     if (r->tools) /* none when out of memory: a lone call is then read as without a list */
         r->fn_names = toolcall_names(tools);
     const json_t *rf = NULL;
@@ -894,9 +896,8 @@ static int parse_remote(const json_t *body, gen_resp *r, reqerr *e)
                           "'%s'", id);
     if (r->kind == JOB_CHAT) {
         const json_t *tools, *choice;
-        if (parse_tool_fields(body, &tools, &choice, e) < 0)
+        if (parse_tool_fields(body, &tools, &choice, &no_tools, e) < 0)
             return -1;
-        no_tools = json_is_string(choice) && !strcmp(json_string_value(choice), "none");
         json_t *msgs = chatfmt_messages(json_object_get(body, "messages"), "messages", e);
         if (!msgs)
             return -1;

@@ -71,7 +71,6 @@ typedef struct resp_job {
     int64_t created;
     int seq;                  /* the next event's sequence_number */
     sbuf text;
-    bool tools;               /* function tools given: the reply is searched for calls */
     reply_cut cut;            /* thoughts, content and calls of the reply */
     char **fn_names;          /* local with tools: their names (toolcall_names); owned */
     toolcalls calls;          /* a remote expert's calls (chatfmt_remote_call) */
@@ -804,11 +803,11 @@ int api_responses(conn *c, json_t *body)
         j->stream = stream;
         j->store = store;
         j->conv = json_incref(conv);
-        j->tools = tools != NULL;
         j->rs_index = j->msg_index = -1;
-        /* held to JSON: no thoughts, whatever the prompt opened */
-        const bool find_calls = j->tools && !remote; /* remote: its calls come apart */
+        /* function tools given: the reply is searched for calls (remote: its calls come apart) */
+        const bool find_calls = tools != NULL && !remote;
         j->fn_names = find_calls ? toolcall_names(tools) : NULL;
+        /* held to JSON: no thoughts, whatever the prompt opened */
         reply_cut_init(&j->cut, c->srv->rfmt != REASONING_NONE, open && !json, find_calls,
                        (const char *const *)j->fn_names);
         j->x = c->x;
