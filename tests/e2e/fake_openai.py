@@ -18,6 +18,11 @@ POST /v1/chat/completions by the request's "model":
   badargs   some text, then a streamed call whose arguments never make a
             JSON object
   noname    a streamed call whose pieces never name the function
+  junkcall  streamed tool_calls that are garbage, by the last message:
+            "number name" (a name that is no string), "index 99" (past
+            the calls taken), "huge" (arguments over 1 MiB in two pieces
+            under 1 MiB each), else "fine" with tool_calls that are no
+            array and entries that are no object (to be ignored)
 
 GET /last gives the last request as it came: its body and Authorization.
 """
@@ -67,7 +72,7 @@ class H(BaseHTTPRequestHandler):
             err = {"error": {"message": "refused %s" % self.headers.get("Authorization")}}
             self.send(401, "application/json", json.dumps(err).encode())
             return
-        if model in ("tooler", "tooljson", "badargs", "noname"):
+        if model in ("tooler", "tooljson", "badargs", "noname", "junkcall"):
             self.tools(model, body)
             return
         if model == "slow":
@@ -108,6 +113,8 @@ class H(BaseHTTPRequestHandler):
             chunks = [{"tool_calls": [{"index": 0, "id": "c0", "type": "function",
                                        "function": {"arguments": '{"city": "Paris"}'}}]}]
             finish = "tool_calls"
+        elif model == "junkcall":
+            chunks, finish = self.junk(msgs[-1].get("content") if msgs else None), "tool_calls"
         else:
             chunks = [{"role": "assistant", "content": "Let me check."},
                       {"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
@@ -141,6 +148,18 @@ class H(BaseHTTPRequestHandler):
                                                           "finish_reason": finish}]})
         out += "data: %s\n\ndata: [DONE]\n\n" % json.dumps({"choices": [], "usage": usage})
         self.send(200, "text/event-stream", out.encode())
+
+    @staticmethod
+    def junk(what):
+        if what == "number name":
+            return [{"tool_calls": [{"index": 0, "function": {"name": 5, "arguments": "{}"}}]}]
+        if what == "index 99":
+            return [{"tool_calls": [{"index": 99, "function": {"name": "f", "arguments": "{}"}}]}]
+        if what == "huge":
+            half = "x" * 600000
+            return [{"tool_calls": [{"index": 0, "function": {"name": "f", "arguments": '{"a": "' + half}}]},
+                    {"tool_calls": [{"index": 0, "function": {"arguments": half + '"}'}}]}]
+        return [{"content": "fine"}, {"tool_calls": "oops"}, {"tool_calls": [5, None, "x"]}]
 
 
 srv = ThreadingHTTPServer(("127.0.0.1", 0), H)

@@ -62,7 +62,8 @@ cat >"$T/cfg.json" <<JSON
   {"expert_id": "tooler", "endpoint": "$FAKE"},
   {"expert_id": "tooljson", "endpoint": "$FAKE"},
   {"expert_id": "badargs", "endpoint": "$FAKE"},
-  {"expert_id": "noname", "endpoint": "$FAKE"}],
+  {"expert_id": "noname", "endpoint": "$FAKE"},
+  {"expert_id": "junkcall", "endpoint": "$FAKE"}],
  "router": {"default": "local"}}
 JSON
 LMS_TEST_BAD_KEY=wrong-key start_serve --config "$T/cfg.json" -c 512
@@ -281,6 +282,16 @@ curl -sN "$BASE/v1/chat/completions" -d "{\"model\":\"badargs\",\"stream\":true,
 check "chat streamed, malformed call after text: the text, then an error event naming the call, no tool_calls" eq \
     "$(evs "$T/csse" "(''.join(c['delta'].get('content') or '' for e in ev for c in e.get('choices', [])), 'tool call 0' in ev[-1]['error']['message'], any('tool_calls' in c['delta'] for e in ev for c in e.get('choices', [])))") $(tail -n 2 "$T/csse" | head -1)" \
     "('Checking.', True, False) data: [DONE]"
+# garbage in the upstream's tool_calls: a clear 502 naming it, or ignored where it is no call at all
+junk() { req POST /v1/chat/completions -d "{\"model\":\"junkcall\",$CTOOLS,\"messages\":[{\"role\":\"user\",\"content\":\"$1\"}]}"; }
+junk "number name"
+check "chat, a call whose name is no string: 502 naming it" eq "$(code) $(py "$T/out" "'tool call 0 has no function name' in d['error']['message']")" "502 True"
+junk "index 99"
+check "chat, a call index past the calls taken: 502 naming it" eq "$(code) $(py "$T/out" "'tool call index 99' in d['error']['message']")" "502 True"
+junk "huge"
+check "chat, a call's arguments over 1 MiB: 502 naming the call and the limit" eq "$(code) $(py "$T/out" "'tool call 0: its arguments are over 1048576 bytes' in d['error']['message']")" "502 True"
+junk "other"
+check "chat, tool_calls that are no array or hold no objects: ignored" eq "$(code) $(py "$T/out" "(d['choices'][0]['message']['content'], d['choices'][0]['message'].get('tool_calls'))")" "200 ('fine', None)"
 # Ollama: its calls have no ids and its tool messages name the tool at most
 req POST /api/chat -d "{\"model\":\"tooljson\",\"stream\":false,$CTOOLS,\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"}]}"
 check "ollama chat, tooljson: the text and tool_calls (arguments as objects)" eq "$(code) $(py "$T/out" "(d['message']['content'], [(c['function']['name'], c['function']['arguments']) for c in d['message']['tool_calls']], d['done'])")" \

@@ -587,6 +587,43 @@ static void test_stream_hold(void **state)
     check_stream("\xc3\xa9 <|START_AC", 2);
 }
 
+/* toolcall_names on tools as clients send them, garbage included: entries
+ * that are no object, name no string, an empty name or none are left out,
+ * never an error; a tools value that is no array gives no list. */
+static void test_names_garbage(void **state)
+{
+    (void)state;
+    static const char *const not_arrays[] = {"null", "{\"name\": \"f\"}", "\"f\"", "3"};
+    for (size_t k = 0; k < sizeof not_arrays / sizeof not_arrays[0]; k++) {
+        json_t *t = json_loads(not_arrays[k], JSON_DECODE_ANY, NULL);
+        assert_non_null(t);
+        assert_null(toolcall_names(t));
+        json_decref(t);
+    }
+    assert_null(toolcall_names(NULL));
+    json_t *t = json_loads("[1, null, \"f\", [], {}, {\"name\": 7}, {\"name\": \"\"},"
+                           " {\"function\": {\"name\": [\"x\"]}},"
+                           " {\"function\": 5, \"name\": \"top\"},"
+                           " {\"type\": \"function\", \"function\": {\"name\": \"get_weather\"}},"
+                           " {\"name\": \"anth\", \"input_schema\": {}}]",
+                           0, NULL);
+    assert_non_null(t);
+    char **v = toolcall_names(t);
+    assert_non_null(v);
+    assert_string_equal(v[0], "top");
+    assert_string_equal(v[1], "get_weather");
+    assert_string_equal(v[2], "anth");
+    assert_null(v[3]);
+    free(v);
+    json_decref(t);
+    t = json_array(); /* no names at all: an empty list, not a failure */
+    v = toolcall_names(t);
+    assert_non_null(v);
+    assert_null(v[0]);
+    free(v);
+    json_decref(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -604,6 +641,7 @@ int main(void)
         cmocka_unit_test(test_bare_json),
         cmocka_unit_test(test_not_calls),
         cmocka_unit_test(test_stream_hold),
+        cmocka_unit_test(test_names_garbage),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
