@@ -74,6 +74,7 @@ typedef struct resp_job {
     reply_cut cut;            /* thoughts, content and calls of the reply */
     char **fn_names;          /* local with tools: their names (toolcall_names); owned */
     toolcalls calls;          /* a remote expert's calls (chatfmt_remote_call) */
+    bool calls_lost;           /* one of them could not be kept (out of memory): the reply fails */
     int rs_index, msg_index;  /* streamed: output index of the reasoning item and of the
                                * message once added, else -1 */
     bool rs_done;             /* streamed: the reasoning item is done */
@@ -381,12 +382,17 @@ static void resp_on_event(task *t, const lms_event *ev, double t_ms)
     (void)t_ms;
     reqerr e;
     const bool terminal = ev->type == LMS_EV_END || ev->type == LMS_EV_ERROR;
-    const bool failed = terminal && task_end_failed(t, ev, &e);
+    bool failed = terminal && task_end_failed(t, ev, &e);
+    if (terminal && !failed && j->calls_lost) {
+        reqerr_set(&e, 503, NULL, "out of memory for the upstream's tool calls");
+        failed = true;
+    }
     /* a remote expert's stream opens with its first piece: a refusal stays an HTTP error */
     if (j->stream && !j->begun && (ev->type == LMS_EV_TOKEN || (terminal && !failed)))
         stream_begin(c, j);
     if (ev->type == LMS_EV_TOKEN && ev->token == LMS_REMOTE_CALL) {
-        chatfmt_remote_call(&j->calls, ev);
+        if (chatfmt_remote_call(&j->calls, ev) < 0)
+            j->calls_lost = true; /* the end event fails the response */
         return;
     }
     if (ev->type == LMS_EV_TOKEN) {
