@@ -763,11 +763,14 @@ static void qkv_post_token(lms_ctx *c, const lms_layer *l, int il, const lms_bat
     const lms_hparams *hp = &c->m->hp;
     const int64_t hd = hp->head_dim, q = hp->n_head * hd, kv = hp->n_head_kv * hd;
     float *qt = c->qb + t * q, *kt = c->kb + t * kv;
-    uint8_t *kc = lms_kv_k(&c->kv, b->seq[t], il - c->n_gpu, b->pos[t]);
     uint8_t *vc = lms_kv_v(&c->kv, b->seq[t], il - c->n_gpu, b->pos[t]);
     const size_t row_bytes = lms_row_size(c->kv.type, kv);
+    /* (a tiled K row is spread over its block: fetched as it is written) */
+    const bool k_row = !lms_kv_k_tiled(c->kv.type);
+    uint8_t *kc = k_row ? lms_kv_k(&c->kv, b->seq[t], il - c->n_gpu, b->pos[t]) : NULL;
     for (size_t o = 0; o < row_bytes; o += 64) {
-        __builtin_prefetch(kc + o, 1, 3);
+        if (k_row)
+            __builtin_prefetch(kc + o, 1, 3);
         __builtin_prefetch(vc + o, 1, 3);
     }
     float cosv[ROPE_MAX_PAIRS], sinv[ROPE_MAX_PAIRS];
@@ -783,7 +786,7 @@ static void qkv_post_token(lms_ctx *c, const lms_layer *l, int il, const lms_bat
     if (hp->q_scale != 0.0f) /* gemma: the scores' scale goes into the queries */
         for (int64_t i = 0; i < q; i++)
             qt[i] *= hp->q_scale;
-    to_cache(kt, kc, kv);
+    lms_kv_put_k(&c->kv, b->seq[t], il - c->n_gpu, b->pos[t], kt);
     to_cache(c->vb + t * kv, vc, kv);
 }
 

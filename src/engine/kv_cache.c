@@ -87,6 +87,37 @@ lms_from_float_fn lms_kv_row_writer(int type)
     return type == LMS_TYPE_Q4_0 ? kv_q4_0_row : lms_kernels_get()->from_float[type];
 }
 
+void lms_kv_tile_put(uint8_t *blk, int slot, int g, const lms_block_q4_0 *b)
+{
+    uint8_t *t = blk + (size_t)g * LMS_KV_Q4_TILE;
+    memcpy(t + 2 * slot, &b->d, sizeof b->d);
+    for (int w = 0; w < 4; w++)
+        memcpy(t + 2 * LMS_KV_BLOCK + 64 * w + 4 * slot, b->qs + 4 * w, 4);
+}
+
+void lms_kv_tile_get(const uint8_t *blk, int slot, int g, lms_block_q4_0 *b)
+{
+    const uint8_t *t = blk + (size_t)g * LMS_KV_Q4_TILE;
+    memcpy(&b->d, t + 2 * slot, sizeof b->d);
+    for (int w = 0; w < 4; w++)
+        memcpy(b->qs + 4 * w, t + 2 * LMS_KV_BLOCK + 64 * w + 4 * slot, 4);
+}
+
+void lms_kv_put_k(lms_kv_cache *c, const lms_kv_seq *s, int il, int32_t pos, const float *k)
+{
+    const lms_from_float_fn put = lms_kv_row_writer(c->type);
+    if (!lms_kv_k_tiled(c->type)) {
+        put(k, lms_kv_k(c, s, il, pos), c->n_kv_dim);
+        return;
+    }
+    uint8_t *blk = lms_kv_k_block(c, s, il, pos);
+    for (int g = 0; g < c->n_kv_dim / LMS_QK4_0; g++) {
+        lms_block_q4_0 b;
+        put(k + (size_t)g * LMS_QK4_0, &b, LMS_QK4_0);
+        lms_kv_tile_put(blk, pos % LMS_KV_BLOCK, g, &b);
+    }
+}
+
 /* Bytes of the K and V pools, together, faulted in at reservation. A
  * fresh page is zeroed by the kernel on its first write, inside the step
  * that writes it (a 2 MiB huge page: 100-400 us). Blocks are handed out

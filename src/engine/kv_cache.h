@@ -10,6 +10,15 @@
  * Position p of a sequence lives in block seq->blocks[p / LMS_KV_BLOCK],
  * slot p % LMS_KV_BLOCK.
  *
+ * Q4_0's K rows are tiled within each block (a layer's BLOCK rows, the
+ * same bytes): for each 32-value block g of a row, a tile of
+ * LMS_KV_Q4_TILE bytes at g * LMS_KV_Q4_TILE holding the BLOCK slots'
+ * scales (f16, slot i's at 2 i), then four vectors of the slots' 4-byte
+ * words of qs (word w of slot i at 32 + 64 w + 4 i). The attention's
+ * scores take 16 positions a vector from there, with no horizontal sums
+ * (attention.c). A head's tiles follow each other, 16 * (its byte offset
+ * in a row) from the block's start. V rows stay whole.
+ *
  * Block states:
  *
  *   refcnt > 0              in use by that many sequences
@@ -112,17 +121,44 @@ uint64_t lms_kv_prefix_register(lms_kv_cache *c, const lms_kv_seq *s, int32_t i,
  * positions in it can be rewritten. */
 int lms_kv_make_private(lms_kv_cache *c, lms_kv_seq *s, int32_t i);
 
+/* The bytes of a tile of Q4_0 K values (see the top) */
+#define LMS_KV_Q4_TILE (LMS_KV_BLOCK * sizeof(lms_block_q4_0))
+
+/* Whether the K rows of a cache of this type are tiled. */
+static inline bool lms_kv_k_tiled(int type)
+{
+    return type == LMS_TYPE_Q4_0;
+}
+
+/* Writes position pos's K row (n_kv_dim floats) of seq in layer il, in
+ * the cache's type and layout. */
+void lms_kv_put_k(lms_kv_cache *c, const lms_kv_seq *s, int il, int32_t pos, const float *k);
+
+/* Tiled K (Q4_0): puts block g of slot `slot`'s row into the block's
+ * region `blk`, or reads it back. */
+void lms_kv_tile_put(uint8_t *blk, int slot, int g, const lms_block_q4_0 *b);
+void lms_kv_tile_get(const uint8_t *blk, int slot, int g, lms_block_q4_0 *b);
+
 /* Blocks referenced by at least one sequence. */
 static inline int32_t lms_kv_used(const lms_kv_cache *c)
 {
     return c->n_blocks - c->n_free;
 }
 
-/* Pointer to the K (or V) row of position pos of seq in layer il. */
+/* Pointer to the K (or V) row of position pos of seq in layer il (K:
+ * not for a tiled cache, whose K rows lms_kv_put_k writes). */
 static inline uint8_t *lms_kv_k(const lms_kv_cache *c, const lms_kv_seq *s, int il, int32_t pos)
 {
     size_t cell = (size_t)s->blocks[pos / LMS_KV_BLOCK] * LMS_KV_BLOCK + (size_t)(pos % LMS_KV_BLOCK);
     return c->k + (size_t)il * c->layer_stride + cell * c->row_bytes;
+}
+
+/* The start of the K bytes of the block holding position pos (tiled K). */
+static inline uint8_t *lms_kv_k_block(const lms_kv_cache *c, const lms_kv_seq *s, int il,
+                                      int32_t pos)
+{
+    return c->k + (size_t)il * c->layer_stride +
+           (size_t)s->blocks[pos / LMS_KV_BLOCK] * LMS_KV_BLOCK * c->row_bytes;
 }
 
 static inline uint8_t *lms_kv_v(const lms_kv_cache *c, const lms_kv_seq *s, int il, int32_t pos)

@@ -5,7 +5,9 @@
  * reference q4_0 converter: the block's value of largest magnitude comes
  * back exactly (code 0, d = m / -8 in f16), every value within half a step
  * (|d| / 2) or, past code 15, within a step; zero blocks and NaN give
- * finite codes.
+ * finite codes. A q4_0 cache's tiled K (lms_kv_put_k): every position's
+ * blocks read back (lms_kv_tile_get) as the writer made them, and a write
+ * touches no other position's bytes.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -72,11 +74,56 @@ static void test_same_converters(void **state)
         assert_ptr_equal(lms_kv_row_writer(types[t]), lms_kernels_get()->from_float[types[t]]);
 }
 
+static void test_q4_0_tiles(void **state)
+{
+    (void)state;
+    enum { LAYERS = 2, DIM = 128, POS = 40 }; /* three blocks, the last partial */
+    lms_kv_cache c;
+    lms_kv_seq seq = {0};
+    assert_int_equal(lms_kv_cache_init(&c, LAYERS, DIM, 8, LMS_TYPE_Q4_0), 0);
+    assert_true(lms_kv_k_tiled(c.type));
+    assert_int_equal(lms_kv_seq_reserve(&c, &seq, POS), 0);
+    const lms_from_float_fn w = lms_kv_row_writer(LMS_TYPE_Q4_0);
+    const size_t pool = (size_t)LAYERS * c.layer_stride;
+    uint8_t *before = malloc(pool);
+    float x[DIM];
+    uint32_t r = 7;
+    for (int il = 0; il < LAYERS; il++)
+        for (int32_t p = 0; p < POS; p++) {
+            for (int i = 0; i < DIM; i++) {
+                r = r * 1664525u + 1013904223u;
+                x[i] = (float)(int32_t)r / 2147483648.0f * (float)(p % 5 + 1);
+            }
+            memcpy(before, c.k, pool);
+            lms_kv_put_k(&c, &seq, il, p, x);
+            /* the bytes that changed are this position's: its scale and words */
+            const uint8_t *blk = lms_kv_k_block(&c, &seq, il, p);
+            for (size_t o = 0; o < pool; o++) {
+                if (c.k[o] == before[o])
+                    continue;
+                const ptrdiff_t in = c.k + o - blk;
+                assert_true(in >= 0 && in < (ptrdiff_t)(LMS_KV_BLOCK * c.row_bytes));
+                const size_t t = (size_t)in % LMS_KV_Q4_TILE, slot = p % LMS_KV_BLOCK;
+                assert_true(t / 2 == slot || (t >= 32 && (t - 32) % 64 / 4 == slot));
+            }
+            lms_block_q4_0 want[DIM / 32], got;
+            w(x, want, DIM);
+            for (int g = 0; g < DIM / 32; g++) {
+                lms_kv_tile_get(blk, p % LMS_KV_BLOCK, g, &got);
+                assert_memory_equal(&got, &want[g], sizeof got);
+            }
+        }
+    free(before);
+    lms_kv_seq_release(&c, &seq);
+    lms_kv_cache_deinit(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_q4_0_rule),
         cmocka_unit_test(test_same_converters),
+        cmocka_unit_test(test_q4_0_tiles),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
