@@ -580,7 +580,7 @@ LMS_CLONES static void scores_q4_0_c(const att_src *s, int hd, int nq, const flo
     const int nb = hd / LMS_QK4_0;
     for (int32_t j = j0; j < j1; j++)
         for (int h = 0; h < hs->n; h++) {
-            const uint8_t *t = att_tiles(s, j) + (size_t)h * LMS_KV_BLOCK * hs->k_bytes;
+            const uint8_t *t = att_tiles(s, j) + (size_t)h * nb * LMS_KV_Q4_TILE;
             for (int q = 0; q < nq; q++) {
                 const att_q8q x = att_q8_query(qf + h * hs->q_floats + q * qrow, hd);
                 float acc = 0.0f;
@@ -1106,7 +1106,7 @@ ATT_SCORES_Q8_PAIRS(scores_q8_0_vnni_pairs_x, ATT_TARGET_VNNI, 1)
         int32_t n, float *w, size_t ws, const att_heads *hs, const int NQ)                         \
     {                                                                                              \
         const int nb = hd / LMS_QK4_0;                                                             \
-        const size_t head = LMS_KV_BLOCK * hs->k_bytes; /* a head's tiles */                      \
+        const size_t head = (size_t)nb * LMS_KV_Q4_TILE; /* a head's tiles */                   \
         const __m512i m4 = _mm512_set1_epi8(0x0F);                                                 \
         for (int32_t jb = j0 / LMS_KV_BLOCK * LMS_KV_BLOCK; jb < j1; jb += LMS_KV_BLOCK) {         \
             const int32_t lo = j0 > jb ? j0 - jb : 0;                                              \
