@@ -324,7 +324,7 @@ int tpl_getitem(tpl_ctx *c, const tpl_node *at, tpl_val obj, tpl_val key, tpl_va
             *out = obj.u.d->vals[i];
             return 0;
         }
-    } else if (obj.type == TPL_LIST && int_key) {
+    } else if (obj.type == TPL_LIST && int_key && !(obj.flags & TPL_F_GEN)) {
         if (norm_index(ik, obj.u.l->n, &k)) {
             *out = obj.u.l->items[k];
             return 0;
@@ -433,7 +433,7 @@ static int do_slice(tpl_ctx *c, const tpl_node *at, tpl_val obj, const tpl_val *
     size_t n_cp = 0;
     if (obj.type == TPL_STR)
         n_cp = tpl_utf8_len(obj.u.s.p, obj.u.s.n);
-    else if (obj.type == TPL_LIST)
+    else if (obj.type == TPL_LIST && !(obj.flags & TPL_F_GEN))
         n_cp = obj.u.l->n;
     else {
         *out = tpl_undef(NULL, 0, obj.type);
@@ -459,10 +459,27 @@ static int do_slice(tpl_ctx *c, const tpl_node *at, tpl_val obj, const tpl_val *
 
 /* ---- iteration --------------------------------------------------------------- */
 
+/* The items a generator has not yielded yet; it yields them now. */
+static int drain_gen(tpl_ctx *c, const tpl_node *at, tpl_list *g, tpl_list **out)
+{
+    tpl_list *l = tpl_alloc(&c->arena, sizeof *l);
+    if (!l)
+        return tpl_fail_nomem(c, at);
+    l->items = g->items + g->taken;
+    l->n = l->cap = g->n - g->taken;
+    g->taken = g->n;
+    *out = l;
+    return 0;
+}
+
 int tpl_iterate(tpl_ctx *c, const tpl_node *at, tpl_val v, tpl_list **out)
 {
     switch (v.type) {
-    case TPL_LIST: *out = v.u.l; return 0;
+    case TPL_LIST:
+        if (v.flags & TPL_F_GEN)
+            return drain_gen(c, at, v.u.l, out);
+        *out = v.u.l;
+        return 0;
     case TPL_UNDEF:
         if (v.flags & TPL_F_UNSAFE)
             return tpl_fail_undefined(c, at, v);
@@ -674,8 +691,19 @@ static int binary_op(tpl_ctx *c, const tpl_node *at, int op, tpl_val a, tpl_val 
             return int_op(c, at, op, ival(a), ival(b), out);
         return float_op(c, at, op, tpl_as_double(a), tpl_as_double(b), out);
     }
-    if (op == OP_ADD && a.type == TPL_STR && b.type == TPL_STR)
-        return concat_str(c, at, a, b, out);
+    if ((a.type == TPL_LIST && (a.flags & TPL_F_GEN)) ||
+        (b.type == TPL_LIST && (b.flags & TPL_F_GEN)))
+        return type_error(c, at, op_text(op), a, b);
+    if (op == OP_ADD && a.type == TPL_STR && b.type == TPL_STR) {
+        if (!((a.flags | b.flags) & TPL_F_SAFE))
+            return concat_str(c, at, a, b, out);
+        /* Markup + str escapes the str (either side) and stays Markup */
+        TPL_TRY(tpl_escape_html(c, at, a, &a));
+        TPL_TRY(tpl_escape_html(c, at, b, &b));
+        TPL_TRY(concat_str(c, at, a, b, out));
+        out->flags |= TPL_F_SAFE;
+        return 0;
+    }
     if (op == OP_ADD && a.type == TPL_LIST && b.type == TPL_LIST)
         return concat_list(c, at, a.u.l, b.u.l, 1, out);
     if (op == OP_MUL && (a.type == TPL_INT || a.type == TPL_BOOL) &&
@@ -701,11 +729,16 @@ static int contains(tpl_ctx *c, const tpl_node *at, tpl_val item, tpl_val box, b
                             tpl_type_name(item));
         *out = item.u.s.n == 0 || memmem(box.u.s.p, box.u.s.n, item.u.s.p, item.u.s.n) != NULL;
         return 0;
-    case TPL_LIST:
+    case TPL_LIST: {
+        tpl_list *l = box.u.l;
+        size_t i = box.flags & TPL_F_GEN ? l->taken : 0;
         *out = false;
-        for (size_t i = 0; i < box.u.l->n && !*out; i++)
-            *out = tpl_equal(box.u.l->items[i], item);
+        for (; i < l->n && !*out; i++)
+            *out = tpl_equal(l->items[i], item);
+        if (box.flags & TPL_F_GEN) /* a generator is used up to the match */
+            l->taken = i;
         return 0;
+    }
     case TPL_DICT:
     case TPL_NS: *out = tpl_dict_find(box.u.d, item) >= 0; return 0;
     default:

@@ -186,16 +186,29 @@ static int f_string(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *
     return tpl_to_str(c, at, in, out);
 }
 
+/* Autoescape is off, so a safe string prints as any other; the mark
+ * matters only when it meets a plain string in `+` (functionary's
+ * templates build text as "..."|safe + name + ...|tojson). */
 static int f_safe(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
                   tpl_val *out)
 {
-    *out = in; /* autoescape is off: nothing to mark */
+    TPL_TRY(tpl_to_str(c, at, in, out));
+    out->flags |= TPL_F_SAFE;
     return 0;
 }
 
 static int f_escape(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
                     tpl_val *out)
 {
+    return tpl_escape_html(c, at, in, out);
+}
+
+int tpl_escape_html(tpl_ctx *c, const tpl_node *at, tpl_val in, tpl_val *out)
+{
+    if (in.type == TPL_STR && (in.flags & TPL_F_SAFE)) {
+        *out = in;
+        return 0;
+    }
     TPL_TRY(tpl_to_str(c, at, in, &in));
     tpl_buf b = {.max_bytes = c->lim.max_output_bytes};
     int rc = 0;
@@ -209,7 +222,9 @@ static int f_escape(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *
                                      : NULL;
         rc = e ? tpl_buf_put(&b, e, strlen(e)) : tpl_buf_putc(&b, ch);
     }
-    return tpl_buf_finish(c, at, &b, rc, out);
+    TPL_TRY(tpl_buf_finish(c, at, &b, rc, out));
+    out->flags |= TPL_F_SAFE;
+    return 0;
 }
 
 /* Python's str.splitlines on \n, \r\n and \r. */
@@ -330,9 +345,21 @@ static int f_format(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *
 {
     tpl_val args;
     TPL_TRY(tpl_to_str(c, at, in, &in));
-    TPL_TRY(tpl_list_from_vals(c, at, a->pos, a->n_pos, &args));
-    args.flags = TPL_F_TUPLE;
-    return tpl_str_format(c, at, in, args, out);
+    if (a->n_kw == 0) {
+        TPL_TRY(tpl_list_from_vals(c, at, a->pos, a->n_pos, &args));
+        args.flags = TPL_F_TUPLE;
+        return tpl_str_format(c, at, in, args, out);
+    }
+    /* keywords feed "%(name)s" (jinja2 refuses a mix of both) */
+    if (a->n_pos)
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "can't handle positional and keyword arguments");
+    tpl_dict *d = tpl_dict_new(&c->arena, a->n_kw);
+    if (!d)
+        return tpl_fail_nomem(c, at);
+    for (size_t k = 0; k < a->n_kw; k++)
+        if (tpl_dict_set(&c->arena, d, a->kw_names[k], a->kw_vals[k]) < 0)
+            return tpl_fail_nomem(c, at);
+    return tpl_str_format(c, at, in, tpl_dict_val(d), out);
 }
 
 static int f_tojson(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
@@ -493,20 +520,34 @@ static int f_length(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *
     switch (in.type) {
     case TPL_UNDEF: *out = tpl_int(0); return 0;
     case TPL_STR: *out = tpl_int((int64_t)tpl_utf8_len(in.u.s.p, in.u.s.n)); return 0;
-    case TPL_LIST: *out = tpl_int((int64_t)in.u.l->n); return 0;
+    case TPL_LIST:
+        if (in.flags & TPL_F_GEN)
+            break;
+        *out = tpl_int((int64_t)in.u.l->n);
+        return 0;
     case TPL_DICT:
     case TPL_NS: *out = tpl_int((int64_t)in.u.d->n); return 0;
     case TPL_LOOP: *out = tpl_int((int64_t)in.u.loop->items->n); return 0;
-    default:
-        return tpl_fail(c, at, LMS_ERR_FORMAT, "object of type '%s' has no len()",
-                        tpl_type_name(in));
+    default: break;
     }
+    return tpl_fail(c, at, LMS_ERR_FORMAT, "object of type '%s' has no len()", tpl_type_name(in));
 }
 
 static int f_first_last(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int last,
                         tpl_val *out)
 {
     tpl_list *l = NULL;
+    if (in.type == TPL_LIST && (in.flags & TPL_F_GEN)) {
+        if (last)
+            return tpl_fail(c, at, LMS_ERR_FORMAT, "'generator' object is not reversible");
+        l = in.u.l; /* first takes one item; the rest stay for later */
+        if (l->taken < l->n) {
+            *out = l->items[l->taken++];
+            return 0;
+        }
+        *out = tpl_undef("first", 5, TPL_N_TYPES);
+        return 0;
+    }
     TPL_TRY(tpl_iterate(c, at, in, &l));
     if (l->n == 0)
         *out = tpl_undef(last ? "last" : "first", last ? 4 : 5, TPL_N_TYPES);
@@ -773,6 +814,19 @@ static int run_named_test(tpl_ctx *c, const tpl_node *at, tpl_val v, const tpl_a
     return tpl_test_apply(c, at, id, v, &rest, out);
 }
 
+/* The items select/reject/map go through. Like jinja2 (`if value: for
+ * item in value`) a false input, none or undefined included, gives none
+ * rather than an error. The result is computed at once but marked a
+ * generator (TPL_F_GEN), so that it is true, has no length and cannot go
+ * through tojson, as in Python. */
+static int gen_source(tpl_ctx *c, const tpl_node *at, tpl_val in, tpl_list **l)
+{
+    if (tpl_truthy(in) || (in.type == TPL_UNDEF && (in.flags & TPL_F_UNSAFE)))
+        return tpl_iterate(c, at, in, l);
+    *l = tpl_list_new(&c->arena, 0);
+    return *l ? 0 : tpl_fail_nomem(c, at);
+}
+
 /* select / reject / selectattr / rejectattr; mode bits: SEL_ATTR tests an
  * attribute of each item, SEL_KEEP keeps the items that pass. */
 enum { SEL_ATTR = 1, SEL_KEEP = 2 };
@@ -782,7 +836,7 @@ static int f_select(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *
 {
     bool by_attr = mode & SEL_ATTR, keep = mode & SEL_KEEP;
     tpl_list *l = NULL;
-    TPL_TRY(tpl_iterate(c, at, in, &l));
+    TPL_TRY(gen_source(c, at, in, &l));
     if (by_attr && a->n_pos == 0)
         return tpl_fail(c, at, LMS_ERR_FORMAT, "Missing parameter for attribute name");
     tpl_list *r = tpl_list_new(&c->arena, l->n);
@@ -798,6 +852,7 @@ static int f_select(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *
             r->items[r->n++] = l->items[i];
     }
     *out = tpl_list_val(r);
+    out->flags = TPL_F_GEN;
     return 0;
 }
 
@@ -806,7 +861,7 @@ static int f_map(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, 
                  tpl_val *out)
 {
     tpl_list *l = NULL;
-    TPL_TRY(tpl_iterate(c, at, in, &l));
+    TPL_TRY(gen_source(c, at, in, &l));
     tpl_list *r = tpl_list_new(&c->arena, l->n);
     if (!r)
         return tpl_fail_nomem(c, at);
@@ -835,6 +890,7 @@ static int f_map(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, 
         r->items[r->n++] = v;
     }
     *out = tpl_list_val(r);
+    out->flags = TPL_F_GEN;
     return 0;
 }
 
@@ -987,6 +1043,7 @@ static bool type_test(int which, tpl_val v)
     case TT_BOOLEAN: return v.type == TPL_BOOL;
     case TT_FALSE: return v.type == TPL_BOOL && !v.u.b;
     case TT_TRUE: return v.type == TPL_BOOL && v.u.b;
+    case TT_SEQUENCE: return type_in(v, k_type_masks[which]) && !(v.flags & TPL_F_GEN);
     default: return type_in(v, k_type_masks[which]);
     }
 }
@@ -1073,7 +1130,7 @@ static int t_case(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a,
 static int t_escaped(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
                      bool *out)
 {
-    *out = false;
+    *out = in.type == TPL_STR && (in.flags & TPL_F_SAFE);
     return 0;
 }
 

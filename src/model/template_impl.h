@@ -98,6 +98,12 @@ enum tpl_type {
     2                   /* undefined standing for a method the sandbox forbids                     \
                          * (list.append, dict.pop, ...): using it raises */
 #define TPL_F_ELEMENT 4 /* undefined from a missing list index (name: the index) */
+#define TPL_F_GEN                                                                                  \
+    8 /* list standing for the generator that select/reject/map return: always                 \
+       * true, no len(), no index, not JSON, and iterating uses it up */
+#define TPL_F_SAFE                                                                                 \
+    16 /* str marked safe (markupsafe.Markup, from |safe or |escape): `+` with a                \
+        * plain str HTML-escapes the plain one and stays safe */
 
 typedef struct tpl_list tpl_list;
 typedef struct tpl_dict tpl_dict;
@@ -130,6 +136,7 @@ typedef struct tpl_val {
 struct tpl_list {
     tpl_val *items;
     size_t n, cap;
+    size_t taken; /* TPL_F_GEN only: items already yielded */
 };
 
 struct tpl_dict {
@@ -488,6 +495,9 @@ int tpl_str_format(tpl_ctx *c, const tpl_node *at, tpl_val fmt, tpl_val args, tp
 int tpl_dict_items(tpl_ctx *c, const tpl_node *at, const tpl_dict *d, tpl_val *out);
 /* Turns a buffer into a string value and frees it; rc is the status of
  * the writes into b (mapped to an error message when < 0). */
+/* markupsafe.escape(v): str(v) with &<>"' as entities, marked safe; a safe
+ * string comes back as it is. */
+int tpl_escape_html(tpl_ctx *c, const tpl_node *at, tpl_val v, tpl_val *out);
 int tpl_buf_finish(tpl_ctx *c, const tpl_node *at, tpl_buf *b, int rc, tpl_val *out);
 
 #endif

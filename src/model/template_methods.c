@@ -350,33 +350,150 @@ static int str_splitlines(tpl_ctx *c, const tpl_node *at, tpl_val s, bool keepen
 
 /* ---- formatting ----------------------------------------------------------------- */
 
-/* One %-conversion (s, r, d, i, f, x, %). */
-static int format_one(tpl_ctx *c, const tpl_node *at, tpl_buf *b, char conv, int prec, tpl_val v)
+/* One printf-style conversion spec: "%(name)-08.3f" (Python's str % args). */
+typedef struct pct_spec {
+    const char *name; /* "(name)" key, or NULL */
+    size_t name_n;
+    char flags[6];    /* any of "-+ 0#", NUL-terminated */
+    int width, prec;  /* -1 = none */
+    char conv;
+} pct_spec;
+
+/* Text t padded to the spec's width in code points (Python counts
+ * characters, not bytes); '-' pads on the right. */
+static int put_padded(tpl_buf *b, const pct_spec *sp, const char *t, size_t n)
 {
-    switch (conv) {
-    case 's': return tpl_write_str(b, v);
-    case 'r': return tpl_write_repr(b, v);
-    case 'd':
-    case 'i':
-        if (!tpl_is_number(v))
-            return tpl_fail(c, at, LMS_ERR_FORMAT, "%%d format: a real number is required, not %s",
-                            tpl_type_name(v));
-        return tpl_buf_printf(b, "%lld",
-                              (long long)(v.type == TPL_FLOAT  ? (int64_t)v.u.f
-                                          : v.type == TPL_BOOL ? v.u.b
-                                                               : v.u.i));
-    case 'f':
-        if (!tpl_is_number(v))
-            return tpl_fail(c, at, LMS_ERR_FORMAT, "%%f format: a real number is required, not %s",
-                            tpl_type_name(v));
-        return tpl_buf_printf(b, "%.*f", prec < 0 ? 6 : prec > 50 ? 50 : prec, tpl_as_double(v));
-    default: return tpl_fail(c, at, LMS_ERR_FORMAT, "unsupported format character '%c'", conv);
-    }
+    size_t cps = tpl_utf8_len(t, n);
+    size_t pad = sp->width > 0 && (size_t)sp->width > cps ? (size_t)sp->width - cps : 0;
+    bool left = strchr(sp->flags, '-') != NULL;
+    int rc = 0;
+    for (size_t k = 0; k < pad && !left && rc == 0; k++)
+        rc = tpl_buf_putc(b, ' ');
+    if (rc == 0)
+        rc = tpl_buf_put(b, t, n);
+    for (size_t k = 0; k < pad && left && rc == 0; k++)
+        rc = tpl_buf_putc(b, ' ');
+    return rc;
 }
 
+/* %s %r %c: text, cut to the precision and padded to the width. */
+static int format_text(tpl_ctx *c, const tpl_node *at, tpl_buf *b, const pct_spec *sp, tpl_val v)
+{
+    tpl_buf t = {.max_bytes = c->lim.max_output_bytes};
+    int rc;
+    if (sp->conv == 'c') {
+        if (v.type == TPL_STR && tpl_utf8_len(v.u.s.p, v.u.s.n) == 1)
+            rc = tpl_buf_put(&t, v.u.s.p, v.u.s.n);
+        else if (v.type == TPL_INT && v.u.i >= 0 && v.u.i <= 0x10FFFF) {
+            char u[4];
+            rc = tpl_buf_put(&t, u, tpl_utf8_put(u, (uint32_t)v.u.i));
+        } else
+            return tpl_fail(c, at, LMS_ERR_FORMAT, "%%c requires an int or a unicode character");
+    } else {
+        rc = sp->conv == 's' ? tpl_write_str(&t, v) : tpl_write_repr(&t, v);
+    }
+    size_t n = t.n;
+    if (rc == 0 && sp->prec >= 0)
+        n = tpl_utf8_offset(t.p ? t.p : "", t.n, (size_t)sp->prec);
+    if (rc == 0)
+        rc = put_padded(b, sp, t.p ? t.p : "", n);
+    tpl_buf_free(&t);
+    return rc;
+}
+
+/* One %-conversion: s r c, d i u o x X, e E f F g G. Numbers go through
+ * C's printf with the same flags, width and precision (Python's rules for
+ * these are C's). */
+static int format_one(tpl_ctx *c, const tpl_node *at, tpl_buf *b, const pct_spec *sp, tpl_val v)
+{
+    char conv = sp->conv;
+    if (strchr("src", conv))
+        return format_text(c, at, b, sp, v);
+    bool is_int = strchr("diuoxX", conv) != NULL;
+    if (!strchr("diuoxXeEfFgG", conv))
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "unsupported format character '%c'", conv);
+    if (!tpl_is_number(v))
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "%%%c format: a real number is required, not %s",
+                        conv, tpl_type_name(v));
+    if (is_int && conv != 'd' && conv != 'i' && conv != 'u' && v.type == TPL_FLOAT)
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "%%%c format: an integer is required, not float",
+                        conv);
+    char f[40];
+    int width = sp->width > 512 ? 512 : sp->width, prec = sp->prec > 100 ? 100 : sp->prec;
+    int k = snprintf(f, sizeof f, "%%%s", sp->flags);
+    if (width >= 0)
+        k += snprintf(f + k, sizeof f - (size_t)k, "%d", width);
+    if (prec >= 0)
+        k += snprintf(f + k, sizeof f - (size_t)k, ".%d", prec);
+    int64_t int_val = 0;
+    if (is_int) {
+        double d = tpl_as_double(v);
+        if (v.type == TPL_FLOAT && !(d > -9.2e18 && d < 9.2e18))
+            return tpl_fail(c, at, LMS_ERR_RANGE, "%%%c format: number too large", conv);
+        int64_t i = v.type == TPL_FLOAT ? (int64_t)d : v.type == TPL_BOOL ? v.u.b : v.u.i;
+        int_val = i;
+        if (conv == 'o' && strchr(sp->flags, '#')) { /* Python: "0o17", C: "017" */
+            char t[40];
+            int n = snprintf(t, sizeof t, "%s0o%llo", i < 0 ? "-" : "",
+                             (unsigned long long)(i < 0 ? -(uint64_t)i : (uint64_t)i));
+            return put_padded(b, sp, t, (size_t)n);
+        }
+        snprintf(f + k, sizeof f - (size_t)k, "ll%c", conv == 'i' || conv == 'u' ? 'd' : conv);
+    } else {
+        snprintf(f + k, sizeof f - (size_t)k, "%c", conv);
+    }
+    /* f is built above from checked flags, numbers and a conversion that
+     * matches the argument's type */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+    return is_int ? tpl_buf_printf(b, f, (long long)int_val) : tpl_buf_printf(b, f, tpl_as_double(v));
+#pragma GCC diagnostic pop
+}
+
+/* Reads one spec after the '%' at *pp and moves *pp past it. */
+static int parse_pct(tpl_ctx *c, const tpl_node *at, const char **pp, const char *end, pct_spec *sp)
+{
+    const char *p = *pp;
+    *sp = (pct_spec){.width = -1, .prec = -1};
+    if (p < end && *p == '(') {
+        const char *close = memchr(p, ')', (size_t)(end - p));
+        if (!close)
+            return tpl_fail(c, at, LMS_ERR_FORMAT, "incomplete format key");
+        sp->name = p + 1;
+        sp->name_n = (size_t)(close - p - 1);
+        p = close + 1;
+    }
+    size_t nf = 0;
+    for (; p < end && strchr("-+ 0#", *p); p++)
+        if (!memchr(sp->flags, *p, nf) && nf < sizeof sp->flags - 1)
+            sp->flags[nf++] = *p;
+    if (p < end && *p == '*')
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "'*' in a format spec is not supported");
+    for (; p < end && *p >= '0' && *p <= '9'; p++)
+        sp->width = (sp->width < 0 ? 0 : sp->width) * 10 + (*p - '0') % 10000000;
+    if (p < end && *p == '.') {
+        sp->prec = 0;
+        for (p++; p < end && *p >= '0' && *p <= '9'; p++)
+            sp->prec = (sp->prec * 10 + (*p - '0')) % 10000000;
+    }
+    while (p < end && (*p == 'l' || *p == 'h' || *p == 'L')) /* ignored, as Python does */
+        p++;
+    if (p >= end)
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "incomplete format");
+    sp->conv = *p++;
+    *pp = p;
+    return 0;
+}
+
+/* Python's str % args: args is a tuple (one value per spec), a mapping
+ * (for "%(name)s" specs) or a single value. */
 int tpl_str_format(tpl_ctx *c, const tpl_node *at, tpl_val fmt, tpl_val args, tpl_val *out)
 {
     const tpl_list *tuple = args.type == TPL_LIST && (args.flags & TPL_F_TUPLE) ? args.u.l : NULL;
+    /* like CPython: anything subscriptable but a tuple or str may feed %(name)s and
+     * is never "not all converted" */
+    bool mapping = !tuple && args.type != TPL_STR &&
+                   (args.type == TPL_DICT || args.type == TPL_NS || args.type == TPL_LIST);
     size_t next = 0;
     tpl_buf b = {.max_bytes = c->lim.max_output_bytes};
     int rc = 0;
@@ -387,29 +504,38 @@ int tpl_str_format(tpl_ctx *c, const tpl_node *at, tpl_val fmt, tpl_val args, tp
         if (!pct || rc)
             break;
         p = pct + 1;
-        int prec = -1;
-        if (p < end && *p == '.') {
-            prec = 0;
-            for (p++; p < end && *p >= '0' && *p <= '9' && prec < 100; p++)
-                prec = prec * 10 + (*p - '0');
-        }
-        if (p >= end) {
-            rc = tpl_fail(c, at, LMS_ERR_FORMAT, "incomplete format");
+        pct_spec sp;
+        if ((rc = parse_pct(c, at, &p, end, &sp)) < 0)
             break;
-        }
-        char conv = *p++;
-        if (conv == '%') {
+        if (sp.conv == '%' && !sp.name) {
             rc = tpl_buf_putc(&b, '%');
             continue;
         }
-        tpl_val v = tuple ? (next < tuple->n ? tuple->items[next] : tpl_undef(NULL, 0, 0)) : args;
-        if ((tuple && next >= tuple->n) || (!tuple && next > 0)) {
-            rc = tpl_fail(c, at, LMS_ERR_FORMAT, "not enough arguments for format string");
-            break;
+        tpl_val v;
+        if (sp.name) {
+            if (!mapping || args.type == TPL_LIST) {
+                rc = tpl_fail(c, at, LMS_ERR_FORMAT, "format requires a mapping");
+                break;
+            }
+            long i = tpl_dict_find_str(args.u.d, sp.name, sp.name_n);
+            if (i < 0) {
+                rc = tpl_fail(c, at, LMS_ERR_FORMAT, "format key '%.*s' not found",
+                              (int)(sp.name_n > 40 ? 40 : sp.name_n), sp.name);
+                break;
+            }
+            v = args.u.d->vals[i];
+        } else {
+            if ((tuple && next >= tuple->n) || (!tuple && next > 0)) {
+                rc = tpl_fail(c, at, LMS_ERR_FORMAT, "not enough arguments for format string");
+                break;
+            }
+            v = tuple ? tuple->items[next] : args;
+            next++;
         }
-        next++;
-        rc = format_one(c, at, &b, conv, prec, v);
+        rc = format_one(c, at, &b, &sp, v);
     }
+    if (rc == 0 && !mapping && next < (tuple ? tuple->n : 1))
+        rc = tpl_fail(c, at, LMS_ERR_FORMAT, "not all arguments converted during string formatting");
     return tpl_buf_finish(c, at, &b, rc, out);
 }
 

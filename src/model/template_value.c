@@ -325,7 +325,7 @@ bool tpl_truthy(tpl_val v)
     case TPL_INT: return v.u.i != 0;
     case TPL_FLOAT: return v.u.f != 0.0;
     case TPL_STR: return v.u.s.n != 0;
-    case TPL_LIST: return v.u.l->n != 0;
+    case TPL_LIST: return v.u.l->n != 0 || (v.flags & TPL_F_GEN);
     case TPL_DICT: return v.u.d->n != 0;
     default: return true;
     }
@@ -379,6 +379,8 @@ bool tpl_equal(tpl_val a, tpl_val b)
     case TPL_NONE: return true;
     case TPL_STR: return str_eq(a, b);
     case TPL_LIST:
+        if ((a.flags | b.flags) & TPL_F_GEN) /* a generator equals only itself */
+            return a.u.l == b.u.l;
         if (a.u.l->n != b.u.l->n)
             return false;
         for (size_t i = 0; i < a.u.l->n; i++)
@@ -431,7 +433,8 @@ const char *tpl_type_name(tpl_val v)
     case TPL_INT: return "int";
     case TPL_FLOAT: return "float";
     case TPL_STR: return "str";
-    case TPL_LIST: return v.flags & TPL_F_TUPLE ? "tuple" : "list";
+    case TPL_LIST:
+        return v.flags & TPL_F_GEN ? "generator" : v.flags & TPL_F_TUPLE ? "tuple" : "list";
     case TPL_DICT: return "dict";
     case TPL_NS: return "Namespace";
     case TPL_MACRO: return "Macro";
@@ -696,7 +699,10 @@ static int write_str_d(tpl_buf *b, tpl_val v, int depth)
     case TPL_INT: return tpl_buf_printf(b, "%lld", (long long)v.u.i);
     case TPL_FLOAT: return tpl_write_float(b, v.u.f);
     case TPL_STR: return tpl_buf_put(b, v.u.s.p, v.u.s.n);
-    case TPL_LIST: return write_seq_repr(b, v.u.l, v.flags & TPL_F_TUPLE, depth);
+    case TPL_LIST:
+        if (v.flags & TPL_F_GEN) /* Python adds an address, which no test can match */
+            return tpl_buf_put(b, "<generator object>", 18);
+        return write_seq_repr(b, v.u.l, v.flags & TPL_F_TUPLE, depth);
     case TPL_DICT: return write_dict_repr(b, v.u.d, depth);
     case TPL_NS: {
         int rc = tpl_buf_put(b, "<Namespace ", 11);
@@ -878,8 +884,13 @@ int tpl_write_json(tpl_buf *b, tpl_val v, const tpl_json_opts *o, int depth, con
             return v.u.f > 0 ? tpl_buf_put(b, "Infinity", 8) : tpl_buf_put(b, "-Infinity", 9);
         return tpl_write_float(b, v.u.f);
     case TPL_STR: return write_json_str(b, v.u.s.p, v.u.s.n, o->ensure_ascii);
-    case TPL_LIST: return write_json_list(b, v.u.l, o, depth, bad);
+    case TPL_LIST:
+        if (v.flags & TPL_F_GEN)
+            break;
+        return write_json_list(b, v.u.l, o, depth, bad);
     case TPL_DICT: return write_json_dict(b, v.u.d, o, depth, bad);
-    default: *bad = tpl_type_name(v); return LMS_ERR_FORMAT;
+    default: break;
     }
+    *bad = tpl_type_name(v);
+    return LMS_ERR_FORMAT;
 }
