@@ -367,13 +367,22 @@ static int f_tojson(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *
 {
     tpl_json_opts o = {.indent = -1};
     tpl_val ind, seps;
+    char sep[2][16], ind_str[65];
     o.ensure_ascii = bool_or(a, 0, "ensure_ascii", false);
     if (tpl_arg(a, 1, "indent", &ind) && ind.type != TPL_NONE) {
-        if (ind.type != TPL_INT || ind.u.i < 0 || ind.u.i > 64)
-            return tpl_fail(c, at, LMS_ERR_FORMAT, "tojson: indent must be an integer 0..64");
-        o.indent = (int)ind.u.i;
+        /* json.dumps: an int is that many spaces (none when negative, yet
+         * still one item a line), a str is used as it is */
+        if (ind.type == TPL_STR && ind.u.s.n < sizeof ind_str) {
+            snprintf(ind_str, sizeof ind_str, "%.*s", (int)ind.u.s.n, ind.u.s.p);
+            o.indent = 0;
+            o.indent_str = ind_str;
+        } else if ((ind.type == TPL_INT && ind.u.i <= 64) || ind.type == TPL_BOOL) {
+            o.indent = ind.type == TPL_BOOL ? ind.u.b : ind.u.i < 0 ? 0 : (int)ind.u.i;
+        } else {
+            return tpl_fail(c, at, LMS_ERR_FORMAT,
+                            "tojson: indent must be an integer up to 64 or a string of up to 64 bytes");
+        }
     }
-    char sep[2][16];
     if (tpl_arg(a, 2, "separators", &seps) && seps.type == TPL_LIST && seps.u.l->n == 2) {
         for (int k = 0; k < 2; k++) {
             tpl_val s = seps.u.l->items[k];

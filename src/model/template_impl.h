@@ -191,6 +191,7 @@ int tpl_write_repr(tpl_buf *b, tpl_val v);
  * and writes its type name to *bad. */
 typedef struct tpl_json_opts {
     int indent;           /* spaces, or -1 for a single line */
+    const char *indent_str; /* with indent >= 0: this text per level instead of spaces */
     const char *item_sep; /* NULL = "," with indent, ", " without */
     const char *key_sep;  /* NULL = ": " */
     bool sort_keys;

@@ -664,11 +664,44 @@ static int m_replace(tpl_ctx *c, const tpl_node *at, tpl_val s, const tpl_args *
     return tpl_str_replace(c, at, s, from, to, int_arg(a, 2, "count", -1), out);
 }
 
+/* The part s[start:end] that startswith/find/count/... look at, from their
+ * optional start and end arguments (code points, negative from the end,
+ * none = open, as Python's slice bounds). *skip: code points cut from the
+ * front. False when the window is empty because start passed the end. */
+static int str_window(tpl_ctx *c, const tpl_node *at, tpl_val s, const tpl_args *a, size_t first,
+                      tpl_val *w, int64_t *skip, bool *past)
+{
+    int64_t len = (int64_t)tpl_utf8_len(s.u.s.p, s.u.s.n), b[2] = {0, len};
+    *past = false;
+    for (int k = 0; k < 2; k++) {
+        tpl_val v;
+        if (!tpl_arg(a, first + (size_t)k, k ? "end" : "start", &v) || v.type == TPL_NONE)
+            continue;
+        if (v.type != TPL_INT && v.type != TPL_BOOL)
+            return tpl_fail(c, at, LMS_ERR_FORMAT,
+                            "slice indices must be integers or None or have an __index__ method");
+        int64_t i = v.type == TPL_BOOL ? v.u.b : v.u.i;
+        if (i < 0)
+            i = i + len < 0 ? 0 : i + len;
+        *past |= k == 0 && i > len;
+        b[k] = i > len ? len : i;
+    }
+    *past |= b[0] > b[1];
+    size_t lo = tpl_utf8_offset(s.u.s.p, s.u.s.n, (size_t)b[0]);
+    size_t hi = b[1] > b[0] ? tpl_utf8_offset(s.u.s.p, s.u.s.n, (size_t)b[1]) : lo;
+    *w = tpl_str(s.u.s.p + lo, hi - lo);
+    *skip = b[0];
+    return 0;
+}
+
 /* startswith/endswith: the argument may be a str or a tuple/list of str. */
 static int m_affix(tpl_ctx *c, const tpl_node *at, tpl_val s, const tpl_args *a, int end,
                    tpl_val *out)
 {
     tpl_val x;
+    int64_t skip;
+    bool past;
+    TPL_TRY(str_window(c, at, s, a, 1, &s, &skip, &past));
     if (!tpl_arg(a, 0, end ? "suffix" : "prefix", &x))
         return tpl_fail(c, at, LMS_ERR_FORMAT, "%s() takes at least 1 argument",
                         end ? "endswith" : "startswith");
@@ -684,27 +717,29 @@ static int m_affix(tpl_ctx *c, const tpl_node *at, tpl_val s, const tpl_args *a,
         if (o.type != TPL_STR)
             return tpl_fail(c, at, LMS_ERR_FORMAT, "%s arg must be str or a tuple of str, not %s",
                             end ? "endswith" : "startswith", tpl_type_name(o));
-        hit = o.u.s.n <= s.u.s.n &&
+        hit = !past && o.u.s.n <= s.u.s.n &&
               memcmp(s.u.s.p + (end ? s.u.s.n - o.u.s.n : 0), o.u.s.p, o.u.s.n) == 0;
     }
     *out = tpl_bool(hit);
     return 0;
 }
 
-/* find (mode 0), rfind (1), count (2), index (3) of a substring; results
- * in code points. */
+/* find (mode 0), rfind (1), count (2), index (3), rindex (4) of a
+ * substring in s[start:end]; results in code points. */
 static int m_search(tpl_ctx *c, const tpl_node *at, tpl_val s, const tpl_args *a, int mode,
                     tpl_val *out)
 {
     tpl_val sub;
     TPL_TRY(str_arg(c, at, a, 0, "sub", &sub));
-    int64_t count = 0, first = -1, last = -1;
+    int64_t count = 0, first = -1, last = -1, skip;
+    bool past;
+    TPL_TRY(str_window(c, at, s, a, 1, &s, &skip, &past));
     const char *p = s.u.s.p, *end = p + s.u.s.n;
-    for (const char *q = p; q <= end;) {
+    for (const char *q = p; q <= end && !past;) {
         const char *hit = memmem(q, (size_t)(end - q), sub.u.s.p, sub.u.s.n);
         if (!hit)
             break;
-        int64_t idx = (int64_t)tpl_utf8_len(p, (size_t)(hit - p));
+        int64_t idx = skip + (int64_t)tpl_utf8_len(p, (size_t)(hit - p));
         if (first < 0)
             first = idx;
         last = idx;
@@ -713,10 +748,84 @@ static int m_search(tpl_ctx *c, const tpl_node *at, tpl_val s, const tpl_args *a
         if (mode == 0 && first >= 0)
             break;
     }
-    if (mode == 3 && first < 0)
+    if (mode >= 3 && first < 0)
         return tpl_fail(c, at, LMS_ERR_FORMAT, "substring not found");
-    *out = tpl_int(mode == 0 || mode == 3 ? first : mode == 1 ? last : count);
+    *out = tpl_int(mode == 0 || mode == 3 ? first : mode == 1 || mode == 4 ? last : count);
     return 0;
+}
+
+/* partition / rpartition (right): a 3-tuple (head, sep, tail). */
+static int m_partition(tpl_ctx *c, const tpl_node *at, tpl_val s, const tpl_args *a, int right,
+                       tpl_val *out)
+{
+    tpl_val sep;
+    TPL_TRY(str_arg(c, at, a, 0, "sep", &sep));
+    if (sep.u.s.n == 0)
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "empty separator");
+    const char *hit = right ? find_last(s.u.s.p, s.u.s.n, sep.u.s.p, sep.u.s.n)
+                            : memmem(s.u.s.p, s.u.s.n, sep.u.s.p, sep.u.s.n);
+    tpl_val parts[3] = {s, tpl_str("", 0), tpl_str("", 0)};
+    if (hit) {
+        size_t h = (size_t)(hit - s.u.s.p);
+        parts[0] = tpl_str(s.u.s.p, h);
+        parts[1] = sep;
+        parts[2] = tpl_str(hit + sep.u.s.n, s.u.s.n - h - sep.u.s.n);
+    } else if (right) { /* rpartition puts a miss at the end: ('', '', s) */
+        parts[0] = parts[2];
+        parts[2] = s;
+    }
+    TPL_TRY(tpl_list_from_vals(c, at, parts, 3, out));
+    out->flags = TPL_F_TUPLE;
+    return 0;
+}
+
+/* removeprefix / removesuffix (end). */
+static int m_remove_affix(tpl_ctx *c, const tpl_node *at, tpl_val s, const tpl_args *a, int end,
+                          tpl_val *out)
+{
+    tpl_val x;
+    TPL_TRY(str_arg(c, at, a, 0, end ? "suffix" : "prefix", &x));
+    *out = s;
+    if (x.u.s.n <= s.u.s.n &&
+        memcmp(s.u.s.p + (end ? s.u.s.n - x.u.s.n : 0), x.u.s.p, x.u.s.n) == 0)
+        *out = tpl_str(s.u.s.p + (end ? 0 : x.u.s.n), s.u.s.n - x.u.s.n);
+    return 0;
+}
+
+/* ljust (mode 0), rjust (1), center (2), zfill (3): s padded to width code
+ * points with fillchar (a space; zfill: '0' after any sign). */
+static int m_pad(tpl_ctx *c, const tpl_node *at, tpl_val s, const tpl_args *a, int mode,
+                 tpl_val *out)
+{
+    tpl_val w, fill = tpl_str(mode == 3 ? "0" : " ", 1);
+    if (!tpl_arg(a, 0, "width", &w) || (w.type != TPL_INT && w.type != TPL_BOOL))
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "%s() wants an integer width",
+                        (const char *[]){"ljust", "rjust", "center", "zfill"}[mode]);
+    if (mode != 3 && tpl_arg(a, 1, "fillchar", &fill) &&
+        (fill.type != TPL_STR || tpl_utf8_len(fill.u.s.p, fill.u.s.n) != 1))
+        return tpl_fail(c, at, LMS_ERR_FORMAT,
+                        "The fill character must be exactly one character long");
+    int64_t width = w.type == TPL_BOOL ? w.u.b : w.u.i;
+    int64_t len = (int64_t)tpl_utf8_len(s.u.s.p, s.u.s.n);
+    if (width <= len) {
+        *out = s;
+        return 0;
+    }
+    if (width > (int64_t)c->lim.max_output_bytes)
+        return tpl_fail(c, at, LMS_ERR_LIMIT, "string longer than %zu bytes",
+                        c->lim.max_output_bytes);
+    int64_t pad = width - len;
+    int64_t left = mode == 0 ? 0 : mode == 2 ? pad / 2 + (pad & width & 1) : pad;
+    size_t sign = mode == 3 && s.u.s.n && (s.u.s.p[0] == '+' || s.u.s.p[0] == '-');
+    tpl_buf b = {.max_bytes = c->lim.max_output_bytes};
+    int rc = tpl_buf_put(&b, s.u.s.p, sign);
+    for (int64_t k = 0; k < left && rc == 0; k++)
+        rc = tpl_buf_put(&b, fill.u.s.p, fill.u.s.n);
+    if (rc == 0)
+        rc = tpl_buf_put(&b, s.u.s.p + sign, s.u.s.n - sign);
+    for (int64_t k = left; k < pad && rc == 0; k++)
+        rc = tpl_buf_put(&b, fill.u.s.p, fill.u.s.n);
+    return tpl_buf_finish(c, at, &b, rc, out);
 }
 
 static int m_join(tpl_ctx *c, const tpl_node *at, tpl_val s, const tpl_args *a, int arg,
@@ -899,12 +1008,23 @@ static const method_def k_methods[] = {
     {TPL_STR, "rsplit", m_split, "sep,maxsplit", true},
     {TPL_STR, "splitlines", m_splitlines, "keepends", 0},
     {TPL_STR, "replace", m_replace, "old,new,count", 0},
-    {TPL_STR, "startswith", m_affix, "prefix", false},
-    {TPL_STR, "endswith", m_affix, "suffix", true},
-    {TPL_STR, "find", m_search, "sub", 0},
-    {TPL_STR, "rfind", m_search, "sub", 1},
-    {TPL_STR, "count", m_search, "sub", 2},
-    {TPL_STR, "index", m_search, "sub", 3},
+    {TPL_STR, "startswith", m_affix, "prefix,start,end", false},
+    {TPL_STR, "endswith", m_affix, "suffix,start,end", true},
+    {TPL_STR, "find", m_search, "sub,start,end", 0},
+    {TPL_STR, "rfind", m_search, "sub,start,end", 1},
+    {TPL_STR, "count", m_search, "sub,start,end", 2},
+    {TPL_STR, "index", m_search, "sub,start,end", 3},
+    {TPL_STR, "rindex", m_search, "sub,start,end", 4},
+    {TPL_STR, "partition", m_partition, "sep", false},
+    {TPL_STR, "rpartition", m_partition, "sep", true},
+    {TPL_STR, "removeprefix", m_remove_affix, "prefix", false},
+    {TPL_STR, "removesuffix", m_remove_affix, "suffix", true},
+    {TPL_STR, "ljust", m_pad, "width,fillchar", 0},
+    {TPL_STR, "rjust", m_pad, "width,fillchar", 1},
+    {TPL_STR, "center", m_pad, "width,fillchar", 2},
+    {TPL_STR, "zfill", m_pad, "width", 3},
+    {TPL_STR, "isdecimal", m_is, "", 0},
+    {TPL_STR, "isnumeric", m_is, "", 0},
     {TPL_STR, "join", m_join, "iterable", 0},
     {TPL_STR, "format", m_format, NULL, 0},
     {TPL_STR, "isdigit", m_is, "", 0},

@@ -768,8 +768,12 @@ static int write_json_str(tpl_buf *b, const char *p, size_t n, bool ascii)
 static int json_newline(tpl_buf *b, const tpl_json_opts *o, int depth)
 {
     int rc = tpl_buf_putc(b, '\n');
-    for (int i = 0; i < o->indent * depth && rc == 0; i++)
-        rc = tpl_buf_putc(b, ' ');
+    for (int i = 0; i < depth && rc == 0; i++) {
+        if (o->indent_str)
+            rc = tpl_buf_put(b, o->indent_str, strlen(o->indent_str));
+        for (int k = 0; k < o->indent && !o->indent_str && rc == 0; k++)
+            rc = tpl_buf_putc(b, ' ');
+    }
     return rc;
 }
 
