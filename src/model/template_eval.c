@@ -998,17 +998,32 @@ static int capture(tpl_ctx *c, const tpl_node *block, tpl_val *out)
 static int bind_macro_args(tpl_ctx *c, const tpl_node *at, const tpl_node *def, tpl_scope *s,
                            const tpl_args *a)
 {
-    if (a->n_pos > def->n_kids)
+    bool var = def->op & TPL_MACRO_VARARGS, kw = def->op & TPL_MACRO_KWARGS;
+    if (a->n_pos > def->n_kids && !var)
         return tpl_fail(c, at, LMS_ERR_FORMAT, "macro '%s' takes not more than %zu argument(s)",
                         def->name, def->n_kids);
+    tpl_dict *extra = kw ? tpl_dict_new(&c->arena, 0) : NULL;
+    if (kw && !extra)
+        return tpl_fail_nomem(c, at);
     for (size_t k = 0; k < a->n_kw; k++) {
         bool known = false;
         for (size_t j = 0; j < def->n_kids && !known; j++)
             known = tpl_equal(a->kw_names[k], tpl_str(def->kids[j]->name, def->kids[j]->name_n));
-        if (!known)
+        if (!known && kw && tpl_dict_set(&c->arena, extra, a->kw_names[k], a->kw_vals[k]) < 0)
+            return tpl_fail_nomem(c, at);
+        if (!known && !kw)
             return tpl_fail(c, at, LMS_ERR_FORMAT, "macro '%s' takes no keyword argument '%.*s'",
                             def->name, (int)a->kw_names[k].u.s.n, a->kw_names[k].u.s.p);
     }
+    if (var) {
+        size_t n = a->n_pos > def->n_kids ? a->n_pos - def->n_kids : 0;
+        tpl_val t;
+        TPL_TRY(tpl_list_from_vals(c, at, a->pos + def->n_kids, n, &t));
+        t.flags = TPL_F_TUPLE;
+        TPL_TRY(scope_set(c, at, s, "varargs", 7, t));
+    }
+    if (kw)
+        TPL_TRY(scope_set(c, at, s, "kwargs", 6, tpl_dict_val(extra)));
     for (size_t j = 0; j < def->n_kids; j++) {
         const tpl_node *param = def->kids[j];
         tpl_val v;

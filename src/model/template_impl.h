@@ -234,7 +234,7 @@ bool tpl_cp_is_word(uint32_t cp);
  *                                                                       [1..] targets
  *   N_SET                                expr       target
  *   N_SETBLOCK                           target     body       filters
- *   N_MACRO      macro                              body                N_PARAM...
+ *   N_MACRO      macro                              body                N_PARAM...  (op: TPL_MACRO_*)
  *   N_PARAM      parameter               default*
  *   N_FILTERBLK                          filters    body
  *   N_WITH                                          body                N_SET...
@@ -384,6 +384,12 @@ struct tpl_scope {
     tpl_scope *parent;
     tpl_dict vars; /* name -> value */
 };
+
+/* What a macro body refers to, so that calls may pass more (jinja2 decides
+ * the same way): extra positional arguments become `varargs`, unknown
+ * keywords `kwargs`. */
+#define TPL_MACRO_VARARGS 1
+#define TPL_MACRO_KWARGS  2
 
 struct tpl_macro {
     const tpl_node *def; /* N_MACRO */

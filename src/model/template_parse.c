@@ -861,6 +861,21 @@ static int parse_macro_params(parser *p, tpl_node *n)
     return 0;
 }
 
+/* Does the subtree at n read the variable `name`? */
+static bool reads_name(const tpl_node *n, const char *name)
+{
+    if (!n)
+        return false;
+    if (n->kind == N_NAME && strcmp(n->name, name) == 0)
+        return true;
+    if (reads_name(n->a, name) || reads_name(n->b, name) || reads_name(n->c, name))
+        return true;
+    for (size_t k = 0; k < n->n_kids; k++)
+        if (reads_name(n->kids[k], name))
+            return true;
+    return false;
+}
+
 static int parse_macro(parser *p, const tpl_token *kw, tpl_node **out)
 {
     if (cur(p)->kind != TK_NAME)
@@ -877,6 +892,8 @@ static int parse_macro(parser *p, const tpl_token *kw, tpl_node **out)
     *out = n;
     TPL_TRY(body_until(p, kw, "endmacro", &n->b));
     p->loop_depth = saved_loops;
+    n->op = (reads_name(n->b, "varargs") ? TPL_MACRO_VARARGS : 0) |
+            (reads_name(n->b, "kwargs") ? TPL_MACRO_KWARGS : 0);
     return 0;
 }
 

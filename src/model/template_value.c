@@ -381,6 +381,8 @@ bool tpl_equal(tpl_val a, tpl_val b)
     case TPL_LIST:
         if ((a.flags | b.flags) & TPL_F_GEN) /* a generator equals only itself */
             return a.u.l == b.u.l;
+        if ((a.flags ^ b.flags) & TPL_F_TUPLE) /* (1, 2) != [1, 2] */
+            return false;
         if (a.u.l->n != b.u.l->n)
             return false;
         for (size_t i = 0; i < a.u.l->n; i++)
