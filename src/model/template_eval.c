@@ -268,6 +268,11 @@ int tpl_getattr(tpl_ctx *c, const tpl_node *at, tpl_val obj, const char *name, s
         return tpl_fail_undefined(c, at, obj);
     if (obj.type == TPL_LOOP && loop_attr(obj.u.loop, name, n, out) == 0)
         return 0;
+    if (obj.type == TPL_LIST && (obj.flags & TPL_F_GROUP) &&
+        ((n == 7 && !memcmp(name, "grouper", 7)) || (n == 4 && !memcmp(name, "list", 4)))) {
+        *out = obj.u.l->items[n == 4];
+        return 0;
+    }
     if (n && name[0] == '_') { /* the sandbox hides private attributes */
         *out = tpl_undef(name, n, obj.type);
         return 0;

@@ -699,6 +699,54 @@ static int f_sort(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a,
     return sorted_list(c, at, l, keys, reverse, out);
 }
 
+/* groupby(attribute, default=none, case_sensitive=false): items sorted by
+ * the attribute, in runs of equal keys, as (grouper, list) tuples. */
+static int f_groupby(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                     tpl_val *out)
+{
+    tpl_val attr, def = tpl_none();
+    if (!tpl_arg(a, 0, "attribute", &attr))
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "groupby: missing argument 'attribute'");
+    bool has_def = tpl_arg(a, 1, "default", &def), cs = bool_or(a, 2, "case_sensitive", false);
+    tpl_list *l = NULL;
+    TPL_TRY(tpl_iterate(c, at, in, &l));
+    size_t n = l->n;
+    tpl_val *vals = tpl_alloc(&c->arena, (2 * n + 1) * sizeof *vals), *keys = vals + n;
+    size_t *idx = tpl_alloc(&c->arena, (2 * n + 1) * sizeof *idx);
+    tpl_list *groups = tpl_list_new(&c->arena, 0);
+    if (!vals || !idx || !groups)
+        return tpl_fail_nomem(c, at);
+    for (size_t i = 0; i < n; i++) {
+        TPL_TRY(attr_path(c, at, l->items[i], attr, &vals[i]));
+        if (vals[i].type == TPL_UNDEF && has_def)
+            vals[i] = def;
+        keys[i] = vals[i];
+        if (!cs && vals[i].type == TPL_STR)
+            TPL_TRY(tpl_str_case(c, at, vals[i], TPL_CASE_LOWER, &keys[i]));
+        idx[i] = i;
+    }
+    TPL_TRY(merge_sort(c, at, keys, idx, idx + n, n, false));
+    for (size_t i = 0; i < n;) {
+        size_t j = i + 1;
+        while (j < n && tpl_equal(keys[idx[j]], keys[idx[i]]))
+            j++;
+        tpl_list *members = tpl_list_new(&c->arena, j - i);
+        if (!members)
+            return tpl_fail_nomem(c, at);
+        for (size_t k = i; k < j; k++)
+            members->items[members->n++] = l->items[idx[k]];
+        /* the grouper is the first member's value, case kept */
+        tpl_val pair[2] = {vals[idx[i]], tpl_list_val(members)}, g;
+        TPL_TRY(tpl_list_from_vals(c, at, pair, 2, &g));
+        g.flags = TPL_F_TUPLE | TPL_F_GROUP;
+        if (tpl_list_push(&c->arena, groups, g) < 0)
+            return tpl_fail_nomem(c, at);
+        i = j;
+    }
+    *out = tpl_list_val(groups);
+    return 0;
+}
+
 static int f_dictsort(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
                       tpl_val *out)
 {
@@ -922,6 +970,7 @@ static const filter_def k_filters[] = {
     {"d", f_default, "default_value,boolean", 0},
     {"default", f_default, "default_value,boolean", 0},
     {"dictsort", f_dictsort, "case_sensitive,by,reverse", 0},
+    {"groupby", f_groupby, "attribute,default,case_sensitive", 0},
     {"e", f_escape, "", 0},
     {"escape", f_escape, "", 0},
     {"first", f_first_last, "", false},

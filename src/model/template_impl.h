@@ -104,6 +104,7 @@ enum tpl_type {
 #define TPL_F_SAFE                                                                                 \
     16 /* str marked safe (markupsafe.Markup, from |safe or |escape): `+` with a                \
         * plain str HTML-escapes the plain one and stays safe */
+#define TPL_F_GROUP 32 /* (grouper, list) tuple from |groupby: has those two attributes */
 
 typedef struct tpl_list tpl_list;
 typedef struct tpl_dict tpl_dict;
