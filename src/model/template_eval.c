@@ -1011,7 +1011,9 @@ static int bind_macro_args(tpl_ctx *c, const tpl_node *at, const tpl_node *def, 
     if (kw && !extra)
         return tpl_fail_nomem(c, at);
     for (size_t k = 0; k < a->n_kw; k++) {
-        bool known = false;
+        bool known = (def->op & TPL_MACRO_CALLER) && tpl_equal(a->kw_names[k], tpl_cstr("caller"));
+        if (known)
+            TPL_TRY(scope_set(c, at, s, "caller", 6, a->kw_vals[k]));
         for (size_t j = 0; j < def->n_kids && !known; j++)
             known = tpl_equal(a->kw_names[k], tpl_str(def->kids[j]->name, def->kids[j]->name_n));
         if (!known && kw && tpl_dict_set(&c->arena, extra, a->kw_names[k], a->kw_vals[k]) < 0)
@@ -1272,6 +1274,32 @@ static int exec_macro_def(tpl_ctx *c, const tpl_node *n)
     return scope_set(c, n, c->scope, n->name, n->name_n, v);
 }
 
+/* {% call %}: the call of n->a with one more keyword, caller = the body
+ * (n->b) as a macro defined here; what it returns is output. */
+static int exec_call_block(tpl_ctx *c, const tpl_node *n)
+{
+    const tpl_node *call = n->a;
+    tpl_macro *m = tpl_alloc(&c->arena, sizeof *m);
+    if (!m)
+        return tpl_fail_nomem(c, n);
+    m->def = n->b;
+    m->closure = c->scope;
+    tpl_val fn, res;
+    arg_store st;
+    TPL_TRY(eval(c, call->a, &fn));
+    TPL_TRY(eval_args(c, call, 0, &st));
+    size_t nk = st.a.n_kw;
+    tpl_val *kw = tpl_alloc(&c->arena, 2 * (nk + 1) * sizeof *kw);
+    if (!kw)
+        return tpl_fail_nomem(c, n);
+    memcpy(kw, st.a.kw_names, nk * sizeof *kw);
+    memcpy(kw + nk + 1, st.a.kw_vals, nk * sizeof *kw);
+    kw[nk] = tpl_cstr("caller");
+    kw[2 * nk + 1] = (tpl_val){.type = TPL_MACRO, .u.m = m};
+    TPL_TRY(tpl_call_value(c, call, fn, st.a.pos, st.a.n_pos, kw, kw + nk + 1, nk + 1, &res));
+    return output_value(c, n, res);
+}
+
 static int exec_node(tpl_ctx *c, const tpl_node *n)
 {
     tpl_val v;
@@ -1291,6 +1319,7 @@ static int exec_node(tpl_ctx *c, const tpl_node *n)
     case N_MACRO: return exec_macro_def(c, n);
     case N_FILTERBLK: return exec_filterblock(c, n);
     case N_WITH: return exec_with(c, n);
+    case N_CALLBLOCK: return exec_call_block(c, n);
     case N_BLOCK: return exec_block(c, n);
     case N_BREAK: return FLOW_BREAK;
     case N_CONTINUE: return FLOW_CONTINUE;

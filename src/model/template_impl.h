@@ -239,6 +239,7 @@ bool tpl_cp_is_word(uint32_t cp);
  *   N_PARAM      parameter               default*
  *   N_FILTERBLK                          filters    body
  *   N_WITH                                          body                N_SET...
+ *   N_CALLBLOCK                          N_CALL     N_MACRO "caller" (params, body)
  *   N_BREAK, N_CONTINUE
  *   N_CONST                  the value
  *   N_NAME       variable
@@ -274,6 +275,7 @@ enum tpl_node_kind {
     N_PARAM,
     N_FILTERBLK,
     N_WITH,
+    N_CALLBLOCK,
     N_BREAK,
     N_CONTINUE,
     N_CONST,
@@ -388,9 +390,10 @@ struct tpl_scope {
 
 /* What a macro body refers to, so that calls may pass more (jinja2 decides
  * the same way): extra positional arguments become `varargs`, unknown
- * keywords `kwargs`. */
+ * keywords `kwargs`, and a `caller` keyword is accepted. */
 #define TPL_MACRO_VARARGS 1
 #define TPL_MACRO_KWARGS  2
+#define TPL_MACRO_CALLER  4 /* takes `caller` ({% call %} passes it) */
 
 struct tpl_macro {
     const tpl_node *def; /* N_MACRO */

@@ -876,6 +876,13 @@ static bool reads_name(const tpl_node *n, const char *name)
     return false;
 }
 
+static int macro_flags(const tpl_node *macro)
+{
+    return (reads_name(macro->b, "varargs") ? TPL_MACRO_VARARGS : 0) |
+           (reads_name(macro->b, "kwargs") ? TPL_MACRO_KWARGS : 0) |
+           (reads_name(macro->b, "caller") ? TPL_MACRO_CALLER : 0);
+}
+
 static int parse_macro(parser *p, const tpl_token *kw, tpl_node **out)
 {
     if (cur(p)->kind != TK_NAME)
@@ -892,8 +899,33 @@ static int parse_macro(parser *p, const tpl_token *kw, tpl_node **out)
     *out = n;
     TPL_TRY(body_until(p, kw, "endmacro", &n->b));
     p->loop_depth = saved_loops;
-    n->op = (reads_name(n->b, "varargs") ? TPL_MACRO_VARARGS : 0) |
-            (reads_name(n->b, "kwargs") ? TPL_MACRO_KWARGS : 0);
+    n->op = macro_flags(n);
+    return 0;
+}
+
+/* {% call [(params)] m(args) %}body{% endcall %}: the body becomes a macro
+ * named caller, passed to m as the keyword argument `caller`. */
+static int parse_call_block(parser *p, const tpl_token *kw, tpl_node **out)
+{
+    tpl_node *n = node_at(p, N_CALLBLOCK, kw), *caller = node_at(p, N_MACRO, kw);
+    if (!n || !caller)
+        return nomem(p);
+    caller->name = "caller";
+    caller->name_n = 6;
+    if (is_op(p, "("))
+        TPL_TRY(parse_macro_params(p, caller));
+    const tpl_token *at = cur(p);
+    TPL_TRY(parse_cond(p, &n->a));
+    if (n->a->kind != N_CALL)
+        return fail_at(p, at, "'{%% call %%}' wants a macro call");
+    TPL_TRY(expect_block_end(p));
+    int saved_loops = p->loop_depth;
+    p->loop_depth = 0;
+    *out = n;
+    TPL_TRY(body_until(p, kw, "endcall", &caller->b));
+    p->loop_depth = saved_loops;
+    caller->op = macro_flags(caller);
+    n->b = caller;
     return 0;
 }
 
@@ -962,6 +994,7 @@ static const struct {
     {"break", parse_loop_control},
     {"continue", parse_loop_control},
     {"generation", parse_generation},
+    {"call", parse_call_block},
 };
 
 /* After "{%": one statement, up to and including its end tag. */
@@ -986,7 +1019,7 @@ static int parse_statement(parser *p, tpl_node **out)
                        tok_desc(kw, buf, sizeof buf), inner);
     }
     static const char *const unsupported[] = {"include", "import", "from", "extends",
-                                              "block",   "call",   NULL};
+                                              "block",   NULL};
     for (size_t k = 0; unsupported[k]; k++)
         if (tok_is(kw, TK_NAME, unsupported[k]))
             return fail_at(p, kw, "'{%% %s %%}' is not supported", unsupported[k]);
