@@ -491,11 +491,8 @@ static void anth_on_event(task *t, const lms_event *ev, double t_ms)
     /* a remote expert's stream opens with its first piece: a refusal stays an HTTP error */
     if (j->stream && !j->begun && (ev->type == LMS_EV_TOKEN || (terminal && !failed)))
         stream_begin(c, j);
-    if (ev->type == LMS_EV_TOKEN && ev->token == LMS_REMOTE_CALL) {
-        if (chatfmt_remote_call(&j->calls, ev) < 0)
-            j->calls_lost = true; /* the end event fails the response */
+    if (chatfmt_remote_call(&j->calls, &j->calls_lost, ev))
         return;
-    }
     if (ev->type == LMS_EV_TOKEN) {
         sbuf_add(&j->text, ev->text, ev->text_len);
         if (j->stream)

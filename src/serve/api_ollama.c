@@ -189,11 +189,8 @@ static void oll_on_event(task *t, const lms_event *ev, double t_ms)
         http_stream_begin(c, 200, "application/x-ndjson");
         j->begun = true;
     }
-    if (ev->type == LMS_EV_TOKEN && ev->token == LMS_REMOTE_CALL) {
-        if (chatfmt_remote_call(&j->calls, ev) < 0)
-            j->calls_lost = true;
+    if (chatfmt_remote_call(&j->calls, &j->calls_lost, ev))
         return;
-    }
     if (ev->type == LMS_EV_TOKEN) {
         const bool cut = j->tools || j->think >= 0;
         if (!j->stream || cut)

@@ -547,11 +547,8 @@ static void gen_on_event(task *t, const lms_event *ev, double t_ms)
     if (r->stream && !r->begun &&
         (ev->type == LMS_EV_TOKEN || (ev->type == LMS_EV_END && finish_reason(ev->stats.finish))))
         stream_open(t->c, r);
-    if (ev->type == LMS_EV_TOKEN && ev->token == LMS_REMOTE_CALL) {
-        if (chatfmt_remote_call(&j->calls, ev) < 0)
-            j->calls_lost = true; /* the end event fails the response */
+    if (chatfmt_remote_call(&j->calls, &j->calls_lost, ev))
         return;
-    }
     if (ev->type == LMS_EV_TOKEN) {
         on_token(t, j, ev);
         return;

@@ -373,8 +373,10 @@ task *chatfmt_submit_remote(conn *c, const json_t *msgs, const json_t *params,
     return task_submit_upstream(c, what, params, gp, ops, state, e);
 }
 
-int chatfmt_remote_call(toolcalls *calls, const lms_event *ev)
+bool chatfmt_remote_call(toolcalls *calls, bool *lost, const lms_event *ev)
 {
+    if (ev->type != LMS_EV_TOKEN || ev->token != LMS_REMOTE_CALL)
+        return false;
     json_t *o = json_loadb(ev->text, ev->text_len, 0, NULL);
     const json_t *name = json_object_get(o, "name"), *args = json_object_get(o, "arguments");
     char *nm = json_is_string(name) ? strdup(json_string_value(name)) : NULL;
@@ -384,11 +386,12 @@ int chatfmt_remote_call(toolcalls *calls, const lms_event *ev)
     if (!v) {
         free(nm);
         free(a);
-        return -1;
+        *lost = true;
+        return true;
     }
     calls->v = v;
     v[calls->n++] = (toolcall){nm, a};
-    return 0;
+    return true;
 }
 
 void chatfmt_take_calls(toolcalls *tc, toolcalls *from)

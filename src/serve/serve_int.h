@@ -210,9 +210,11 @@ json_t *chatfmt_upstream_tools(const json_t *tools, const json_t *forced);
 task *chatfmt_submit_remote(conn *c, const json_t *msgs, const json_t *params,
                             const json_t *fields, const genparams *gp, const struct task_ops *ops,
                             void *state, reqerr *e);
-/* A remote expert's call event (LMS_EV_TOKEN with token LMS_REMOTE_CALL)
- * added to calls; -1 when out of memory. */
-int chatfmt_remote_call(struct toolcalls *calls, const lms_event *ev);
+/* Whether ev is a remote expert's call event (LMS_EV_TOKEN with token
+ * LMS_REMOTE_CALL); if so its call is added to calls, or *lost set when
+ * it cannot be kept (out of memory: the end event then fails the reply).
+ * Every chat dialect's event handler reads its call events with this. */
+bool chatfmt_remote_call(struct toolcalls *calls, bool *lost, const lms_event *ev);
 /* At the end of a reply whose own calls tc holds (reply_cut_next): the
  * remote expert's calls (from, by chatfmt_remote_call), when it made any,
  * take their place; from is left empty. */
