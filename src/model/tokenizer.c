@@ -392,9 +392,9 @@ static void mark_eog(lms_tokenizer *t)
 }
 
 /* GGUF does not carry Hugging Face's per-token rstrip flag. Phi-3 needs
- * it: its chat tokens (<|user|>, <|end|>, ... and </s>) swallow the
- * whitespace that follows them, <unk>, <s> and <|endoftext|> do not. Known
- * by general.name, as llama.cpp does. */
+ * it: its chat tokens (<|user|>, <|end|>, ... and </s>, its unknown-type
+ * [PAD...] too) swallow the whitespace that follows them, <unk>, <s> and
+ * <|endoftext|> do not. Known by general.name, as llama.cpp does. */
 static void mark_rstrip(lms_tokenizer *t, const gguf_file *f)
 {
     const char *name = NULL;
@@ -404,9 +404,102 @@ static void mark_rstrip(lms_tokenizer *t, const gguf_file *f)
     for (int32_t i = 0; i < t->n_vocab; i++) {
         const char *s = tok_text(t, i);
         int type = tok_type(t, i);
-        if ((type == LMS_TOKEN_TYPE_CONTROL || type == LMS_TOKEN_TYPE_USER_DEFINED) &&
+        if ((type == LMS_TOKEN_TYPE_CONTROL || type == LMS_TOKEN_TYPE_USER_DEFINED ||
+             type == LMS_TOKEN_TYPE_UNKNOWN) &&
             strcmp(s, "<unk>") != 0 && strcmp(s, "<s>") != 0 && strcmp(s, "<|endoftext|>") != 0)
             t->attr[i] |= TOK_ATTR_RSTRIP;
+    }
+}
+
+/* llama.cpp, the reference for token ids, makes a token control when its
+ * text is one it takes for an end of turn or a fill-in-the-middle marker,
+ * whatever the file's token_type says: Qwen2's ordinary BPE token "</s>"
+ * is then split out of a text with parse_special (and no longer renders
+ * without `special`), Phi-3's user-defined "</s>" only with parse_special.
+ * The end-of-generation set (mark_eog, run before) stays as it was, but
+ * for the two tokens at the end that llama.cpp takes out of it. */
+/* clang-format off */
+static const char *const control_texts[] = {
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<\xef\xbd\x9c" "end\xe2\x96\x81" "of\xe2\x96\x81" "sentence\xef\xbd\x9c>", "[e~[",
+};
+/* Fill-in-the-middle markers by role: only when the file names no token for
+ * the role (key), the first one found takes it. */
+static const struct {
+    const char *key, *old_key;
+    const char *texts[9];
+} fim_roles[] = {
+    {"fim_pre_token_id", "prefix_token_id", {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>",
+      "<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>", "<PRE>", "\xe2\x96\x81<PRE>",
+      "<|code_prefix|>", "<|prefix|>"}},
+    {"fim_suf_token_id", "suffix_token_id", {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>",
+      "<\xef\xbd\x9c" "fim\xe2\x96\x81" "hole\xef\xbd\x9c>", "<SUF>", "\xe2\x96\x81<SUF>",
+      "<|code_suffix|>", "<|suffix|>"}},
+    {"fim_mid_token_id", "middle_token_id", {"<|fim_middle|>", "<fim-middle>", "<fim_middle>",
+      "<\xef\xbd\x9c" "fim\xe2\x96\x81" "end\xef\xbd\x9c>", "<MID>", "\xe2\x96\x81<MID>",
+      "<|code_middle|>", "<|middle|>"}},
+    {"fim_pad_token_id", NULL, {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"}},
+    {"fim_rep_token_id", NULL, {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"}},
+    {"fim_sep_token_id", NULL, {"<|file_sep|>"}},
+};
+/* clang-format on */
+
+static int32_t find_text(const lms_tokenizer *t, const char *s)
+{
+    return tok_strmap_find(t, &t->vocab, s, strlen(s));
+}
+
+static void set_type(lms_tokenizer *t, int32_t id, int type)
+{
+    if (id >= 0)
+        t->attr[id] = (uint8_t)((t->attr[id] & ~TOK_ATTR_TYPE) | type);
+}
+
+static bool has_id_key(const lms_tokenizer *t, const gguf_file *f, const char *name)
+{
+    char key[96];
+    int64_t v;
+    snprintf(key, sizeof key, "tokenizer.ggml.%s", name);
+    return gguf_get_i64(f, key, &v) == 0 && v >= 0 && v < t->n_vocab;
+}
+
+static void retype_by_text(lms_tokenizer *t, const gguf_file *f)
+{
+    /* a user-defined token made control keeps llama.cpp's user-defined bit,
+     * which changes nothing it does: control alone here */
+    for (size_t i = 0; i < sizeof control_texts / sizeof control_texts[0]; i++)
+        set_type(t, find_text(t, control_texts[i]), LMS_TOKEN_TYPE_CONTROL);
+    for (size_t r = 0; r < sizeof fim_roles / sizeof fim_roles[0]; r++) {
+        if (has_id_key(t, f, fim_roles[r].key) ||
+            (fim_roles[r].old_key && has_id_key(t, f, fim_roles[r].old_key)))
+            continue;
+        for (int k = 0; k < 9 && fim_roles[r].texts[k]; k++) {
+            int32_t id = find_text(t, fim_roles[r].texts[k]);
+            if (id >= 0) {
+                set_type(t, id, LMS_TOKEN_TYPE_CONTROL);
+                break;
+            }
+        }
+    }
+    /* gpt-oss: channel markers always split and render */
+    static const char *const gpt_oss[] = {"<|channel|>", "<|message|>", "<|start|>",
+                                          "<|constrain|>"};
+    for (size_t i = 0; i < sizeof gpt_oss / sizeof gpt_oss[0]; i++)
+        set_type(t, find_text(t, gpt_oss[i]), LMS_TOKEN_TYPE_USER_DEFINED);
+    /* o200k_harmony / solar-open: <|end|> closes a message, not the reply */
+    int32_t end = find_text(t, "<|end|>");
+    if (end >= 0 && ((find_text(t, "<|return|>") >= 0 && find_text(t, "<|call|>") >= 0) ||
+                     (find_text(t, "<|calls|>") >= 0 && find_text(t, "<|flush|>") >= 0))) {
+        set_type(t, end, LMS_TOKEN_TYPE_USER_DEFINED);
+        t->attr[end] &= (uint8_t)~TOK_ATTR_EOG;
+    }
+    /* Gemma 4: </s> is plain text */
+    int32_t s_end = find_text(t, "</s>");
+    if (s_end >= 0 && find_text(t, "<|tool_response>") >= 0) {
+        set_type(t, s_end, LMS_TOKEN_TYPE_NORMAL);
+        t->attr[s_end] &= (uint8_t)~TOK_ATTR_EOG;
     }
 }
 
@@ -435,7 +528,7 @@ static int special_set_add(tok_special_set *s, const char *text, uint32_t n)
     return 0;
 }
 
-static int build_maps(lms_tokenizer *t)
+static int build_vocab_map(lms_tokenizer *t)
 {
     int rc;
     if ((rc = strmap_init(&t->vocab, (size_t)t->n_vocab)) < 0)
@@ -452,6 +545,13 @@ static int build_maps(lms_tokenizer *t)
         for (int32_t j = 0; j < n; j++)
             strmap_put(t, &t->vocab, b + j, h[j]);
     }
+    return 0;
+}
+
+/* The special tokens split out of a text (after retype_by_text). */
+static int build_special_map(lms_tokenizer *t)
+{
+    int rc;
     int32_t n_special = 0;
     for (int32_t i = 0; i < t->n_vocab; i++)
         n_special += is_splittable(tok_type(t, i)) && tok_len(t, i) > 0;
@@ -509,9 +609,12 @@ static int load_all(lms_tokenizer *t, const gguf_file *f, char *err, size_t errs
         (rc = load_scores(t, f, err, errsz)) < 0 || (rc = load_types(t, f, err, errsz)) < 0 ||
         (rc = load_specials(t, f, err, errsz)) < 0)
         return rc;
-    if ((rc = build_maps(t)) < 0)
+    if ((rc = build_vocab_map(t)) < 0)
         return rc;
     mark_eog(t);
+    retype_by_text(t, f);
+    if ((rc = build_special_map(t)) < 0)
+        return rc;
     mark_rstrip(t, f);
     memset(t->byte_tok, 0xff, sizeof t->byte_tok);
     switch (t->kind) {

@@ -16,7 +16,10 @@
  *
  * Control, unknown and user-defined tokens ("special" tokens) are split out
  * of the text before the algorithm runs, leftmost-longest: user-defined ones
- * always, control and unknown ones only with parse_special. As in llama.cpp,
+ * always, control and unknown ones only with parse_special. As llama.cpp
+ * does, a token spelled like an end-of-turn or fill-in-the-middle marker
+ * (</s>, <|endoftext|>, <|fim_prefix|>, ...) counts as control whatever
+ * its type in the file (so lms_token_type says control). As in llama.cpp,
  * SentencePiece puts its space prefix on every piece of text between
  * special tokens, and Phi-3's chat tokens (<|user|>, <|end|>, ...) swallow
  * the whitespace after them (Hugging Face's rstrip, which GGUF does not
@@ -99,7 +102,8 @@ bool lms_tokenizer_add_space_prefix(const lms_tokenizer *t);
 
 /* End of generation: EOS, EOT, EOM and every control or user-defined token
  * spelled <|endoftext|>, <|im_end|>, <|eot_id|>, <|end|>, </s>, ... (a
- * normal token with such a text, like Qwen's ordinary "</s>", is not). */
+ * normal token with such a text, like Qwen's ordinary "</s>", is not; nor
+ * is <|end|> in a vocab with <|return|> and <|call|>, gpt-oss's). */
 bool lms_token_is_eog(const lms_tokenizer *t, int32_t id);
 /* enum lms_token_type, or LMS_ERR_RANGE for an id outside the vocab. */
 int lms_token_type(const lms_tokenizer *t, int32_t id);

@@ -51,8 +51,13 @@
 #define RE_CL100K_TAIL "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 #define RE_LLAMA3 RE_CL100K_HEAD "\\p{N}{1,3}" RE_CL100K_TAIL
 #define RE_QWEN2 RE_CL100K_HEAD "\\p{N}" RE_CL100K_TAIL
-/* DeepSeek: CJK runs (U+4E00..U+9FA5, U+0800..U+4E00, Hangul). */
-#define RE_DEEPSEEK_CJK "[\\x{4E00}-\\x{9FA5}\\x{800}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+"
+/* DeepSeek: CJK runs (U+4E00..U+9FA5, U+0800..U+4E00, Hangul).
+ * llama.cpp, the reference, runs the regexes without \p{..} on text whose
+ * non-ASCII whitespace became \v, so no character class of theirs ever
+ * matches a space: U+3000 and the U+2000 spaces inside these ranges are
+ * left out here ((?!\s), and U+3000 off the punctuation range) to split
+ * the same: "  \u3000" stays one piece for "\s+$". */
+#define RE_DEEPSEEK_CJK "(?:(?!\\s)[\\x{4E00}-\\x{9FA5}\\x{800}-\\x{4E00}\\x{AC00}-\\x{D7FF}])+"
 /* DeepSeek LLM: letters are the cased letters (Lu, Ll, Lt) as listed in
  * its tokenizer.json, and a set of ASCII / full-width punctuation. */
 #define RE_DEEPSEEK_LETTERS                                                                        \
@@ -74,7 +79,7 @@
     "\\x{FF41}-\\x{FF5A}\\x{10400}-\\x{1044F}\\x{104B0}-\\x{104D3}\\x{104D8}-\\x{104FB}"           \
     "\\x{10C80}-\\x{10CB2}\\x{10CC0}-\\x{10CF2}\\x{118A0}-\\x{118DF}\\x{1E900}-\\x{1E943}]+"
 #define RE_DEEPSEEK_PUNCT                                                                          \
-    "\\s?[!-/:-~\\x{FF01}-\\x{FF0F}\\x{FF1A}-\\x{FF5E}\\x{2018}-\\x{201F}\\x{3000}-\\x{3002}]+"
+    "\\s?[!-/:-~\\x{FF01}-\\x{FF0F}\\x{FF1A}-\\x{FF5E}\\x{2018}-\\x{201F}\\x{3001}\\x{3002}]+"
 /* GPT-2's pattern without the final \s+ (the same splits: what it would
  * match is left between matches and becomes a piece anyway). */
 #define RE_GPT2_SHORT                                                                              \
@@ -121,14 +126,66 @@ static bool name_in_list(const char *name, const char *list)
     return false;
 }
 
+/* Unicode White_Space, what llama.cpp's \s matches. PCRE2's \s (UCP) also
+ * takes U+180E, a format character since Unicode 6.3, which would split
+ * "b\u180e/K" differently; so each \s is spelled out, \S negated. */
+#define BPE_SPACE_SET                                                                              \
+    "\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}"   \
+    "\\x{3000}"
+
+/* Copies regex re to out with \s and \S spelled out; NULL when out of
+ * memory or for a \S inside a class (none of our regexes has one). */
+static char *bpe_expand_space(const char *re)
+{
+    size_t n = strlen(re), k = 0, set = strlen(BPE_SPACE_SET);
+    char *out = malloc(n / 2 * (set + 3) + n + 1); /* every "\s" grows by at most set + 1 */
+    if (!out)
+        return NULL;
+    bool in_class = false;
+    for (size_t i = 0; i < n; i++) {
+        char c = re[i];
+        if (c == '\\' && i + 1 < n && (re[i + 1] == 's' || re[i + 1] == 'S')) {
+            bool neg = re[++i] == 'S';
+            if (in_class && neg) {
+                free(out);
+                return NULL;
+            }
+            if (!in_class)
+                out[k++] = '[';
+            if (!in_class && neg)
+                out[k++] = '^';
+            memcpy(out + k, BPE_SPACE_SET, set);
+            k += set;
+            if (!in_class)
+                out[k++] = ']';
+            continue;
+        }
+        out[k++] = c;
+        if (c == '\\' && i + 1 < n)
+            out[k++] = re[++i];
+        else if (c == '[' && !in_class)
+            in_class = true;
+        else if (c == ']' && in_class)
+            in_class = false;
+    }
+    out[k] = 0;
+    return out;
+}
+
 static int bpe_compile(lms_tokenizer *t, const bpe_pre *pre, char *err, size_t errsz)
 {
     const uint32_t opts = PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | PCRE2_DOLLAR_ENDONLY;
     for (int i = 0; i < TOK_MAX_REGEX && pre->regex[i]; i++) {
         int code;
         PCRE2_SIZE at;
-        pcre2_code *re =
-            pcre2_compile((PCRE2_SPTR)pre->regex[i], PCRE2_ZERO_TERMINATED, opts, &code, &at, NULL);
+        char *src = bpe_expand_space(pre->regex[i]);
+        if (!src)
+            return lms_errf(err, errsz, LMS_ERR_NOMEM,
+                            "tokenizer: regex %d of pre-tokenizer '%s': out of memory (or a \\S "
+                            "inside a class)",
+                            i, t->pre);
+        pcre2_code *re = pcre2_compile((PCRE2_SPTR)src, PCRE2_ZERO_TERMINATED, opts, &code, &at, NULL);
+        free(src);
         if (!re) {
             PCRE2_UCHAR msg[128];
             pcre2_get_error_message(code, msg, sizeof msg);

@@ -2,21 +2,24 @@
  * tokenizer_wpm.c - WordPiece (tokenizer.ggml.model = "bert"): BERT-style
  * embedding models such as bge-small.
  *
- * Normalisation and word split follow Hugging Face's BertNormalizer and
- * BertPreTokenizer with lower-casing on:
- *   - NUL, U+FFFD and other-category code points (controls, format
- *     characters like ZWJ, private use) are dropped; bytes that are not
- *     UTF-8 are dropped too;
- *   - whitespace (space, \t, \n, \r, Zs) ends a word;
- *   - each code point is decomposed (NFD), non-spacing marks are removed
- *     (accents: "Äpfel" -> "apfel"), the rest is lower-cased;
- *   - punctuation (Unicode P*, ASCII symbols) and CJK ideographs are words
- *     of one character.
+ * Normalisation and word split follow llama.cpp's WordPiece (lower-casing
+ * and accent stripping on), which is close to, but not quite, Hugging
+ * Face's BertNormalizer + BertPreTokenizer. Per code point:
+ *   - it is first replaced by the first code point of its canonical
+ *     decomposition ("é" -> "e", a Hangul syllable -> its leading jamo: a
+ *     one-to-one map, unlike a true NFD);
+ *   - whitespace (\t..\r, space, U+0085, Zs, U+2028/9) ends a word;
+ *   - NUL, U+FFFD, controls (Cc, Cf, Cs, Co) and marks (M*) are dropped;
+ *     unassigned code points are kept; bytes that are not UTF-8 are
+ *     dropped too;
+ *   - the rest is lower-cased (simple case mapping); punctuation (P*),
+ *     ASCII symbols and CJK ideographs are words of one character.
  * A word is then covered greedily by the longest vocab token from the left.
  * In GGUF a word-initial token carries a "▁" prefix and a continuation has
  * none (the converter rewrote BERT's "##"), so the word is looked up with
- * "▁" in front. A word that cannot be covered, or that has more than 100
- * characters, becomes one unknown token.
+ * "▁" in front. A word that cannot be covered becomes one unknown token.
+ * Unlike Hugging Face, a word of more than 100 characters is still covered
+ * (llama.cpp has no such limit).
  *
  * Unicode data (decomposition, case, categories) comes from utf8proc; when
  * lmserv is built without it (no LMS_HAVE_UTF8PROC), "bert" vocabs are
@@ -30,14 +33,14 @@
 #include <string.h>
 #include <utf8proc.h>
 
-#define WPM_MAX_WORD_CHARS 100
 #define WPM_PREFIX "\xe2\x96\x81"
 #define WPM_PREFIX_LEN 3
 
+/* The word being built, in the caller's tok_work buffer (the "▁" prefix,
+ * then at most 4 bytes for each input byte). */
 typedef struct wpm_word {
-    char buf[WPM_PREFIX_LEN + 4 * (WPM_MAX_WORD_CHARS + 1)];
-    size_t n;    /* bytes in buf, prefix included */
-    int n_chars; /* may exceed WPM_MAX_WORD_CHARS (then buf is not complete) */
+    char *buf;
+    size_t n; /* bytes in buf, prefix included */
 } wpm_word;
 
 int wpm_setup(lms_tokenizer *t, const gguf_file *f, char *err, size_t errsz)
@@ -57,18 +60,10 @@ static bool wpm_is_chinese(int32_t c)
            (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
 }
 
-static bool wpm_is_punct(int32_t c)
-{
-    if ((c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) ||
-        (c >= 123 && c <= 126))
-        return true;
-    utf8proc_category_t k = utf8proc_category(c);
-    return k >= UTF8PROC_CATEGORY_PC && k <= UTF8PROC_CATEGORY_PO;
-}
-
+/* Unicode White_Space: what \s matches in the BPE pre-tokenizers too. */
 static bool wpm_is_space(int32_t c)
 {
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r' ||
+    return (c >= '\t' && c <= '\r') || c == ' ' || c == 0x85 || c == 0x2028 || c == 0x2029 ||
            utf8proc_category(c) == UTF8PROC_CATEGORY_ZS;
 }
 
@@ -76,19 +71,27 @@ static bool wpm_is_dropped(int32_t c)
 {
     if (c == 0 || c == 0xFFFD)
         return true;
-    if (c == '\t' || c == '\n' || c == '\r')
-        return false;
     utf8proc_category_t k = utf8proc_category(c);
-    return k == UTF8PROC_CATEGORY_CN || k >= UTF8PROC_CATEGORY_CC;
+    return (k >= UTF8PROC_CATEGORY_MN && k <= UTF8PROC_CATEGORY_ME) ||
+           (k >= UTF8PROC_CATEGORY_CC && k <= UTF8PROC_CATEGORY_CO);
+}
+
+/* A word of its own: punctuation, an ASCII symbol, a CJK ideograph. */
+static bool wpm_is_alone(int32_t c)
+{
+    utf8proc_category_t k = utf8proc_category(c);
+    return (k >= UTF8PROC_CATEGORY_PC && k <= UTF8PROC_CATEGORY_PO) ||
+           (c < 0x7F && k >= UTF8PROC_CATEGORY_SM && k <= UTF8PROC_CATEGORY_SO) ||
+           wpm_is_chinese(c);
 }
 
 /* Covers the word greedily with vocab tokens, or writes the unknown one. */
 static void wpm_emit(const lms_tokenizer *t, wpm_word *w, tok_out *o)
 {
-    if (w->n_chars == 0)
+    if (w->n == WPM_PREFIX_LEN)
         return;
     int64_t start = o->n;
-    bool ok = w->n_chars <= WPM_MAX_WORD_CHARS;
+    bool ok = true;
     for (size_t i = 0; ok && i < w->n;) {
         size_t j = w->n - i > t->max_len ? i + t->max_len : w->n;
         int32_t id = -1;
@@ -105,13 +108,6 @@ static void wpm_emit(const lms_tokenizer *t, wpm_word *w, tok_out *o)
             tok_out_push(o, t->unk);
     }
     w->n = WPM_PREFIX_LEN;
-    w->n_chars = 0;
-}
-
-static void wpm_append(wpm_word *w, int32_t c)
-{
-    if (++w->n_chars <= WPM_MAX_WORD_CHARS)
-        w->n += (size_t)tok_utf8_encode((uint32_t)c, w->buf + w->n);
 }
 
 /* Feeds one input code point through normalisation and the word split. */
@@ -119,39 +115,29 @@ static void wpm_feed(const lms_tokenizer *t, wpm_word *w, int32_t c, tok_out *o)
 {
     utf8proc_int32_t parts[32];
     int boundclass = 0;
-    if (wpm_is_dropped(c))
-        return;
+    if (utf8proc_decompose_char(c, parts, 32, UTF8PROC_DECOMPOSE, &boundclass) >= 1)
+        c = parts[0];
     if (wpm_is_space(c)) {
         wpm_emit(t, w, o);
         return;
     }
-    utf8proc_ssize_t n = utf8proc_decompose_char(c, parts, 32, UTF8PROC_DECOMPOSE, &boundclass);
-    if (n < 1 || n > 32) {
-        parts[0] = c;
-        n = 1;
-    }
-    for (utf8proc_ssize_t i = 0; i < n; i++) {
-        int32_t d = parts[i];
-        if (utf8proc_category(d) == UTF8PROC_CATEGORY_MN)
-            continue;
-        d = utf8proc_tolower(d);
-        if (wpm_is_punct(d) || wpm_is_chinese(d)) {
-            wpm_emit(t, w, o);
-            wpm_append(w, d);
-            wpm_emit(t, w, o);
-        } else {
-            wpm_append(w, d);
-        }
-    }
+    if (wpm_is_dropped(c))
+        return;
+    bool alone = wpm_is_alone(c);
+    if (alone)
+        wpm_emit(t, w, o);
+    w->n += (size_t)tok_utf8_encode((uint32_t)utf8proc_tolower(c), w->buf + w->n);
+    if (alone)
+        wpm_emit(t, w, o);
 }
 
 int wpm_tokenize(const lms_tokenizer *t, tok_work *work, const char *s, size_t n, tok_out *o)
 {
-    (void)work;
-    wpm_word w;
+    int rc = tok_work_reserve(work, 0, WPM_PREFIX_LEN + 4 * n);
+    if (rc < 0)
+        return rc;
+    wpm_word w = {.buf = work->buf, .n = WPM_PREFIX_LEN};
     memcpy(w.buf, WPM_PREFIX, WPM_PREFIX_LEN);
-    w.n = WPM_PREFIX_LEN;
-    w.n_chars = 0;
     const unsigned char *u = (const unsigned char *)s;
     for (size_t i = 0; i < n;) {
         int len = tok_utf8_check(u + i, n - i);

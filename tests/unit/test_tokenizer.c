@@ -406,9 +406,11 @@ static void test_special_tokens(void **state)
     assert_true(n > 1);
     free(ids);
     expect_ids(v.t, "<think>", false, false, &think, 1);
-    /* "x</s>y": </s> is an ordinary token in Qwen, never a special one */
-    const int32_t xsy[] = {87, 522, 82, 82244};
-    expect_ids(v.t, "x</s>y", false, true, xsy, 4);
+    /* "x</s>y": </s> is an ordinary BPE token in Qwen, but llama.cpp makes
+     * every "</s>" control (reference_cases): only parse_special splits it */
+    const int32_t xsy[] = {87, 522, 82, 82244}, xsy_special[] = {87, 128247, 88};
+    expect_ids(v.t, "x</s>y", false, false, xsy, 4);
+    expect_ids(v.t, "x</s>y", false, true, xsy_special, 3);
     /* no BOS for qwen2; add_special adds nothing */
     assert_false(lms_tokenizer_add_bos(v.t));
     expect_ids(v.t, "<think>", true, false, &think, 1);
@@ -760,6 +762,145 @@ static void test_tiny_bpe(void **state)
     unlink(path);
 }
 
+/* Tokens spelled like llama.cpp's end-of-turn and FIM markers are control
+ * whatever the file says; gpt-oss's channel markers user-defined; one FIM
+ * marker per role, none when the file names the role's token. */
+static bool fim_key; /* build_marked writes tokenizer.ggml.fim_pre_token_id */
+
+static void build_marked(gguf_writer *w)
+{
+    const char *tokens[] = {"a",           "b",          "</s>",          "<|end|>",
+                            "<|return|>",  "<|call|>",   "<|channel|>",   "<|fim_prefix|>",
+                            "<fim_prefix>", "<|fim_pad|>", "<|file_sep|>", "<|im_end|>"};
+    const int32_t types[] = {1, 1, 4, 3, 3, 3, 3, 1, 1, 1, 1, 1};
+    gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
+    gguf_writer_set_str(w, "tokenizer.ggml.pre", "gpt-2");
+    gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", tokens, 12);
+    gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_VT_I32, types, 12);
+    const char *merges[] = {"a b"};
+    gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, 0);
+    if (fim_key)
+        gguf_writer_set_u32(w, "tokenizer.ggml.fim_pre_token_id", 8);
+}
+
+static void test_retype_by_text(void **state)
+{
+    (void)state;
+    for (int pass = 0; pass < 2; pass++) {
+        char path[] = "/tmp/lms_tok_XXXXXX", err[256];
+        int fd = mkstemp(path);
+        assert_true(fd >= 0);
+        close(fd);
+        fim_key = pass == 1;
+        gguf_writer *w = gguf_writer_create();
+        build_marked(w);
+        assert_int_equal(gguf_writer_write(w, path, err, sizeof err), 0);
+        gguf_writer_destroy(w);
+        gguf_file *f;
+        lms_tokenizer *t;
+        assert_int_equal(gguf_open(path, &f, err, sizeof err), 0);
+        assert_int_equal(lms_tokenizer_load(f, &t, err, sizeof err), 0);
+        const int want[] = {1, 1, 3, 4, 3, 3, 4, pass ? 1 : 3, 1, 3, 3, 3};
+        for (int32_t id = 0; id < 12; id++)
+            assert_int_equal(lms_token_type(t, id), want[id]);
+        /* </s> (user-defined in the file) is no longer split without
+         * parse_special; <|channel|> (control in the file) now is */
+        const int32_t s_text[] = {2}, chan[] = {6};
+        int32_t ids[8]; /* without it: < / s > have no symbols here, dropped */
+        assert_int_equal(lms_tokenize(t, "</s>", 4, false, false, ids, 8), 0);
+        expect_ids(t, "</s>", false, true, s_text, 1);
+        expect_ids(t, "<|channel|>", false, false, chan, 1);
+        /* gpt-oss: <|end|> ends a message, not the reply; </s> and the
+         * normal <|im_end|> stay as mark_eog found them */
+        assert_false(lms_token_is_eog(t, 3));
+        assert_true(lms_token_is_eog(t, 2));
+        assert_false(lms_token_is_eog(t, 11));
+        lms_tokenizer_destroy(t);
+        gguf_close(f);
+        unlink(path);
+    }
+    fim_key = false;
+}
+
+/* ==== ids from the reference =============================================
+ * Inputs where lmserv once differed from llama.cpp. Every expected id list
+ * was produced by llama.cpp d32676d: llama_tokenize() on the vocab loaded
+ * with vocab_only, add_special and parse_special as in the case. */
+typedef struct ref_case {
+    const char *vocab, *text;
+    bool add_special, parse_special;
+    int32_t ids[24];
+    int n;
+} ref_case;
+
+/* clang-format off */
+static const ref_case ref_cases[] = {
+    /* WordPiece: \v \f U+0085 U+2028 are whitespace; Hangul syllables and
+     * accented letters map to their first decomposed code point; an
+     * unassigned code point is kept (so the word is unknown); a spacing
+     * mark (Mc) is stripped like a non-spacing one */
+    {"bert-bge", "a\v\vb", false, false, {1037, 1038}, 2},
+    {"bert-bge", "hello\fhello\xc2\x85x", true, false, {101, 7592, 7592, 1060, 102}, 5},
+    {"bert-bge", "\xed\x95\x9c\xea\xb5\xad\xec\x96\xb4 \xed\x85\x8d\xec\x8a\xa4\xed\x8a\xb8", false,
+     false, {1469, 29991, 29999, 1467, 29997, 30003}, 6},
+    {"bert-bge", "cafe\xcc\x81 caf\xc3\xa9 \xc7\x84", false, false, {7668, 7668, 100}, 3},
+    {"bert-bge", "a\xcd\xb8" "b", false, false, {100}, 1},
+    {"bert-bge", "\xe0\xa4\x95\xe0\xa5\x8d\xe0\xa4\xb7\xe0\xa4\xbf", false, false, {1315, 29873}, 2},
+    {"bert-bge", "ABC\xe2\x80\xa8" "def", false, false, {5925, 13366}, 2},
+    /* DeepSeek LLM: U+3000 is whitespace, never in a character class */
+    {"deepseek-llm", "  \xe3\x80\x80", false, false, {243, 88946}, 2},
+    {"deepseek-llm", "\t\t\xe3\x80\x80", true, false, {100000, 486, 88946}, 3},
+    {"deepseek-llm", "'llx   \xe3\x80\x80", false, false, {6, 647, 87, 300, 88946}, 5},
+    /* U+180E (a format character) is no whitespace for \s */
+    {"llama-bpe", "b\xe1\xa0\x8e/K \xe1\xa0\x8e\xe1\xa0\x8ex", false, false,
+     {65, 157, 254, 236, 14, 42, 87189, 254, 236, 157, 254, 236, 87}, 13},
+    /* "</s>" is control whatever its type: Qwen2's normal one splits with
+     * parse_special, Phi-3's user-defined one only then */
+    {"qwen2", "<|im_start|></s> </s>", false, true, {151644, 128247, 220, 128247}, 4},
+    {"qwen2", "<|im_start|></s> </s>", false, false,
+     {27, 91, 318, 4906, 91, 1472, 82, 29, 690, 82, 29}, 11},
+    {"phi-3", "a</s>  b", true, false, {1, 263, 829, 29879, 29958, 29871, 289}, 7},
+    {"phi-3", "a</s>  b", false, true, {263, 2, 289}, 3},
+    /* Phi-3's unknown-type [PAD...] tokens eat the whitespace after them */
+    {"phi-3", "[PAD32011]  x</s> \n y", false, true, {32011, 921, 2, 343}, 4},
+};
+/* clang-format on */
+
+static void test_reference_cases(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof ref_cases / sizeof ref_cases[0]; i++) {
+        const ref_case *c = &ref_cases[i];
+        vocab v = open_vocab(c->vocab);
+        int64_t n;
+        int32_t *ids =
+            tokenize_all(v.t, c->text, strlen(c->text), c->add_special, c->parse_special, &n);
+        bool same = n == c->n && memcmp(ids, c->ids, sizeof *ids * (size_t)n) == 0;
+        if (!same) {
+            fprintf(stderr, "%s: case %zu (%s): got", c->vocab, i, c->text);
+            for (int64_t k = 0; k < n; k++)
+                fprintf(stderr, " %d", ids[k]);
+            fprintf(stderr, "\n");
+        }
+        assert_true(same);
+        free(ids);
+        close_vocab(&v);
+    }
+    /* WordPiece has no 100-character limit on a word: "x" * 150 is ▁xx then
+     * 74 times xx (llama.cpp d32676d) */
+    vocab v = open_vocab("bert-bge");
+    char xs[150];
+    memset(xs, 'x', sizeof xs);
+    int64_t n;
+    int32_t *ids = tokenize_all(v.t, xs, sizeof xs, false, false, &n);
+    assert_int_equal(n, 75);
+    assert_int_equal(ids[0], 22038);
+    for (int64_t k = 1; k < n; k++)
+        assert_int_equal(ids[k], 20348);
+    free(ids);
+    close_vocab(&v);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -776,6 +917,8 @@ int main(void)
         cmocka_unit_test(test_bad_spm_metadata),
         cmocka_unit_test(test_bad_bpe_metadata),
         cmocka_unit_test(test_tiny_bpe),
+        cmocka_unit_test(test_reference_cases),
+        cmocka_unit_test(test_retype_by_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
