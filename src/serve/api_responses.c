@@ -381,26 +381,13 @@ static void resp_on_event(task *t, const lms_event *ev, double t_ms)
     conn *c = t->c;
     (void)t_ms;
     reqerr e;
-    const bool terminal = ev->type == LMS_EV_END || ev->type == LMS_EV_ERROR;
-    bool failed = terminal && task_end_failed(t, ev, &e);
-    if (terminal && !failed && j->calls_lost) {
-        reqerr_set(&e, 503, NULL, "out of memory for the upstream's tool calls");
-        failed = true;
-    }
+    const chat_ev k = chatfmt_event(t, ev, &j->text, &j->calls, &j->calls_lost, &e);
     /* a remote expert's stream opens with its first piece: a refusal stays an HTTP error */
-    if (j->stream && !j->begun && (ev->type == LMS_EV_TOKEN || (terminal && !failed)))
+    if (j->stream && !j->begun && k != CHAT_EV_NONE && k != CHAT_EV_FAILED)
         stream_begin(c, j);
-    if (chatfmt_remote_call(&j->calls, &j->calls_lost, ev))
-        return;
-    if (ev->type == LMS_EV_TOKEN) {
-        sbuf_add(&j->text, ev->text, ev->text_len);
-        if (j->stream)
-            stream_part(c, j, NULL);
-        return;
-    }
-    if (!terminal)
-        return;
-    if (failed) {
+    if (k == CHAT_EV_TEXT && j->stream)
+        stream_part(c, j, NULL);
+    if (k == CHAT_EV_FAILED) {
         if (!j->begun)
             http_reply_err(c, &e);
         else {
@@ -409,6 +396,8 @@ static void resp_on_event(task *t, const lms_event *ev, double t_ms)
         }
         return;
     }
+    if (k != CHAT_EV_END)
+        return;
     toolcalls tc;
     reply_part w;
     if (!j->stream) {

@@ -20,6 +20,7 @@
 
 #include "base/err.h"
 #include "model/tokenizer.h"
+#include "route/remote.h"
 #include "serve/reasoning.h"
 #include "serve/serve_int.h"
 #include "serve/toolcall.h"
@@ -392,6 +393,26 @@ bool chatfmt_remote_call(toolcalls *calls, bool *lost, const lms_event *ev)
     calls->v = v;
     v[calls->n++] = (toolcall){nm, a};
     return true;
+}
+
+chat_ev chatfmt_event(const task *t, const lms_event *ev, sbuf *text, toolcalls *calls,
+                      bool *calls_lost, reqerr *e)
+{
+    if (chatfmt_remote_call(calls, calls_lost, ev))
+        return CHAT_EV_CALL;
+    if (ev->type == LMS_EV_TOKEN) {
+        sbuf_add(text, ev->text, ev->text_len);
+        return CHAT_EV_TEXT;
+    }
+    if (ev->type != LMS_EV_END && ev->type != LMS_EV_ERROR)
+        return CHAT_EV_NONE;
+    if (task_end_failed(t, ev, e))
+        return CHAT_EV_FAILED;
+    if (*calls_lost) {
+        reqerr_set(e, 503, NULL, "out of memory for the upstream's tool calls");
+        return CHAT_EV_FAILED;
+    }
+    return CHAT_EV_END;
 }
 
 void chatfmt_take_calls(toolcalls *tc, toolcalls *from)

@@ -215,6 +215,22 @@ task *chatfmt_submit_remote(conn *c, const json_t *msgs, const json_t *params,
  * it cannot be kept (out of memory: the end event then fails the reply).
  * Every chat dialect's event handler reads its call events with this. */
 bool chatfmt_remote_call(struct toolcalls *calls, bool *lost, const lms_event *ev);
+/* What an event of a chat reply is to its dialect's handler. */
+typedef enum chat_ev {
+    CHAT_EV_NONE,   /* nothing of the reply (a prompt event) */
+    CHAT_EV_CALL,   /* a remote expert's call, kept (chatfmt_remote_call) */
+    CHAT_EV_TEXT,   /* a token: its text was added to the reply's */
+    CHAT_EV_END,    /* a normal end */
+    CHAT_EV_FAILED, /* a terminal event that fails the reply: e says why */
+} chat_ev;
+/* The first steps of a chat dialect's event handler (Anthropic's
+ * messages, Responses), kept in one place so that they agree on what
+ * fails a reply: an event ev of task t is read into the reply's text and
+ * the remote expert's calls (chatfmt_remote_call; *calls_lost when one
+ * could not be kept). A terminal event fails as task_end_failed says, or
+ * with a 503 when a call was lost; e is set only then. */
+chat_ev chatfmt_event(const task *t, const lms_event *ev, sbuf *text, struct toolcalls *calls,
+                      bool *calls_lost, reqerr *e);
 /* At the end of a reply whose own calls tc holds (reply_cut_next): the
  * remote expert's calls (from, by chatfmt_remote_call), when it made any,
  * take their place; from is left empty. */
