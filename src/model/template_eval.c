@@ -41,6 +41,8 @@ enum { FLOW_BREAK = 1, FLOW_CONTINUE = 2 };
 
 static int eval(tpl_ctx *c, const tpl_node *n, tpl_val *out);
 static int exec_block(tpl_ctx *c, const tpl_node *block);
+static int call_loop(tpl_ctx *c, const tpl_node *at, const tpl_loop *lp, const tpl_args *a,
+                     tpl_val *out);
 
 /* ---- errors, limits ----------------------------------------------------------- */
 
@@ -984,6 +986,19 @@ static int eval_node(tpl_ctx *c, const tpl_node *n, tpl_val *out)
 
 /* ---- macros and calls --------------------------------------------------------- */
 
+/* Ends a capture into buf (rc: how the rendering went): its text as a
+ * new string value. */
+static int end_capture(tpl_ctx *c, const tpl_node *at, tpl_buf *buf, int rc, tpl_val *out)
+{
+    char *p = NULL;
+    if (rc >= 0)
+        rc = tpl_new_str(c, at, buf->n, &p, out);
+    if (rc >= 0 && buf->n)
+        memcpy(p, buf->p, buf->n);
+    tpl_buf_free(buf);
+    return rc < 0 ? rc : 0;
+}
+
 /* Runs block with output captured into a new string value. */
 static int capture(tpl_ctx *c, const tpl_node *block, tpl_val *out)
 {
@@ -991,13 +1006,7 @@ static int capture(tpl_ctx *c, const tpl_node *block, tpl_val *out)
     c->out = &buf;
     int rc = exec_block(c, block);
     c->out = saved;
-    char *p = NULL;
-    if (rc >= 0)
-        rc = tpl_new_str(c, block, buf.n, &p, out);
-    if (rc >= 0 && buf.n)
-        memcpy(p, buf.p, buf.n);
-    tpl_buf_free(&buf);
-    return rc < 0 ? rc : 0;
+    return end_capture(c, block, &buf, rc, out);
 }
 
 static int bind_macro_args(tpl_ctx *c, const tpl_node *at, const tpl_node *def, tpl_scope *s,
@@ -1072,6 +1081,7 @@ int tpl_call_value(tpl_ctx *c, const tpl_node *at, tpl_val fn, const tpl_val *ar
     case TPL_MACRO: return call_macro(c, at, fn.u.m, &a, out);
     case TPL_FUNC: return tpl_func_call(c, at, fn.u.fn, &a, out);
     case TPL_METHOD: return tpl_method_call(c, at, fn.u.meth, &a, out);
+    case TPL_LOOP: return call_loop(c, at, fn.u.loop, &a, out);
     case TPL_UNDEF: return tpl_fail_undefined(c, at, fn);
     default:
         return tpl_fail(c, at, LMS_ERR_FORMAT, "'%s' object is not callable", tpl_type_name(fn));
@@ -1154,10 +1164,8 @@ static int count_iter(tpl_ctx *c, const tpl_node *at)
 }
 
 /* Items of a loop after its `if` filter (evaluated with the targets bound). */
-static int loop_items(tpl_ctx *c, const tpl_node *n, tpl_scope *s, tpl_list **items)
+static int loop_items(tpl_ctx *c, const tpl_node *n, tpl_scope *s, tpl_val seq, tpl_list **items)
 {
-    tpl_val seq;
-    TPL_TRY(eval(c, n->a, &seq));
     TPL_TRY(tpl_iterate(c, n->a, seq, items));
     const tpl_node *cond = n->kids[0];
     if (!cond)
@@ -1178,10 +1186,13 @@ static int loop_items(tpl_ctx *c, const tpl_node *n, tpl_scope *s, tpl_list **it
     return 0;
 }
 
-static int run_loop(tpl_ctx *c, const tpl_node *n, tpl_scope *s)
+/* Runs the loop n over seq in scope s (a child of outer); depth counts
+ * recursive loop(...) calls from 1. */
+static int run_loop(tpl_ctx *c, const tpl_node *n, tpl_scope *s, tpl_scope *outer, tpl_val seq,
+                    int depth)
 {
     tpl_list *items = NULL;
-    TPL_TRY(loop_items(c, n, s, &items));
+    TPL_TRY(loop_items(c, n, s, seq, &items));
     if (items->n == 0) {
         s->vars.n = 0;
         return n->c ? exec_block(c, n->c) : 0;
@@ -1190,7 +1201,9 @@ static int run_loop(tpl_ctx *c, const tpl_node *n, tpl_scope *s)
     if (!lp)
         return tpl_fail_nomem(c, n);
     lp->items = items;
-    lp->depth = 1; /* loop.depth counts recursive loops, which we do not have */
+    lp->depth = depth;
+    lp->recursive = n->op ? n : NULL;
+    lp->outer = outer;
     tpl_val loop_val = {.type = TPL_LOOP};
     loop_val.u.loop = lp;
     for (size_t i = 0; i < items->n; i++) {
@@ -1214,9 +1227,39 @@ static int exec_for(tpl_ctx *c, const tpl_node *n)
     if (!s)
         return tpl_fail_nomem(c, n);
     c->scope = s;
-    int rc = run_loop(c, n, s);
+    tpl_val seq;
+    int rc = eval(c, n->a, &seq);
+    if (rc >= 0)
+        rc = run_loop(c, n, s, saved, seq, 1);
     c->scope = saved;
     return rc;
+}
+
+/* loop(seq) in a recursive loop: the same loop over seq one level deeper,
+ * its output returned as a string. */
+static int call_loop(tpl_ctx *c, const tpl_node *at, const tpl_loop *lp, const tpl_args *a,
+                     tpl_val *out)
+{
+    if (!lp->recursive)
+        return tpl_fail(c, at, LMS_ERR_FORMAT,
+                        "loop() needs a loop marked recursive: {%% for ... recursive %%}");
+    if (a->n_pos != 1 || a->n_kw)
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "loop() takes exactly one argument");
+    if (c->depth >= c->lim.max_depth)
+        return tpl_fail(c, at, LMS_ERR_LIMIT, "recursive loop nested deeper than %d",
+                        c->lim.max_depth);
+    tpl_scope *s = scope_new(c, lp->outer), *saved = c->scope;
+    if (!s)
+        return tpl_fail_nomem(c, at);
+    tpl_buf buf = {.max_bytes = c->lim.max_output_bytes}, *saved_out = c->out;
+    c->out = &buf;
+    c->scope = s;
+    c->depth++;
+    int rc = run_loop(c, lp->recursive, s, lp->outer, a->pos[0], lp->depth + 1);
+    c->depth--;
+    c->scope = saved;
+    c->out = saved_out;
+    return end_capture(c, at, &buf, rc, out);
 }
 
 /* Renders body and runs the filter chain (on N_HOLE) over its text. */

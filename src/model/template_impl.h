@@ -233,6 +233,7 @@ bool tpl_cp_is_word(uint32_t cp);
  *   N_IF                                 cond       then       else*
  *   N_FOR                                iterable   body       else*    [0] if-filter*,
  *                                                                       [1..] targets
+ *                                                                       (op 1: recursive)
  *   N_SET                                expr       target
  *   N_SETBLOCK                           target     body       filters
  *   N_MACRO      macro                              body                N_PARAM...  (op: TPL_MACRO_*)
@@ -404,6 +405,8 @@ struct tpl_loop {
     tpl_list *items; /* what is iterated (after the loop's if-filter) */
     size_t index0;
     int depth;
+    const tpl_node *recursive; /* the N_FOR of a `recursive` loop: loop(seq) reruns it */
+    tpl_scope *outer;          /* the scope that loop started in */
     tpl_val last_changed; /* for loop.changed() */
     bool has_changed;
 };

@@ -759,8 +759,10 @@ static int parse_for(parser *p, const tpl_token *kw, tpl_node **out)
         advance(p);
         TPL_TRY(parse_cond(p, &n->kids[0]));
     }
-    if (is_name(p, "recursive"))
-        return fail_at(p, cur(p), "recursive loops are not supported");
+    if (is_name(p, "recursive")) {
+        advance(p);
+        n->op = 1;
+    }
     TPL_TRY(expect_block_end(p));
     const char *which = NULL;
     p->loop_depth++;
