@@ -504,10 +504,8 @@ static void anth_on_event(task *t, const lms_event *ev, double t_ms)
         return;
     }
     toolcalls tc;
-    reply_part p, w;
-    reply_cut_next(&j->cut, j->text.p, j->text.n, &p, &tc);
-    reply_cut_whole(&j->cut, j->text.n, &w);
-    chatfmt_take_calls(&tc, &j->calls);
+    reply_part w;
+    chatfmt_reply_end(&j->cut, j->text.p, j->text.n, &j->calls, &w, &tc);
     http_reply_json(c, 200, full_reply(j, &w, &tc, &ev->stats));
     toolcalls_free(&tc);
 }

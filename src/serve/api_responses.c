@@ -401,10 +401,7 @@ static void resp_on_event(task *t, const lms_event *ev, double t_ms)
     toolcalls tc;
     reply_part w;
     if (!j->stream) {
-        reply_part p;
-        reply_cut_next(&j->cut, j->text.p, j->text.n, &p, &tc);
-        reply_cut_whole(&j->cut, j->text.n, &w);
-        chatfmt_take_calls(&tc, &j->calls);
+        chatfmt_reply_end(&j->cut, j->text.p, j->text.n, &j->calls, &w, &tc);
         json_t *o = response_obj(j, &ev->stats, &w, &tc);
         store_put(c->srv, j, o, &w, &tc);
         http_reply_json(c, 200, o);

@@ -22,6 +22,7 @@
 #include "model/tokenizer.h"
 #include "route/remote.h"
 #include "serve/reasoning.h"
+#include "serve/reply.h"
 #include "serve/serve_int.h"
 #include "serve/toolcall.h"
 
@@ -393,6 +394,15 @@ bool chatfmt_remote_call(toolcalls *calls, bool *lost, const lms_event *ev)
     calls->v = v;
     v[calls->n++] = (toolcall){nm, a};
     return true;
+}
+
+void chatfmt_reply_end(reply_cut *cut, const char *text, size_t n, toolcalls *calls,
+                       reply_part *w, toolcalls *tc)
+{
+    reply_part p;
+    reply_cut_next(cut, text, n, &p, tc);
+    reply_cut_whole(cut, n, w);
+    chatfmt_take_calls(tc, calls);
 }
 
 chat_ev chatfmt_event(const task *t, const lms_event *ev, sbuf *text, toolcalls *calls,

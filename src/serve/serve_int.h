@@ -195,6 +195,8 @@ json_t *chatfmt_tool(const json_t *name, const json_t *description, const json_t
 
 struct task_ops;
 struct toolcalls;
+struct reply_cut;
+struct reply_part;
 
 /* For a remote expert: the chat fields of an API's tools (chat form, as
  * chatfmt_tool makes them; NULL: none) and forced call ("required" or
@@ -235,6 +237,13 @@ chat_ev chatfmt_event(const task *t, const lms_event *ev, sbuf *text, struct too
  * remote expert's calls (from, by chatfmt_remote_call), when it made any,
  * take their place; from is left empty. */
 void chatfmt_take_calls(struct toolcalls *tc, struct toolcalls *from);
+
+/* A chat reply's end, not streamed (Anthropic's messages, Responses):
+ * the whole reply's thoughts and content w (reply_cut_whole) and its
+ * calls tc (free with toolcalls_free): those read from text[0, n), or a
+ * remote expert's (calls, chatfmt_take_calls) in their place. */
+void chatfmt_reply_end(struct reply_cut *cut, const char *text, size_t n,
+                       struct toolcalls *calls, struct reply_part *w, struct toolcalls *tc);
 
 /* The template text a model is rendered with: its own, or the default. */
 const char *chatfmt_source(const lms_model *m);
