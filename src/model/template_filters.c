@@ -241,6 +241,8 @@ static int f_indent(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *
                     tpl_val *out)
 {
     tpl_val w, pad;
+    if (in.type == TPL_UNDEF) /* jinja2 appends "\n" to it, which fails */
+        return tpl_fail_undefined(c, at, in);
     arg_or(a, 0, "width", tpl_int(4), &w);
     bool first = bool_or(a, 1, "first", false), blank = bool_or(a, 2, "blank", false);
     if (w.type == TPL_STR) {
@@ -456,6 +458,8 @@ static int f_int(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, 
 {
     int64_t def = int_or(a, 0, "default", 0), base = int_or(a, 1, "base", 10), i;
     double f;
+    if (in.type == TPL_UNDEF) /* int(Undefined) raises rather than taking the default */
+        return tpl_fail_undefined(c, at, in);
     if (base < 2 || base > 36)
         base = 10;
     if (in.type == TPL_INT || in.type == TPL_BOOL)
@@ -478,6 +482,8 @@ static int f_float(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a
     double f;
     int64_t i;
     arg_or(a, 0, "default", tpl_float(0.0), &def);
+    if (in.type == TPL_UNDEF) /* as for int */
+        return tpl_fail_undefined(c, at, in);
     if (tpl_is_number(in))
         *out = tpl_float(tpl_as_double(in));
     else if (in.type == TPL_STR && parse_number(in, true, 10, &f, &i))
@@ -754,6 +760,8 @@ static int f_dictsort(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args
     tpl_val by, items;
     arg_or(a, 1, "by", tpl_cstr("key"), &by);
     bool by_value = by.type == TPL_STR && by.u.s.n == 5 && memcmp(by.u.s.p, "value", 5) == 0;
+    if (in.type == TPL_UNDEF) /* value.items() of Undefined */
+        return tpl_fail_undefined(c, at, in);
     TPL_TRY(f_items(c, at, in, a, 0, &items));
     tpl_list *l = items.u.l;
     tpl_val *keys = tpl_alloc(&c->arena, (l->n + 1) * sizeof *keys);

@@ -651,7 +651,7 @@ static int write_repr_d(tpl_buf *b, tpl_val v, int depth)
 {
     switch (v.type) {
     case TPL_STR: return write_str_repr(b, v.u.s.p, v.u.s.n);
-    case TPL_UNDEF: return 0;
+    case TPL_UNDEF: return tpl_buf_put(b, "Undefined", 9); /* [x] with x undefined */
     default: return write_str_d(b, v, depth);
     }
 }

@@ -250,6 +250,7 @@ static const tcase k_cases[] = {
     {"{% for x in range(3) %}{{ x }}{% endfor %}{% for x in range(1, 7, 2) %}{{ x }}{% endfor %}",
      "012135"},
     {"{% for x in undefined_var %}x{% endfor %}ok", "ok"},
+    {"{{ [undefined_var, 1] }} {{ {'a': d.nope} }} {{ '%r' % undefined_var }}", "[Undefined, 1] {'a': Undefined} Undefined"},
     /* scoping */
     {"{% set x = 0 %}{% for i in xs %}{{ x }}{% set x = i %}{{ x }}{% endfor %}{{ x }}", "0301020"},
     {"{% set ns = namespace(x=0) %}{% for i in xs %}{% set ns.x = ns.x + i %}{% endfor %}{{ ns.x }}",
@@ -521,6 +522,10 @@ static const ecase k_errors[] = {
     {"{{ range(200000)|length }}", LMS_ERR_LIMIT, "Range too big"},
     {"{{ xs|tojson(indent=1.5) }}", LMS_ERR_FORMAT, "indent must be an integer"},
     {"{{ undefined_var|tojson }}", LMS_ERR_FORMAT, "'undefined_var' is undefined"},
+    {"{{ undefined_var|int(5) }}", LMS_ERR_FORMAT, "'undefined_var' is undefined"},
+    {"{{ d.nope|float }}", LMS_ERR_FORMAT, "'dict object' has no attribute 'nope'"},
+    {"{{ undefined_var|indent }}", LMS_ERR_FORMAT, "'undefined_var' is undefined"},
+    {"{{ undefined_var|dictsort }}", LMS_ERR_FORMAT, "'undefined_var' is undefined"},
     {"{{ xs|map('string')|tojson }}", LMS_ERR_FORMAT,
      "Object of type generator is not JSON serializable"},
     {"{{ xs|select|length }}", LMS_ERR_FORMAT, "object of type 'generator' has no len()"},
