@@ -392,10 +392,7 @@ static json_t *full_reply(const anth_job *j, const reply_part *w, const toolcall
 static void send_event(conn *c, const char *type, json_t *o)
 {
     json_object_set_new(o, "type", json_string(type));
-    char head[64];
-    snprintf(head, sizeof head, "event: %s\n", type);
-    http_stream_write(c, head, strlen(head));
-    http_sse_json(c, o);
+    http_sse_event(c, type, o);
 }
 
 static void block_stop(conn *c, anth_job *j)

@@ -89,10 +89,7 @@ static void send_event(conn *c, resp_job *j, const char *type, json_t *o)
 {
     json_object_set_new(o, "type", json_string(type));
     json_object_set_new(o, "sequence_number", json_integer(j->seq++));
-    char head[96];
-    snprintf(head, sizeof head, "event: %s\n", type);
-    http_stream_write(c, head, strlen(head));
-    http_sse_json(c, o);
+    http_sse_event(c, type, o);
 }
 
 static json_t *text_part(const char *type, const char *text, size_t n)

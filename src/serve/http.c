@@ -263,6 +263,17 @@ int http_sse_json(conn *c, json_t *j)
     return rc;
 }
 
+/* One named server-sent event: "event: TYPE", then o as http_sse_json
+ * sends it (steals o). Anthropic's messages and Responses type each
+ * event this way; one writer keeps their framing the same. */
+int http_sse_event(conn *c, const char *type, json_t *o)
+{
+    char head[128];
+    snprintf(head, sizeof head, "event: %s\n", type);
+    http_stream_write(c, head, strlen(head));
+    return http_sse_json(c, o);
+}
+
 int http_stream_end(conn *c)
 {
     if (c->txn.state != TXN_STREAM)

@@ -589,6 +589,7 @@ int http_reply_err(conn *c, const reqerr *e);
 int http_stream_begin(conn *c, int status, const char *ctype);
 int http_stream_write(conn *c, const char *p, size_t n);
 int http_sse_json(conn *c, json_t *j); /* one "data: JSON" event of a stream; steals j */
+int http_sse_event(conn *c, const char *type, json_t *o); /* "event: TYPE" then o; steals o */
 int http_stream_end(conn *c);
 
 /* ---- endpoints ------------------------------------------------------------------------ */
