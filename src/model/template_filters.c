@@ -442,15 +442,47 @@ static bool parse_number(tpl_val s, bool want_float, int base, double *f, int64_
     if (n == 0 || n >= sizeof buf - 1)
         return false;
     buf[n] = 0;
-    char *end;
+    char *end, *p = buf;
     errno = 0;
-    if (want_float)
+    if (want_float) {
         *f = strtod(buf, &end);
-    else
-        *i = strtoll(buf, &end, base);
-    while (*end == ' ' || *end == '\t' || *end == '\n')
-        end++;
-    return *end == 0 && errno == 0 && end != buf;
+        p = end;
+    } else {
+        /* Python's int(s, base): sign, then a 0x / 0o / 0b prefix that
+         * matches the base (base 0 picks it from the prefix, and without
+         * one takes decimal that has no leading zero) */
+        while (*p == ' ' || *p == '\t' || *p == '\n')
+            p++;
+        bool neg = *p == '-';
+        p += *p == '-' || *p == '+';
+        int pb = 0;
+        if (p[0] == '0' && p[1]) {
+            char x = (char)(p[1] | 0x20);
+            pb = x == 'x' ? 16 : x == 'o' ? 8 : x == 'b' ? 2 : 0;
+        }
+        if (pb && (base == 0 || base == pb)) {
+            p += 2;
+            base = pb;
+        } else if (base == 0) {
+            if (p[0] == '0' && p[1] >= '0' && p[1] <= '9')
+                return false;
+            base = 10;
+        }
+        if (*p == '-' || *p == '+' || *p == ' ') /* strtoll would take a second sign */
+            return false;
+        const char *digits = p;
+        *i = strtoll(digits, &end, base);
+        if (neg)
+            *i = -*i;
+        if (end == digits)
+            return false;
+        p = end;
+    }
+    if (p == buf)
+        return false;
+    while (*p == ' ' || *p == '\t' || *p == '\n')
+        p++;
+    return *p == 0 && errno == 0;
 }
 
 static int f_int(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
@@ -460,7 +492,7 @@ static int f_int(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, 
     double f;
     if (in.type == TPL_UNDEF) /* int(Undefined) raises rather than taking the default */
         return tpl_fail_undefined(c, at, in);
-    if (base < 2 || base > 36)
+    if (base != 0 && (base < 2 || base > 36))
         base = 10;
     if (in.type == TPL_INT || in.type == TPL_BOOL)
         *out = tpl_int(in.type == TPL_BOOL ? in.u.b : in.u.i);
@@ -508,8 +540,27 @@ static int f_round(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a
         return tpl_fail(c, at, LMS_ERR_FORMAT, "method must be common, ceil or floor");
     if (!tpl_is_number(in))
         return tpl_fail(c, at, LMS_ERR_FORMAT, "round: %s is not a number", tpl_type_name(in));
-    if (in.type != TPL_FLOAT && !ceil_m && !floor_m && prec >= 0) {
-        *out = tpl_int(in.type == TPL_BOOL ? in.u.b : in.u.i);
+    if (in.type != TPL_FLOAT && !ceil_m && !floor_m) {
+        /* round(int, n) stays an int; n < 0 rounds to 10**-n, half to even */
+        int64_t v = in.type == TPL_BOOL ? in.u.b : in.u.i;
+        if (prec < 0) {
+            __int128 p = 1, q, r;
+            for (int64_t k = 0; k < -prec && p <= (__int128)INT64_MAX; k++)
+                p *= 10;
+            q = v / p;
+            r = v % p;
+            if (r < 0) { /* floor division, as Python's divmod */
+                q -= 1;
+                r += p;
+            }
+            if (2 * r > p || (2 * r == p && (q & 1)))
+                q += 1;
+            __int128 res = q * p;
+            if (res > INT64_MAX || res < INT64_MIN)
+                return tpl_fail(c, at, LMS_ERR_RANGE, "integer overflow");
+            v = (int64_t)res;
+        }
+        *out = tpl_int(v);
         return 0;
     }
     double x = tpl_as_double(in), scale = pow(10.0, (double)(prec < -308  ? -308
