@@ -197,6 +197,18 @@ static void free_loaded(lms_registry *r, lms_model *m, lms_sched *s, void *attac
     lms_model_free(m);
 }
 
+/* Appends j to the job list head..tail (mu held): the loader's todo and
+ * done lists are both first in, first out. */
+static void job_append(job **head, job **tail, job *j)
+{
+    j->next = NULL;
+    if (*tail)
+        (*tail)->next = j;
+    else
+        *head = j;
+    *tail = j;
+}
+
 static void *loader_main(void *arg)
 {
     lms_registry *r = arg;
@@ -222,13 +234,8 @@ static void *loader_main(void *arg)
             j->model = NULL, j->sched = NULL, j->attach = NULL;
             j->ms = lms_now_ms() - t0;
         }
-        j->next = NULL;
         pthread_mutex_lock(&r->mu);
-        if (r->done_tail)
-            r->done_tail->next = j;
-        else
-            r->done = j;
-        r->done_tail = j;
+        job_append(&r->done, &r->done_tail, j);
         pthread_mutex_unlock(&r->mu);
         if (r->h.wake)
             r->h.wake(r->h.ud);
@@ -237,13 +244,8 @@ static void *loader_main(void *arg)
 
 static int post(lms_registry *r, job *j)
 {
-    j->next = NULL;
     pthread_mutex_lock(&r->mu);
-    if (r->todo_tail)
-        r->todo_tail->next = j;
-    else
-        r->todo = j;
-    r->todo_tail = j;
+    job_append(&r->todo, &r->todo_tail, j);
     pthread_cond_signal(&r->cv);
     pthread_mutex_unlock(&r->mu);
     return 0;
