@@ -197,9 +197,12 @@ static int f_safe(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a,
     return 0;
 }
 
+/* escape (arg 0) leaves a safe string alone; forceescape (1) escapes it too */
 static int f_escape(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
                     tpl_val *out)
 {
+    if (arg && in.type == TPL_STR)
+        in.flags &= (uint8_t)~TPL_F_SAFE;
     return tpl_escape_html(c, at, in, out);
 }
 
@@ -403,6 +406,8 @@ static int f_tojson(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *
         tpl_buf_free(&b);
         if (in.type == TPL_UNDEF)
             return tpl_fail_undefined(c, at, in);
+        if (bad[0] == '\'') /* sort_keys met keys that do not order */
+            return tpl_fail(c, at, LMS_ERR_FORMAT, "tojson: %s", bad);
         return tpl_fail(c, at, LMS_ERR_FORMAT, "tojson: Object of type %s is not JSON serializable",
                         bad);
     }
@@ -1032,6 +1037,7 @@ static const filter_def k_filters[] = {
     {"groupby", f_groupby, "attribute,default,case_sensitive", 0},
     {"e", f_escape, "", 0},
     {"escape", f_escape, "", 0},
+    {"forceescape", f_escape, "", 1},
     {"first", f_first_last, "", false},
     {"float", f_float, "default", 0},
     {"format", f_format, NULL, 0},

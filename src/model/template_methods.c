@@ -188,16 +188,14 @@ int tpl_str_replace(tpl_ctx *c, const tpl_node *at, tpl_val s, tpl_val from, tpl
     int rc = 0;
     for (int64_t done = 0; rc == 0 && (count < 0 || done < count); done++) {
         const char *hit;
-        if (from.u.s.n == 0) { /* Python inserts `to` between every character */
-            if (done > 0 && p >= end)
-                break;
+        if (from.u.s.n == 0) { /* Python puts `to` before every character and at the end */
             rc = tpl_buf_put(&b, to.u.s.p, to.u.s.n);
-            size_t k = p < end ? tpl_utf8_offset(p, (size_t)(end - p), 1) : 0;
+            if (p >= end)
+                break;
+            size_t k = tpl_utf8_offset(p, (size_t)(end - p), 1);
             if (rc == 0)
                 rc = tpl_buf_put(&b, p, k);
             p += k;
-            if (k == 0)
-                break;
             continue;
         }
         if (!(hit = memmem(p, (size_t)(end - p), from.u.s.p, from.u.s.n)))
@@ -629,6 +627,27 @@ static int m_case(tpl_ctx *c, const tpl_node *at, tpl_val s, const tpl_args *a, 
     return tpl_str_case(c, at, s, mode, out);
 }
 
+/* str.swapcase: each cased code point to the other case (simple mappings). */
+static int m_swapcase(tpl_ctx *c, const tpl_node *at, tpl_val s, const tpl_args *a, int arg,
+                      tpl_val *out)
+{
+    tpl_buf b = {.max_bytes = c->lim.max_output_bytes};
+    int rc = 0;
+    for (size_t i = 0; i < s.u.s.n && rc == 0;) {
+        size_t k;
+        uint32_t cp = tpl_utf8_decode(s.u.s.p + i, s.u.s.n - i, &k), lo = cp_lower(cp);
+        char u[4];
+        if (lo != cp)
+            rc = tpl_buf_put(&b, u, tpl_utf8_put(u, lo));
+        else if (cp_upper(cp) != cp)
+            rc = tpl_buf_put(&b, u, tpl_utf8_put(u, cp_upper(cp)));
+        else
+            rc = tpl_buf_put(&b, s.u.s.p + i, k);
+        i += k;
+    }
+    return tpl_buf_finish(c, at, &b, rc, out);
+}
+
 static int m_strip(tpl_ctx *c, const tpl_node *at, tpl_val s, const tpl_args *a, int sides,
                    tpl_val *out)
 {
@@ -1001,6 +1020,7 @@ static const method_def k_methods[] = {
     {TPL_STR, "casefold", m_case, "", TPL_CASE_LOWER},
     {TPL_STR, "title", m_case, "", TPL_CASE_TITLE},
     {TPL_STR, "capitalize", m_case, "", TPL_CASE_CAPITALIZE},
+    {TPL_STR, "swapcase", m_swapcase, "", 0},
     {TPL_STR, "strip", m_strip, "chars", 3},
     {TPL_STR, "lstrip", m_strip, "chars", 1},
     {TPL_STR, "rstrip", m_strip, "chars", 2},

@@ -804,22 +804,28 @@ static int write_json_key(tpl_buf *b, tpl_val k, bool ascii, const char **bad)
     }
 }
 
-/* Order of dict entries: insertion order, or sorted by key (sort_keys). */
-static void json_key_order(const tpl_dict *d, bool sort, size_t *idx)
+/* Order of dict entries: insertion order, or sorted by key (sort_keys).
+ * False when two keys do not order (Python's sort raises: 1 vs "a"). */
+static bool json_key_order(const tpl_dict *d, bool sort, size_t *idx)
 {
     for (size_t i = 0; i < d->n; i++)
         idx[i] = i;
     if (!sort)
-        return;
+        return true;
     for (size_t i = 1; i < d->n; i++) { /* insertion sort: dicts are small */
         size_t k = idx[i], j = i;
-        bool lt;
-        while (j > 0 && tpl_less(d->keys[k], d->keys[idx[j - 1]], &lt) && lt) {
-            idx[j] = idx[j - 1];
-            j--;
+        bool lt = true;
+        while (j > 0 && lt) {
+            if (!tpl_less(d->keys[k], d->keys[idx[j - 1]], &lt))
+                return false;
+            if (lt) {
+                idx[j] = idx[j - 1];
+                j--;
+            }
         }
         idx[j] = k;
     }
+    return true;
 }
 
 static int write_json_dict(tpl_buf *b, const tpl_dict *d, const tpl_json_opts *o, int depth,
@@ -830,7 +836,11 @@ static int write_json_dict(tpl_buf *b, const tpl_dict *d, const tpl_json_opts *o
     size_t *idx = malloc(d->n * sizeof *idx);
     if (!idx)
         return LMS_ERR_NOMEM;
-    json_key_order(d, o->sort_keys, idx);
+    if (!json_key_order(d, o->sort_keys, idx)) {
+        free(idx);
+        *bad = "'<' not supported between keys of different types";
+        return LMS_ERR_FORMAT;
+    }
     const char *isep = json_item_sep(o), *ksep = o->key_sep ? o->key_sep : ": ";
     int rc = tpl_buf_putc(b, '{');
     for (size_t i = 0; i < d->n && rc == 0; i++) {

@@ -205,6 +205,8 @@ static const tcase k_cases[] = {
      "00x -005 x  |\xc3\xa9\xc3\xa9x **ab* -abc--"},
     {"{{ s.removeprefix('Hello ') }} {{ s.removesuffix('World') }}| {{ s.removeprefix('x') }} {{ '12'.isdecimal() }} {{ '1a'.isnumeric() }}",
      "World Hello | Hello World True False"},
+    {"{{ 'abc'.replace('', '-') }} {{ ''.replace('', '-') }} {{ 'ab'.replace('', '-', 1) }} {{ 'aB1 \\u00e9'.swapcase() }} {{ '<'|safe|forceescape }}",
+     "-a-b-c- - -ab Ab1 \xc3\x89 &lt;"},
     /* tojson (transformers' json.dumps) */
     {"{{ d|tojson }} {{ xs|tojson }} {{ 'h\\u00e9 \"q\" <&>\\n'|tojson }} {{ [none, true, 1.5]|tojson }}",
      "{\"b\": 1, \"a\": 2} [3, 1, 2] \"h\xc3\xa9 \\\"q\\\" <&>\\n\" [null, true, 1.5]"},
@@ -530,6 +532,8 @@ static const ecase k_errors[] = {
     {"{{ d.nope|float }}", LMS_ERR_FORMAT, "'dict object' has no attribute 'nope'"},
     {"{{ undefined_var|indent }}", LMS_ERR_FORMAT, "'undefined_var' is undefined"},
     {"{{ undefined_var|dictsort }}", LMS_ERR_FORMAT, "'undefined_var' is undefined"},
+    {"{{ {1: 'a', 'b': 2}|tojson(sort_keys=true) }}", LMS_ERR_FORMAT,
+     "'<' not supported between keys of different types"},
     {"{{ xs|map('string')|tojson }}", LMS_ERR_FORMAT,
      "Object of type generator is not JSON serializable"},
     {"{{ xs|select|length }}", LMS_ERR_FORMAT, "object of type 'generator' has no len()"},
