@@ -711,15 +711,22 @@ static int binary_op(tpl_ctx *c, const tpl_node *at, int op, tpl_val a, tpl_val 
         out->flags |= TPL_F_SAFE;
         return 0;
     }
-    if (op == OP_ADD && a.type == TPL_LIST && b.type == TPL_LIST)
-        return concat_list(c, at, a.u.l, b.u.l, 1, out);
+    if (op == OP_ADD && a.type == TPL_LIST && b.type == TPL_LIST &&
+        !((a.flags ^ b.flags) & TPL_F_TUPLE)) { /* list + tuple is a TypeError */
+        TPL_TRY(concat_list(c, at, a.u.l, b.u.l, 1, out));
+        out->flags = a.flags & TPL_F_TUPLE;
+        return 0;
+    }
     if (op == OP_MUL && (a.type == TPL_INT || a.type == TPL_BOOL) &&
         (b.type == TPL_STR || b.type == TPL_LIST))
         return binary_op(c, at, op, b, a, out);
     if (op == OP_MUL && a.type == TPL_STR && (b.type == TPL_INT || b.type == TPL_BOOL))
         return repeat_str(c, at, a, ival(b), out);
-    if (op == OP_MUL && a.type == TPL_LIST && (b.type == TPL_INT || b.type == TPL_BOOL))
-        return concat_list(c, at, a.u.l, NULL, ival(b) > 0 ? (size_t)ival(b) : 0, out);
+    if (op == OP_MUL && a.type == TPL_LIST && (b.type == TPL_INT || b.type == TPL_BOOL)) {
+        TPL_TRY(concat_list(c, at, a.u.l, NULL, ival(b) > 0 ? (size_t)ival(b) : 0, out));
+        out->flags = a.flags & TPL_F_TUPLE;
+        return 0;
+    }
     if (op == OP_MOD && a.type == TPL_STR)
         return tpl_str_format(c, at, a, b, out);
     return type_error(c, at, op_text(op), a, b);
