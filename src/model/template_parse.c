@@ -718,22 +718,64 @@ static int parse_if(parser *p, const tpl_token *kw, tpl_node **out)
     return end_simple(p);
 }
 
-static int parse_target_names(parser *p, tpl_node *n)
+static int parse_target_names(parser *p, tpl_node *n, bool attrs);
+
+/* One assignment target: a name, ns.attr (set only: attrs), or a
+ * parenthesised tuple of targets. */
+static int parse_target(parser *p, bool attrs, tpl_node **out)
+{
+    const tpl_token *t = cur(p);
+    if (is_op(p, "(")) {
+        if (++p->nest > TPL_MAX_NEST)
+            return fail_at(p, t, "nesting deeper than %d levels", TPL_MAX_NEST);
+        advance(p);
+        tpl_node *tuple = node_at(p, N_TUPLE, t);
+        if (!tuple)
+            return nomem(p);
+        TPL_TRY(parse_target_names(p, tuple, attrs));
+        bool comma = tuple->n_kids == 1 && is_op(p, ","); /* "(a,)" */
+        if (comma)
+            advance(p);
+        TPL_TRY(expect_op(p, ")"));
+        p->nest--;
+        *out = tuple->n_kids == 1 && !comma ? tuple->kids[0] : tuple;
+        return 0;
+    }
+    if (t->kind != TK_NAME)
+        return unexpected(p, attrs ? "a variable name" : "a loop variable name");
+    tpl_node *name = node_at(p, N_NAME, t);
+    if (!name)
+        return nomem(p);
+    TPL_TRY(set_name(p, name, t));
+    advance(p);
+    *out = name;
+    if (!attrs || !is_op(p, "."))
+        return 0;
+    advance(p);
+    if (cur(p)->kind != TK_NAME)
+        return unexpected(p, "an attribute name");
+    tpl_node *attr = node_at(p, N_ATTR, cur(p));
+    if (!attr)
+        return nomem(p);
+    TPL_TRY(set_name(p, attr, cur(p)));
+    attr->a = name;
+    advance(p);
+    *out = attr;
+    return 0;
+}
+
+/* target, target, ... as kids of n */
+static int parse_target_names(parser *p, tpl_node *n, bool attrs)
 {
     bool first = true;
     do {
         if (!first)
             advance(p); /* the comma */
         first = false;
-        if (cur(p)->kind != TK_NAME)
-            return unexpected(p, "a loop variable name");
-        tpl_node *name = node_at(p, N_NAME, cur(p));
-        if (!name)
-            return nomem(p);
-        TPL_TRY(set_name(p, name, cur(p)));
-        TPL_TRY(add_kid(p, n, name));
-        advance(p);
-    } while (is_op(p, ","));
+        tpl_node *t = NULL;
+        TPL_TRY(parse_target(p, attrs, &t));
+        TPL_TRY(add_kid(p, n, t));
+    } while (is_op(p, ",") && !tok_is(peek(p, 1), TK_OP, ")"));
     return 0;
 }
 
@@ -748,7 +790,7 @@ static int parse_for(parser *p, const tpl_token *kw, tpl_node **out)
     bool paren = is_op(p, "(");
     if (paren)
         advance(p);
-    TPL_TRY(parse_target_names(p, n));
+    TPL_TRY(parse_target_names(p, n, false));
     if (paren)
         TPL_TRY(expect_op(p, ")"));
     if (!is_name(p, "in"))
@@ -778,28 +820,10 @@ static int parse_for(parser *p, const tpl_token *kw, tpl_node **out)
 /* Assignment target: name, name.attr, or name, name, ... */
 static int parse_set_target(parser *p, tpl_node **out)
 {
-    const tpl_token *t = cur(p);
-    if (t->kind != TK_NAME)
-        return unexpected(p, "a variable name");
-    if (tok_is(peek(p, 1), TK_OP, ".")) {
-        tpl_node *obj = node_at(p, N_NAME, t), *attr = node_at(p, N_ATTR, peek(p, 2));
-        if (!obj || !attr)
-            return nomem(p);
-        TPL_TRY(set_name(p, obj, t));
-        advance(p);
-        advance(p);
-        if (cur(p)->kind != TK_NAME)
-            return unexpected(p, "an attribute name");
-        TPL_TRY(set_name(p, attr, cur(p)));
-        attr->a = obj;
-        advance(p);
-        *out = attr;
-        return 0;
-    }
-    tpl_node *tuple = node_at(p, N_TUPLE, t);
+    tpl_node *tuple = node_at(p, N_TUPLE, cur(p));
     if (!tuple)
         return nomem(p);
-    TPL_TRY(parse_target_names(p, tuple));
+    TPL_TRY(parse_target_names(p, tuple, true));
     *out = tuple->n_kids == 1 ? tuple->kids[0] : tuple;
     return 0;
 }
