@@ -26,18 +26,24 @@
  *   bytes 0x7F..0xA0                           ->  U+0121..U+0142
  *   byte  0xAD                                 ->  U+0143
  *
- * Regexes run in PCRE2 (UTF + UCP, so \s \p{L} \p{N} are Unicode-aware;
+ * Regexes run in PCRE2 (UTF + UCP, so \s \p{L} \p{N} are Unicode-aware,
+ * and as llama.cpp's: \s spelled out, \p{..} widened, see bpe_expand;
  * MATCH_INVALID_UTF, so bytes that are not UTF-8 simply never match and
  * stay pieces of their own, which byte-level BPE encodes like any byte).
  */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/err.h"
 #include "model/tokenizer_int.h"
+
+#ifdef LMS_HAVE_UTF8PROC
+#include <utf8proc.h>
+#endif
 
 #define BPE_MAX_MERGES (1 << 24) /* ranks stay exact in a float priority */
 #define BPE_JIT_STACK_MAX (64u << 20)
@@ -130,45 +136,171 @@ static bool name_in_list(const char *name, const char *list)
  * takes U+180E, a format character since Unicode 6.3, which would split
  * "b\u180e/K" differently; so each \s is spelled out, \S negated. */
 #define BPE_SPACE_SET                                                                              \
-    "\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}"   \
+    "\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}" \
     "\\x{3000}"
 
-/* Copies regex re to out with \s and \S spelled out; NULL when out of
- * memory or for a \S inside a class (none of our regexes has one). */
-static char *bpe_expand_space(const char *re)
+/* PCRE2 knows the Unicode version it was built with, often older than
+ * llama.cpp's tables: a letter or digit added since (Kawi, CJK extension
+ * H, ...) would not be \p{L} / \p{N} there. utf8proc, also used by
+ * WordPiece, is usually newer: the code points it puts in L, N or P that
+ * PCRE2 does not are added to each \p{L}, \p{N}, \p{P} (found once, by
+ * running \P{..} over all of utf8proc's members of the class). */
+static const char bpe_classes[] = "LNP";
+static char *bpe_class_extra[3]; /* "\x{A}-\x{B}..." or NULL; set once */
+
+#ifdef LMS_HAVE_UTF8PROC
+static pthread_once_t bpe_extra_once = PTHREAD_ONCE_INIT;
+
+/* 0, 1, 2 for a code point in L, N, P (as bpe_classes), else -1. */
+static int bpe_class_of(int32_t cp)
 {
-    size_t n = strlen(re), k = 0, set = strlen(BPE_SPACE_SET);
-    char *out = malloc(n / 2 * (set + 3) + n + 1); /* every "\s" grows by at most set + 1 */
-    if (!out)
+    utf8proc_category_t c = utf8proc_category(cp);
+    if (c >= UTF8PROC_CATEGORY_LU && c <= UTF8PROC_CATEGORY_LO)
+        return 0;
+    if (c >= UTF8PROC_CATEGORY_ND && c <= UTF8PROC_CATEGORY_NO)
+        return 1;
+    if (c >= UTF8PROC_CATEGORY_PC && c <= UTF8PROC_CATEGORY_PO)
+        return 2;
+    return -1;
+}
+
+/* Appends "\x{first}" or "\x{first}-\x{last}" to a growing string. */
+static bool bpe_add_range(char **s, size_t *n, size_t *cap, int32_t first, int32_t last)
+{
+    if (*n + 32 > *cap) {
+        size_t c = *cap ? 2 * *cap : 256;
+        char *p = realloc(*s, c);
+        if (!p)
+            return false;
+        *s = p;
+        *cap = c;
+    }
+    int w = first == last
+                ? snprintf(*s + *n, 32, "\\x{%X}", (unsigned)first)
+                : snprintf(*s + *n, 32, "\\x{%X}-\\x{%X}", (unsigned)first, (unsigned)last);
+    *n += (size_t)w;
+    return true;
+}
+
+/* The members of class k (buf[0..len), UTF-8) that PCRE2 does not count. */
+static char *bpe_find_extra(int k, const char *buf, size_t len)
+{
+    size_t n = 0, cap = 0;
+    char pat[] = "\\P{L}";
+    pat[3] = bpe_classes[k];
+    int code;
+    PCRE2_SIZE at;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP,
+                                   &code, &at, NULL);
+    pcre2_match_data *md = re ? pcre2_match_data_create(1, NULL) : NULL;
+    char *extra = NULL;
+    int32_t first = -1, last = -2;
+    bool ok = md != NULL;
+    for (size_t pos = 0;
+         ok && pcre2_match(re, (PCRE2_SPTR)buf, len, pos, PCRE2_NO_UTF_CHECK, md, NULL) > 0;) {
+        const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+        int32_t cp =
+            (int32_t)tok_utf8_decode((const unsigned char *)buf + ov[0], (int)(ov[1] - ov[0]));
+        if (cp != last + 1) {
+            ok = first < 0 || bpe_add_range(&extra, &n, &cap, first, last);
+            first = cp;
+        }
+        last = cp;
+        pos = ov[1];
+    }
+    if (ok && first >= 0)
+        ok = bpe_add_range(&extra, &n, &cap, first, last);
+    pcre2_match_data_free(md);
+    pcre2_code_free(re);
+    if (!ok) { /* out of memory: PCRE2's classes as they are */
+        free(extra);
         return NULL;
+    }
+    return extra;
+}
+
+static void bpe_extra_init(void)
+{
+    char *buf[3];
+    size_t len[3] = {0, 0, 0};
+    for (int k = 0; k < 3; k++)
+        buf[k] = malloc((size_t)5 << 20); /* every code point, UTF-8: 4.3 MB at most */
+    for (int32_t cp = 0; cp <= 0x10FFFF && buf[0] && buf[1] && buf[2]; cp++) {
+        int k = cp < 0xD800 || cp > 0xDFFF ? bpe_class_of(cp) : -1;
+        if (k >= 0)
+            len[k] += (size_t)tok_utf8_encode((uint32_t)cp, buf[k] + len[k]);
+    }
+    for (int k = 0; k < 3; k++) {
+        if (buf[0] && buf[1] && buf[2])
+            bpe_class_extra[k] = bpe_find_extra(k, buf[k], len[k]);
+        free(buf[k]);
+    }
+}
+#endif
+
+/* Writes (when out is not NULL) regex re with \s / \S spelled out and the
+ * extra code points added to \p{L} \p{N} \p{P}; returns the length, or 0
+ * for a \S inside a class (none of our regexes has one). */
+static size_t bpe_expand(const char *re, char *out)
+{
+    size_t n = strlen(re), k = 0;
     bool in_class = false;
+#define PUT(str, len)                                                                              \
+    do {                                                                                           \
+        if (out)                                                                                   \
+            memcpy(out + k, str, len);                                                             \
+        k += len;                                                                                  \
+    } while (0)
     for (size_t i = 0; i < n; i++) {
-        char c = re[i];
-        if (c == '\\' && i + 1 < n && (re[i + 1] == 's' || re[i + 1] == 'S')) {
-            bool neg = re[++i] == 'S';
-            if (in_class && neg) {
-                free(out);
-                return NULL;
-            }
+        const char *cls = i + 4 < n && !strncmp(re + i, "\\p{", 3) && re[i + 4] == '}'
+                              ? strchr(bpe_classes, re[i + 3])
+                              : NULL;
+        const char *extra = cls ? bpe_class_extra[cls - bpe_classes] : NULL;
+        bool space = re[i] == '\\' && i + 1 < n && (re[i + 1] == 's' || re[i + 1] == 'S');
+        if (space || extra) {
+            bool neg = space && re[i + 1] == 'S';
+            if (in_class && neg)
+                return 0;
             if (!in_class)
-                out[k++] = '[';
-            if (!in_class && neg)
-                out[k++] = '^';
-            memcpy(out + k, BPE_SPACE_SET, set);
-            k += set;
+                PUT(neg ? "[^" : "[", neg ? 2u : 1u);
+            if (space)
+                PUT(BPE_SPACE_SET, strlen(BPE_SPACE_SET));
+            else
+                PUT(re + i, 5u);
+            if (extra)
+                PUT(extra, strlen(extra));
             if (!in_class)
-                out[k++] = ']';
+                PUT("]", 1u);
+            i += space ? 1 : 4;
             continue;
         }
-        out[k++] = c;
-        if (c == '\\' && i + 1 < n)
-            out[k++] = re[++i];
-        else if (c == '[' && !in_class)
+        PUT(re + i, 1u);
+        if (re[i] == '\\' && i + 1 < n) {
+            i++;
+            PUT(re + i, 1u);
+        } else if (re[i] == '[' && !in_class) {
             in_class = true;
-        else if (c == ']' && in_class)
+        } else if (re[i] == ']' && in_class) {
             in_class = false;
+        }
     }
-    out[k] = 0;
+#undef PUT
+    if (out)
+        out[k] = 0;
+    return k;
+}
+
+/* bpe_expand into a malloc'd string; NULL when out of memory or on a \S
+ * inside a class. */
+static char *bpe_expand_alloc(const char *re)
+{
+#ifdef LMS_HAVE_UTF8PROC
+    pthread_once(&bpe_extra_once, bpe_extra_init);
+#endif
+    size_t n = bpe_expand(re, NULL);
+    char *out = n ? malloc(n + 1) : NULL;
+    if (out)
+        bpe_expand(re, out);
     return out;
 }
 
@@ -178,13 +310,14 @@ static int bpe_compile(lms_tokenizer *t, const bpe_pre *pre, char *err, size_t e
     for (int i = 0; i < TOK_MAX_REGEX && pre->regex[i]; i++) {
         int code;
         PCRE2_SIZE at;
-        char *src = bpe_expand_space(pre->regex[i]);
+        char *src = bpe_expand_alloc(pre->regex[i]);
         if (!src)
             return lms_errf(err, errsz, LMS_ERR_NOMEM,
                             "tokenizer: regex %d of pre-tokenizer '%s': out of memory (or a \\S "
                             "inside a class)",
                             i, t->pre);
-        pcre2_code *re = pcre2_compile((PCRE2_SPTR)src, PCRE2_ZERO_TERMINATED, opts, &code, &at, NULL);
+        pcre2_code *re =
+            pcre2_compile((PCRE2_SPTR)src, PCRE2_ZERO_TERMINATED, opts, &code, &at, NULL);
         free(src);
         if (!re) {
             PCRE2_UCHAR msg[128];
