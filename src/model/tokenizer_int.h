@@ -82,6 +82,8 @@ struct lms_tokenizer {
     bool ignore_merges;         /* a whole word in the vocab skips merging */
     void *regex[TOK_MAX_REGEX]; /* pcre2_code *, applied in order */
     int n_regex;
+    /* WPM: tokenizer.ggml.normalizer.* */
+    bool wpm_lowercase, wpm_strip_accents;
 };
 
 /* ---- helpers from tokenizer.c -------------------------------------------- */

@@ -2,18 +2,21 @@
  * tokenizer_wpm.c - WordPiece (tokenizer.ggml.model = "bert"): BERT-style
  * embedding models such as bge-small.
  *
- * Normalisation and word split follow llama.cpp's WordPiece (lower-casing
- * and accent stripping on), which is close to, but not quite, Hugging
- * Face's BertNormalizer + BertPreTokenizer. Per code point:
- *   - it is first replaced by the first code point of its canonical
- *     decomposition ("é" -> "e", a Hangul syllable -> its leading jamo: a
- *     one-to-one map, unlike a true NFD);
+ * Normalisation and word split follow llama.cpp's WordPiece, which is
+ * close to, but not quite, Hugging Face's BertNormalizer +
+ * BertPreTokenizer. Lower-casing and accent stripping are on unless
+ * tokenizer.ggml.normalizer.lowercase / .strip_accents say otherwise
+ * (stripping follows lower-casing when only that key is there; pre-tokenizer
+ * "whitespace" turns lower-casing off). Per code point:
+ *   - when stripping accents, it is first replaced by the first code point
+ *     of its canonical decomposition ("é" -> "e", a Hangul syllable -> its
+ *     leading jamo: a one-to-one map, unlike a true NFD);
  *   - whitespace (\t..\r, space, U+0085, Zs, U+2028/9) ends a word;
- *   - NUL, U+FFFD, controls (Cc, Cf, Cs, Co) and marks (M*) are dropped;
- *     unassigned code points are kept; bytes that are not UTF-8 are
- *     dropped too;
- *   - the rest is lower-cased (simple case mapping); punctuation (P*),
- *     ASCII symbols and CJK ideographs are words of one character.
+ *   - NUL, U+FFFD, controls (Cc, Cf, Cs, Co), bytes that are not UTF-8 and,
+ *     when stripping accents, marks (M*) are dropped; unassigned code
+ *     points are kept;
+ *   - the rest is lower-cased if asked (simple case mapping); punctuation
+ *     (P*), ASCII symbols and CJK ideographs are words of one character.
  * A word is then covered greedily by the longest vocab token from the left.
  * In GGUF a word-initial token carries a "▁" prefix and a continuation has
  * none (the converter rewrote BERT's "##"), so the word is looked up with
@@ -43,13 +46,25 @@ typedef struct wpm_word {
     size_t n; /* bytes in buf, prefix included */
 } wpm_word;
 
+static int wpm_flag(const gguf_file *f, const char *key, bool *flag, char *err, size_t errsz)
+{
+    int rc = gguf_get_bool(f, key, flag);
+    if (rc < 0 && rc != LMS_ERR_NOTFOUND)
+        return lms_errf(err, errsz, LMS_ERR_FORMAT, "tokenizer: '%s' is not a boolean", key);
+    return 0;
+}
+
+/* Lower-casing is on but for pre-tokenizer "whitespace"; accent stripping
+ * follows lower-casing; the file's keys override both. */
 int wpm_setup(lms_tokenizer *t, const gguf_file *f, char *err, size_t errsz)
 {
-    (void)t;
-    (void)f;
-    (void)err;
-    (void)errsz;
-    return 0;
+    t->wpm_lowercase = strcmp(t->pre, "whitespace") != 0;
+    int rc = wpm_flag(f, "tokenizer.ggml.normalizer.lowercase", &t->wpm_lowercase, err, errsz);
+    t->wpm_strip_accents = t->wpm_lowercase;
+    if (rc == 0)
+        rc = wpm_flag(f, "tokenizer.ggml.normalizer.strip_accents", &t->wpm_strip_accents, err,
+                      errsz);
+    return rc;
 }
 
 static bool wpm_is_chinese(int32_t c)
@@ -67,12 +82,12 @@ static bool wpm_is_space(int32_t c)
            utf8proc_category(c) == UTF8PROC_CATEGORY_ZS;
 }
 
-static bool wpm_is_dropped(int32_t c)
+static bool wpm_is_dropped(int32_t c, bool strip_accents)
 {
     if (c == 0 || c == 0xFFFD)
         return true;
     utf8proc_category_t k = utf8proc_category(c);
-    return (k >= UTF8PROC_CATEGORY_MN && k <= UTF8PROC_CATEGORY_ME) ||
+    return (strip_accents && k >= UTF8PROC_CATEGORY_MN && k <= UTF8PROC_CATEGORY_ME) ||
            (k >= UTF8PROC_CATEGORY_CC && k <= UTF8PROC_CATEGORY_CO);
 }
 
@@ -115,18 +130,20 @@ static void wpm_feed(const lms_tokenizer *t, wpm_word *w, int32_t c, tok_out *o)
 {
     utf8proc_int32_t parts[32];
     int boundclass = 0;
-    if (utf8proc_decompose_char(c, parts, 32, UTF8PROC_DECOMPOSE, &boundclass) >= 1)
+    if (t->wpm_strip_accents &&
+        utf8proc_decompose_char(c, parts, 32, UTF8PROC_DECOMPOSE, &boundclass) >= 1)
         c = parts[0];
     if (wpm_is_space(c)) {
         wpm_emit(t, w, o);
         return;
     }
-    if (wpm_is_dropped(c))
+    if (wpm_is_dropped(c, t->wpm_strip_accents))
         return;
     bool alone = wpm_is_alone(c);
     if (alone)
         wpm_emit(t, w, o);
-    w->n += (size_t)tok_utf8_encode((uint32_t)utf8proc_tolower(c), w->buf + w->n);
+    w->n += (size_t)tok_utf8_encode((uint32_t)(t->wpm_lowercase ? utf8proc_tolower(c) : c),
+                                    w->buf + w->n);
     if (alone)
         wpm_emit(t, w, o);
 }

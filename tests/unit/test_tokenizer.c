@@ -578,14 +578,19 @@ static int load_built(void (*build)(gguf_writer *w), char *err, size_t errsz)
 /* The llama-spm vocab with skip_key left out, then `edit` applied. */
 static void (*spm_edit)(gguf_writer *w);
 
-static void build_spm(gguf_writer *w)
+/* Copies the keys of test vocab `rel` (but skip_key) to w. */
+static void copy_vocab(gguf_writer *w, const char *rel)
 {
     gguf_file *src;
     char err[256];
-    assert_int_equal(
-        gguf_open(tu_data_path("tokenizer/ggml-vocab-llama-spm.gguf"), &src, err, sizeof err), 0);
+    assert_int_equal(gguf_open(tu_data_path(rel), &src, err, sizeof err), 0);
     assert_int_equal(gguf_writer_copy_kv(w, src, skip_one), 0);
     gguf_close(src);
+}
+
+static void build_spm(gguf_writer *w)
+{
+    copy_vocab(w, "tokenizer/ggml-vocab-llama-spm.gguf");
     if (spm_edit)
         spm_edit(w);
 }
@@ -763,6 +768,31 @@ static void test_tiny_bpe(void **state)
     unlink(path);
 }
 
+/* Writes the file `build` makes to path (a mkstemp template) and loads
+ * it; close_built undoes it. */
+static lms_tokenizer *open_built(void (*build)(gguf_writer *w), char *path, gguf_file **f)
+{
+    char err[256];
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    gguf_writer *w = gguf_writer_create();
+    build(w);
+    assert_int_equal(gguf_writer_write(w, path, err, sizeof err), 0);
+    gguf_writer_destroy(w);
+    lms_tokenizer *t;
+    assert_int_equal(gguf_open(path, f, err, sizeof err), 0);
+    assert_int_equal(lms_tokenizer_load(*f, &t, err, sizeof err), 0);
+    return t;
+}
+
+static void close_built(lms_tokenizer *t, gguf_file *f, const char *path)
+{
+    lms_tokenizer_destroy(t);
+    gguf_close(f);
+    unlink(path);
+}
+
 /* Tokens spelled like llama.cpp's end-of-turn and FIM markers are control
  * whatever the file says; gpt-oss's channel markers user-defined; one FIM
  * marker per role, none when the file names the role's token. */
@@ -790,19 +820,10 @@ static void test_retype_by_text(void **state)
 {
     (void)state;
     for (int pass = 0; pass < 2; pass++) {
-        char path[] = "/tmp/lms_tok_XXXXXX", err[256];
-        int fd = mkstemp(path);
-        assert_true(fd >= 0);
-        close(fd);
-        fim_key = pass == 1;
-        gguf_writer *w = gguf_writer_create();
-        build_marked(w);
-        assert_int_equal(gguf_writer_write(w, path, err, sizeof err), 0);
-        gguf_writer_destroy(w);
+        char path[] = "/tmp/lms_tok_XXXXXX";
         gguf_file *f;
-        lms_tokenizer *t;
-        assert_int_equal(gguf_open(path, &f, err, sizeof err), 0);
-        assert_int_equal(lms_tokenizer_load(f, &t, err, sizeof err), 0);
+        fim_key = pass == 1;
+        lms_tokenizer *t = open_built(build_marked, path, &f);
         const int want[] = {1, 1, 3, 4, 3, 3, 4, pass ? 1 : 3, 1, 3, 3, 3};
         for (int32_t id = 0; id < 12; id++)
             assert_int_equal(lms_token_type(t, id), want[id]);
@@ -818,11 +839,56 @@ static void test_retype_by_text(void **state)
         assert_false(lms_token_is_eog(t, 3));
         assert_true(lms_token_is_eog(t, 2));
         assert_false(lms_token_is_eog(t, 11));
-        lms_tokenizer_destroy(t);
-        gguf_close(f);
-        unlink(path);
+        close_built(t, f, path);
     }
     fim_key = false;
+}
+
+/* WordPiece honours tokenizer.ggml.normalizer.lowercase / .strip_accents:
+ * the bert-bge vocab (uncased) with them set; ids from llama.cpp d32676d
+ * on the same files. */
+static int wpm_lower = -1, wpm_strip = -1; /* -1: key absent */
+static const char *wpm_bad_key;            /* written as a string */
+
+static void build_wpm(gguf_writer *w)
+{
+    copy_vocab(w, "tokenizer/ggml-vocab-bert-bge.gguf");
+    if (wpm_lower >= 0)
+        gguf_writer_set_bool(w, "tokenizer.ggml.normalizer.lowercase", wpm_lower);
+    if (wpm_strip >= 0)
+        gguf_writer_set_bool(w, "tokenizer.ggml.normalizer.strip_accents", wpm_strip);
+    if (wpm_bad_key)
+        gguf_writer_set_str(w, wpm_bad_key, "yes");
+}
+
+static void test_wpm_normalizer_keys(void **state)
+{
+    (void)state;
+    static const struct {
+        int lower, strip;
+        const char *text;
+        int32_t ids[8];
+        int n;
+    } cases[] = {
+        {0, -1, "Hello WORLD caf\xc3\xa9 \xc3\x84", {100, 100, 100, 100}, 4},
+        {1, 0, "Hello WORLD caf\xc3\xa9 \xc3\x84pfel e\xcc\x81", {7592, 2088, 100, 100, 100}, 5},
+        {-1, -1, "Hello WORLD caf\xc3\xa9 \xc3\x84pfel", {7592, 2088, 7668, 9706, 7959, 2140}, 6},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[] = "/tmp/lms_tok_XXXXXX";
+        gguf_file *f;
+        wpm_lower = cases[i].lower;
+        wpm_strip = cases[i].strip;
+        lms_tokenizer *t = open_built(build_wpm, path, &f);
+        expect_ids(t, cases[i].text, false, false, cases[i].ids, cases[i].n);
+        close_built(t, f, path);
+    }
+    wpm_lower = wpm_strip = -1;
+    wpm_bad_key = "tokenizer.ggml.normalizer.strip_accents";
+    char err[256];
+    assert_int_equal(load_built(build_wpm, err, sizeof err), LMS_ERR_FORMAT);
+    assert_non_null(strstr(err, "'tokenizer.ggml.normalizer.strip_accents' is not a boolean"));
+    wpm_bad_key = NULL;
 }
 
 /* ==== ids from the reference =============================================
@@ -939,6 +1005,7 @@ int main(void)
         cmocka_unit_test(test_tiny_bpe),
         cmocka_unit_test(test_reference_cases),
         cmocka_unit_test(test_retype_by_text),
+        cmocka_unit_test(test_wpm_normalizer_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
