@@ -719,27 +719,39 @@ static int f_attr(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a,
     return tpl_getattr(c, at, in, name.u.s.p, name.u.s.n, out);
 }
 
-static int f_batch(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
-                   tpl_val *out)
+/* batch(linecount, fill_with) (arg 0): runs of linecount items, the last
+ * padded to that length with fill_with. slice(slices, fill_with) (arg 1):
+ * that many runs, the first len % slices of them one longer, fill_with
+ * padding the others by one. */
+static int f_rows(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int slice,
+                  tpl_val *out)
 {
-    int64_t size = int_or(a, 0, "linecount", 0);
+    const char *what = slice ? "slices" : "linecount";
+    int64_t k = int_or(a, 0, what, 0);
     tpl_val fill;
     bool has_fill = arg_or(a, 1, "fill_with", tpl_none(), &fill) && fill.type != TPL_NONE;
     tpl_list *l, *r;
-    if (size <= 0)
-        return tpl_fail(c, at, LMS_ERR_FORMAT, "batch: linecount must be positive");
+    if (k <= 0)
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "%s: %s must be positive",
+                        slice ? "slice" : "batch", what);
+    if (slice && k > c->lim.max_loop_iters)
+        return tpl_fail(c, at, LMS_ERR_LIMIT, "slice: more than %lld slices",
+                        (long long)c->lim.max_loop_iters);
     TPL_TRY(tpl_iterate(c, at, in, &l));
-    if (!(r = tpl_list_new(&c->arena, 0)))
+    size_t n = l->n, kk = (size_t)k, rows = slice ? kk : n / kk + (n % kk != 0);
+    size_t per = n / kk, extra = n % kk, start = 0;
+    if (!(r = tpl_list_new(&c->arena, rows)))
         return tpl_fail_nomem(c, at);
-    for (size_t i = 0; i < l->n; i += (size_t)size) {
-        size_t n = l->n - i < (size_t)size ? l->n - i : (size_t)size;
+    for (size_t s = 0; s < rows; s++) {
+        size_t len = slice ? per + (s < extra) : (n - start < kk ? n - start : kk);
+        size_t want = !has_fill ? 0 : slice ? (s >= extra ? per + 1 : 0) : kk;
         tpl_val row;
-        TPL_TRY(tpl_list_from_vals(c, at, l->items + i, n, &row));
-        while (has_fill && row.u.l->n < (size_t)size)
+        TPL_TRY(tpl_list_from_vals(c, at, l->items + start, len, &row));
+        while (row.u.l->n < want)
             if (tpl_list_push(&c->arena, row.u.l, fill) < 0)
                 return tpl_fail_nomem(c, at);
-        if (tpl_list_push(&c->arena, r, row) < 0)
-            return tpl_fail_nomem(c, at);
+        r->items[r->n++] = row;
+        start += len;
     }
     *out = tpl_list_val(r);
     return 0;
@@ -937,9 +949,9 @@ static int run_named_test(tpl_ctx *c, const tpl_node *at, tpl_val v, const tpl_a
 
 /* The items select/reject/map go through. Like jinja2 (`if value: for
  * item in value`) a false input, none or undefined included, gives none
- * rather than an error. The result is computed at once but marked a
- * generator (TPL_F_GEN), so that it is true, has no length and cannot go
- * through tojson, as in Python. */
+ * rather than an error. The result is computed at once; the filter table
+ * marks it a generator (TPL_F_GEN), so that it is true, has no length and
+ * cannot go through tojson, as in Python. */
 static int gen_source(tpl_ctx *c, const tpl_node *at, tpl_val in, tpl_list **l)
 {
     if (tpl_truthy(in) || (in.type == TPL_UNDEF && (in.flags & TPL_F_UNSAFE)))
@@ -973,7 +985,6 @@ static int f_select(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *
             r->items[r->n++] = l->items[i];
     }
     *out = tpl_list_val(r);
-    out->flags = TPL_F_GEN;
     return 0;
 }
 
@@ -1011,7 +1022,6 @@ static int f_map(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, 
         r->items[r->n++] = v;
     }
     *out = tpl_list_val(r);
-    out->flags = TPL_F_GEN;
     return 0;
 }
 
@@ -1027,7 +1037,7 @@ typedef struct filter_def {
 static const filter_def k_filters[] = {
     {"abs", f_abs, "", 0},
     {"attr", f_attr, "name", 0},
-    {"batch", f_batch, "linecount,fill_with", 0},
+    {"batch", f_rows, "linecount,fill_with", 0},
     {"capitalize", f_case, "", TPL_CASE_CAPITALIZE},
     {"center", f_center, "width", 0},
     {"count", f_length, "", 0},
@@ -1061,6 +1071,7 @@ static const filter_def k_filters[] = {
     {"safe", f_safe, "", 0},
     {"select", f_select, NULL, SEL_KEEP},
     {"selectattr", f_select, NULL, SEL_ATTR | SEL_KEEP},
+    {"slice", f_rows, "slices,fill_with", 1},
     {"sort", f_sort, "reverse,case_sensitive,attribute", 0},
     {"string", f_string, "", 0},
     {"sum", f_sum, "attribute,start", 0},
@@ -1093,7 +1104,13 @@ int tpl_filter_apply(tpl_ctx *c, const tpl_node *at, int id, tpl_val in, const t
         TPL_TRY(tpl_args_check(c, at, a, what, f->params));
     }
     TPL_TRY(tpl_tick(c, at));
-    return f->fn(c, at, in, a, f->arg, out);
+    TPL_TRY(f->fn(c, at, in, a, f->arg, out));
+    /* these give a generator or iterator in jinja2: mark a list result so */
+    bool gen = f->fn == f_select || f->fn == f_map || f->fn == f_rows || f->fn == f_items ||
+               f->fn == f_reverse || f->fn == f_unique;
+    if (gen && out->type == TPL_LIST)
+        out->flags = TPL_F_GEN;
+    return 0;
 }
 
 /* ---- tests ------------------------------------------------------------------------ */
