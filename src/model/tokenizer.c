@@ -366,14 +366,23 @@ static int load_specials(lms_tokenizer *t, const gguf_file *f, char *err, size_t
         (rc = load_id(t, f, "seperator_token_id", false, &sep, err, errsz)) < 0 ||
         (rc = load_id(t, f, "cls_token_id", false, &cls, err, errsz)) < 0)
         return rc;
-    if (t->kind == TOK_KIND_WPM) { /* BERT frames a text as [CLS] ... [SEP] */
-        t->bos = t->bos >= 0 ? t->bos : cls;
-        t->eos = t->eos >= 0 ? t->eos : sep;
-    }
     if ((rc = load_flag(f, "add_bos_token", &t->add_bos, err, errsz)) < 0 ||
         (rc = load_flag(f, "add_eos_token", &t->add_eos, err, errsz)) < 0 ||
         (rc = load_flag(f, "add_space_prefix", &t->add_space_prefix, err, errsz)) < 0)
         return rc;
+    t->sep = -1;
+    if (t->kind == TOK_KIND_WPM) {
+        /* BERT frames every text as [CLS] ... [SEP] whatever add_bos_token /
+         * add_eos_token say, and misses the ids as llama.cpp does: [CLS]
+         * 101, [SEP] 102, [UNK] 100 (the cls key before 101) */
+        int32_t dflt_cls = t->n_vocab > 101 ? 101 : -1, dflt_sep = t->n_vocab > 102 ? 102 : -1;
+        t->bos = t->bos >= 0 ? t->bos : cls >= 0 ? cls : dflt_cls;
+        t->sep = sep >= 0 ? sep : dflt_sep;
+        t->eos = t->eos >= 0 ? t->eos : t->sep;
+        if (t->unk < 0 && !gguf_find_kv(f, "tokenizer.ggml.unknown_token_id"))
+            t->unk = t->n_vocab > 100 ? 100 : -1;
+        t->add_bos = t->add_eos = true;
+    }
     return 0;
 }
 
@@ -851,8 +860,9 @@ int64_t lms_tokenize(const lms_tokenizer *t, const char *text, size_t len, bool 
     if (add_special && t->add_bos && t->bos >= 0)
         tok_out_push(&o, t->bos);
     int rc = tokenize_text(t, &w, text, len, parse_special, &o);
-    if (add_special && t->add_eos && t->eos >= 0)
-        tok_out_push(&o, t->eos);
+    int32_t last = t->kind == TOK_KIND_WPM ? t->sep : t->eos;
+    if (add_special && t->add_eos && last >= 0)
+        tok_out_push(&o, last);
     tok_work_free(&w);
     return rc < 0 ? rc : o.n;
 }

@@ -74,7 +74,8 @@ void lms_tokenizer_destroy(lms_tokenizer *t); /* NULL is a no-op */
 /* ---- text -> tokens ----------------------------------------------------- */
 
 /* Tokenizes text[0..len) (any bytes; NULs included).
- * add_special: add BOS (and EOS) where the vocab asks for them.
+ * add_special: add BOS (and EOS) where the vocab asks for them; WordPiece
+ * always frames the text as [CLS] ... [SEP], as llama.cpp does.
  * parse_special: control and unknown tokens spelled in the text become
  * those tokens (user-defined tokens always do).
  * Writes at most cap ids to out and returns how many the text needs, which

@@ -74,6 +74,7 @@ struct lms_tokenizer {
     size_t max_len;             /* longest token text */
 
     int32_t bos, eos, eot, eom, unk, pad;
+    int32_t sep; /* WPM: ends every text (add_special) */
     bool add_bos, add_eos, add_space_prefix;
 
     int32_t byte_tok[256]; /* SPM: <0xNN>; BPE: the byte's code point */

@@ -859,6 +859,8 @@ static void build_wpm(gguf_writer *w)
         gguf_writer_set_bool(w, "tokenizer.ggml.normalizer.strip_accents", wpm_strip);
     if (wpm_bad_key)
         gguf_writer_set_str(w, wpm_bad_key, "yes");
+    if (skip_key) /* the key left out is written again, false */
+        gguf_writer_set_bool(w, skip_key, false);
 }
 
 static void test_wpm_normalizer_keys(void **state)
@@ -884,6 +886,19 @@ static void test_wpm_normalizer_keys(void **state)
         close_built(t, f, path);
     }
     wpm_lower = wpm_strip = -1;
+    /* add_bos_token / add_eos_token false: still [CLS] a [SEP] (llama.cpp) */
+    static const char *const no_add[] = {"tokenizer.ggml.add_bos_token",
+                                         "tokenizer.ggml.add_eos_token"};
+    for (int i = 0; i < 2; i++) {
+        char path[] = "/tmp/lms_tok_XXXXXX";
+        gguf_file *f;
+        skip_key = no_add[i];
+        lms_tokenizer *t = open_built(build_wpm, path, &f);
+        const int32_t framed[] = {101, 1037, 102};
+        expect_ids(t, " a ", true, false, framed, 3);
+        close_built(t, f, path);
+    }
+    skip_key = NULL;
     wpm_bad_key = "tokenizer.ggml.normalizer.strip_accents";
     char err[256];
     assert_int_equal(load_built(build_wpm, err, sizeof err), LMS_ERR_FORMAT);
