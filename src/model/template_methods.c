@@ -627,6 +627,29 @@ static int m_case(tpl_ctx *c, const tpl_node *at, tpl_val s, const tpl_args *a, 
     return tpl_str_case(c, at, s, mode, out);
 }
 
+/* str.expandtabs(tabsize=8): each tab to spaces up to the next multiple of
+ * tabsize columns (code points; a line break starts a new line). */
+static int m_expandtabs(tpl_ctx *c, const tpl_node *at, tpl_val s, const tpl_args *a, int arg,
+                        tpl_val *out)
+{
+    int64_t tab = int_arg(a, 0, "tabsize", 8), col = 0;
+    tpl_buf b = {.max_bytes = c->lim.max_output_bytes};
+    int rc = 0;
+    for (size_t i = 0; i < s.u.s.n && rc == 0;) {
+        size_t k = tpl_utf8_offset(s.u.s.p + i, s.u.s.n - i, 1);
+        char ch = s.u.s.p[i];
+        if (ch == '\t') {
+            for (int64_t pad = tab > 0 ? tab - col % tab : 0; pad > 0 && rc == 0; pad--, col++)
+                rc = tpl_buf_putc(&b, ' ');
+        } else {
+            rc = tpl_buf_put(&b, s.u.s.p + i, k);
+            col = ch == '\n' || ch == '\r' ? 0 : col + 1;
+        }
+        i += k;
+    }
+    return tpl_buf_finish(c, at, &b, rc, out);
+}
+
 /* str.swapcase: each cased code point to the other case (simple mappings). */
 static int m_swapcase(tpl_ctx *c, const tpl_node *at, tpl_val s, const tpl_args *a, int arg,
                       tpl_val *out)
@@ -1021,6 +1044,7 @@ static const method_def k_methods[] = {
     {TPL_STR, "title", m_case, "", TPL_CASE_TITLE},
     {TPL_STR, "capitalize", m_case, "", TPL_CASE_CAPITALIZE},
     {TPL_STR, "swapcase", m_swapcase, "", 0},
+    {TPL_STR, "expandtabs", m_expandtabs, "tabsize", 0},
     {TPL_STR, "strip", m_strip, "chars", 3},
     {TPL_STR, "lstrip", m_strip, "chars", 1},
     {TPL_STR, "rstrip", m_strip, "chars", 2},

@@ -207,6 +207,8 @@ static const tcase k_cases[] = {
      "00x -005 x  |\xc3\xa9\xc3\xa9x **ab* -abc--"},
     {"{{ s.removeprefix('Hello ') }} {{ s.removesuffix('World') }}| {{ s.removeprefix('x') }} {{ '12'.isdecimal() }} {{ '1a'.isnumeric() }}",
      "World Hello | Hello World True False"},
+    {"{{ 'a\\tb'.expandtabs(4) }}|{{ 'ab\\tc\\n\\td'.expandtabs() }}|{{ '\\u00e9\\tx'.expandtabs(3) }}|{{ 'a\\tb'.expandtabs(0) }}",
+     "a   b|ab      c\n        d|\xc3\xa9  x|ab"},
     {"{{ 'abc'.replace('', '-') }} {{ ''.replace('', '-') }} {{ 'ab'.replace('', '-', 1) }} {{ 'aB1 \\u00e9'.swapcase() }} {{ '<'|safe|forceescape }}",
      "-a-b-c- - -ab Ab1 \xc3\x89 &lt;"},
     /* tojson (transformers' json.dumps) */
