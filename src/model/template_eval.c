@@ -279,6 +279,14 @@ int tpl_getattr(tpl_ctx *c, const tpl_node *at, tpl_val obj, const char *name, s
         *out = tpl_undef(name, n, obj.type);
         return 0;
     }
+    bool is_num = obj.type == TPL_INT || obj.type == TPL_FLOAT || obj.type == TPL_BOOL;
+    if (is_num && (name_is(name, n, "real") || name_is(name, n, "imag"))) {
+        /* Python numbers are complex numbers too; a bool's parts are ints */
+        bool real = name[0] == 'r';
+        *out = obj.type == TPL_FLOAT ? tpl_float(real ? obj.u.f : 0.0)
+                                     : tpl_int(!real ? 0 : obj.type == TPL_BOOL ? obj.u.b : obj.u.i);
+        return 0;
+    }
     int found = tpl_method_find(c, at, obj, name, n, out);
     if (found != 0)
         return found < 0 ? found : 0;

@@ -1260,14 +1260,9 @@ static int t_sameas(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *
 static int t_case(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int mode,
                   bool *out)
 {
-    /* Python's islower/isupper: mapping changes nothing, and there is
-     * something cased (the other mapping changes it) */
-    tpl_val s, conv, other;
+    tpl_val s;
     TPL_TRY(tpl_to_str(c, at, in, &s));
-    TPL_TRY(tpl_str_case(c, at, s, mode, &conv));
-    TPL_TRY(tpl_str_case(c, at, s, mode == TPL_CASE_LOWER ? TPL_CASE_UPPER : TPL_CASE_LOWER,
-                         &other));
-    *out = tpl_equal(s, conv) && !tpl_equal(s, other);
+    *out = tpl_str_is_case(s, mode == TPL_CASE_UPPER);
     return 0;
 }
 

@@ -503,6 +503,8 @@ int tpl_str_replace(tpl_ctx *c, const tpl_node *at, tpl_val s, tpl_val from, tpl
  * start only after whitespace or one of "-({[<"). */
 enum { TPL_CASE_UPPER, TPL_CASE_LOWER, TPL_CASE_TITLE, TPL_CASE_CAPITALIZE, TPL_CASE_JTITLE };
 int tpl_str_case(tpl_ctx *c, const tpl_node *at, tpl_val s, int mode, tpl_val *out);
+/* Python's str.isupper() (upper) or str.islower() on the string s. */
+bool tpl_str_is_case(tpl_val s, bool upper);
 /* Python's "fmt % args" (args: a tuple, or one value). */
 int tpl_str_format(tpl_ctx *c, const tpl_node *at, tpl_val fmt, tpl_val args, tpl_val *out);
 /* dict.items(): a list of (key, value) tuples. */

@@ -7,8 +7,7 @@
  * String methods follow CPython on UTF-8 text: whitespace is Python's set
  * of Unicode spaces (tpl_cp_is_space), strip(chars) treats chars as a set of code points,
  * split() without a separator splits on runs of whitespace. Case mapping
- * covers ASCII, Latin-1, Greek and Cyrillic (templates upper-case role
- * names, not arbitrary scripts).
+ * covers all of Unicode through utf8proc (see cp_lower).
  *
  * As in transformers' ImmutableSandboxedEnvironment, methods that mutate
  * a list or dict (append, pop, update, ...) are refused.
@@ -21,6 +20,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <utf8proc.h>
+
 #include "base/ckd.h"
 #include "base/err.h"
 
@@ -30,35 +31,206 @@ static double ceil_div(double a, double b) { return ceil(a / b); }
 
 /* ---- code points ------------------------------------------------------------- */
 
-/* Lower/upper case pairs as ranges: [lo, hi] maps to [lo + delta, ...]. */
-typedef struct case_range {
+/* Case mapping is utf8proc's simple (one code point) mappings, as Python's
+ * str methods use for all but a few code points: those that upper-case or
+ * title-case to several (k_special below, "ß" -> "SS" / "Ss"), İ which
+ * lower-cases to "i" U+0307, and lower()'s final sigma. Python's
+ * is-lower / is-upper also count
+ * the Other_Lowercase / Other_Uppercase code points (modifier letters,
+ * circled letters, Roman numerals), listed here as ranges (Unicode 14). */
+typedef struct cp_range {
     uint32_t lo, hi;
-    int32_t delta; /* upper -> lower */
-} case_range;
+} cp_range;
 
-static const case_range k_upper_ranges[] = {
-    {'A', 'Z', 32},     {0xC0, 0xD6, 32},   {0xD8, 0xDE, 32},   {0x391, 0x3A1, 32},
-    {0x3A3, 0x3AB, 32}, {0x400, 0x40F, 80}, {0x410, 0x42F, 32},
+static const cp_range k_other_lower[] = {
+    {0xAA, 0xAA},       {0xBA, 0xBA},       {0x2B0, 0x2B8},     {0x2C0, 0x2C1},
+    {0x2E0, 0x2E4},     {0x345, 0x345},     {0x37A, 0x37A},     {0x1D2C, 0x1D6A},
+    {0x1D78, 0x1D78},   {0x1D9B, 0x1DBF},   {0x2071, 0x2071},   {0x207F, 0x207F},
+    {0x2090, 0x209C},   {0x2170, 0x217F},   {0x24D0, 0x24E9},   {0x2C7C, 0x2C7D},
+    {0xA69C, 0xA69D},   {0xA770, 0xA770},   {0xA7F8, 0xA7F9},   {0xAB5C, 0xAB5F},
+    {0x10780, 0x10780}, {0x10783, 0x10785}, {0x10787, 0x107B0}, {0x107B2, 0x107BA},
 };
+
+static const cp_range k_other_upper[] = {
+    {0x2160, 0x216F},   {0x24B6, 0x24CF},   {0x1F130, 0x1F149},
+    {0x1F150, 0x1F169}, {0x1F170, 0x1F189},
+};
+
+static bool in_ranges(const cp_range *r, size_t n, uint32_t cp)
+{
+    for (size_t k = 0; k < n; k++)
+        if (cp >= r[k].lo && cp <= r[k].hi)
+            return true;
+    return false;
+}
+
+/* Python's str.upper() / title() of the code points that map to several
+ * (SpecialCasing.txt of Unicode 14, as CPython 3.11 has it), UTF-8. */
+typedef struct special_case {
+    uint32_t cp;
+    const char *upper, *title;
+} special_case;
+
+static const special_case k_special[] = {
+    {0xDF, "\x53\x53", "\x53\x73"},
+    {0x149, "\xca\xbc\x4e", "\xca\xbc\x4e"},
+    {0x1F0, "\x4a\xcc\x8c", "\x4a\xcc\x8c"},
+    {0x390, "\xce\x99\xcc\x88\xcc\x81", "\xce\x99\xcc\x88\xcc\x81"},
+    {0x3B0, "\xce\xa5\xcc\x88\xcc\x81", "\xce\xa5\xcc\x88\xcc\x81"},
+    {0x587, "\xd4\xb5\xd5\x92", "\xd4\xb5\xd6\x82"},
+    {0x1E96, "\x48\xcc\xb1", "\x48\xcc\xb1"},
+    {0x1E97, "\x54\xcc\x88", "\x54\xcc\x88"},
+    {0x1E98, "\x57\xcc\x8a", "\x57\xcc\x8a"},
+    {0x1E99, "\x59\xcc\x8a", "\x59\xcc\x8a"},
+    {0x1E9A, "\x41\xca\xbe", "\x41\xca\xbe"},
+    {0x1F50, "\xce\xa5\xcc\x93", "\xce\xa5\xcc\x93"},
+    {0x1F52, "\xce\xa5\xcc\x93\xcc\x80", "\xce\xa5\xcc\x93\xcc\x80"},
+    {0x1F54, "\xce\xa5\xcc\x93\xcc\x81", "\xce\xa5\xcc\x93\xcc\x81"},
+    {0x1F56, "\xce\xa5\xcc\x93\xcd\x82", "\xce\xa5\xcc\x93\xcd\x82"},
+    {0x1F80, "\xe1\xbc\x88\xce\x99", "\xe1\xbe\x88"},
+    {0x1F81, "\xe1\xbc\x89\xce\x99", "\xe1\xbe\x89"},
+    {0x1F82, "\xe1\xbc\x8a\xce\x99", "\xe1\xbe\x8a"},
+    {0x1F83, "\xe1\xbc\x8b\xce\x99", "\xe1\xbe\x8b"},
+    {0x1F84, "\xe1\xbc\x8c\xce\x99", "\xe1\xbe\x8c"},
+    {0x1F85, "\xe1\xbc\x8d\xce\x99", "\xe1\xbe\x8d"},
+    {0x1F86, "\xe1\xbc\x8e\xce\x99", "\xe1\xbe\x8e"},
+    {0x1F87, "\xe1\xbc\x8f\xce\x99", "\xe1\xbe\x8f"},
+    {0x1F88, "\xe1\xbc\x88\xce\x99", "\xe1\xbe\x88"},
+    {0x1F89, "\xe1\xbc\x89\xce\x99", "\xe1\xbe\x89"},
+    {0x1F8A, "\xe1\xbc\x8a\xce\x99", "\xe1\xbe\x8a"},
+    {0x1F8B, "\xe1\xbc\x8b\xce\x99", "\xe1\xbe\x8b"},
+    {0x1F8C, "\xe1\xbc\x8c\xce\x99", "\xe1\xbe\x8c"},
+    {0x1F8D, "\xe1\xbc\x8d\xce\x99", "\xe1\xbe\x8d"},
+    {0x1F8E, "\xe1\xbc\x8e\xce\x99", "\xe1\xbe\x8e"},
+    {0x1F8F, "\xe1\xbc\x8f\xce\x99", "\xe1\xbe\x8f"},
+    {0x1F90, "\xe1\xbc\xa8\xce\x99", "\xe1\xbe\x98"},
+    {0x1F91, "\xe1\xbc\xa9\xce\x99", "\xe1\xbe\x99"},
+    {0x1F92, "\xe1\xbc\xaa\xce\x99", "\xe1\xbe\x9a"},
+    {0x1F93, "\xe1\xbc\xab\xce\x99", "\xe1\xbe\x9b"},
+    {0x1F94, "\xe1\xbc\xac\xce\x99", "\xe1\xbe\x9c"},
+    {0x1F95, "\xe1\xbc\xad\xce\x99", "\xe1\xbe\x9d"},
+    {0x1F96, "\xe1\xbc\xae\xce\x99", "\xe1\xbe\x9e"},
+    {0x1F97, "\xe1\xbc\xaf\xce\x99", "\xe1\xbe\x9f"},
+    {0x1F98, "\xe1\xbc\xa8\xce\x99", "\xe1\xbe\x98"},
+    {0x1F99, "\xe1\xbc\xa9\xce\x99", "\xe1\xbe\x99"},
+    {0x1F9A, "\xe1\xbc\xaa\xce\x99", "\xe1\xbe\x9a"},
+    {0x1F9B, "\xe1\xbc\xab\xce\x99", "\xe1\xbe\x9b"},
+    {0x1F9C, "\xe1\xbc\xac\xce\x99", "\xe1\xbe\x9c"},
+    {0x1F9D, "\xe1\xbc\xad\xce\x99", "\xe1\xbe\x9d"},
+    {0x1F9E, "\xe1\xbc\xae\xce\x99", "\xe1\xbe\x9e"},
+    {0x1F9F, "\xe1\xbc\xaf\xce\x99", "\xe1\xbe\x9f"},
+    {0x1FA0, "\xe1\xbd\xa8\xce\x99", "\xe1\xbe\xa8"},
+    {0x1FA1, "\xe1\xbd\xa9\xce\x99", "\xe1\xbe\xa9"},
+    {0x1FA2, "\xe1\xbd\xaa\xce\x99", "\xe1\xbe\xaa"},
+    {0x1FA3, "\xe1\xbd\xab\xce\x99", "\xe1\xbe\xab"},
+    {0x1FA4, "\xe1\xbd\xac\xce\x99", "\xe1\xbe\xac"},
+    {0x1FA5, "\xe1\xbd\xad\xce\x99", "\xe1\xbe\xad"},
+    {0x1FA6, "\xe1\xbd\xae\xce\x99", "\xe1\xbe\xae"},
+    {0x1FA7, "\xe1\xbd\xaf\xce\x99", "\xe1\xbe\xaf"},
+    {0x1FA8, "\xe1\xbd\xa8\xce\x99", "\xe1\xbe\xa8"},
+    {0x1FA9, "\xe1\xbd\xa9\xce\x99", "\xe1\xbe\xa9"},
+    {0x1FAA, "\xe1\xbd\xaa\xce\x99", "\xe1\xbe\xaa"},
+    {0x1FAB, "\xe1\xbd\xab\xce\x99", "\xe1\xbe\xab"},
+    {0x1FAC, "\xe1\xbd\xac\xce\x99", "\xe1\xbe\xac"},
+    {0x1FAD, "\xe1\xbd\xad\xce\x99", "\xe1\xbe\xad"},
+    {0x1FAE, "\xe1\xbd\xae\xce\x99", "\xe1\xbe\xae"},
+    {0x1FAF, "\xe1\xbd\xaf\xce\x99", "\xe1\xbe\xaf"},
+    {0x1FB2, "\xe1\xbe\xba\xce\x99", "\xe1\xbe\xba\xcd\x85"},
+    {0x1FB3, "\xce\x91\xce\x99", "\xe1\xbe\xbc"},
+    {0x1FB4, "\xce\x86\xce\x99", "\xce\x86\xcd\x85"},
+    {0x1FB6, "\xce\x91\xcd\x82", "\xce\x91\xcd\x82"},
+    {0x1FB7, "\xce\x91\xcd\x82\xce\x99", "\xce\x91\xcd\x82\xcd\x85"},
+    {0x1FBC, "\xce\x91\xce\x99", "\xe1\xbe\xbc"},
+    {0x1FC2, "\xe1\xbf\x8a\xce\x99", "\xe1\xbf\x8a\xcd\x85"},
+    {0x1FC3, "\xce\x97\xce\x99", "\xe1\xbf\x8c"},
+    {0x1FC4, "\xce\x89\xce\x99", "\xce\x89\xcd\x85"},
+    {0x1FC6, "\xce\x97\xcd\x82", "\xce\x97\xcd\x82"},
+    {0x1FC7, "\xce\x97\xcd\x82\xce\x99", "\xce\x97\xcd\x82\xcd\x85"},
+    {0x1FCC, "\xce\x97\xce\x99", "\xe1\xbf\x8c"},
+    {0x1FD2, "\xce\x99\xcc\x88\xcc\x80", "\xce\x99\xcc\x88\xcc\x80"},
+    {0x1FD3, "\xce\x99\xcc\x88\xcc\x81", "\xce\x99\xcc\x88\xcc\x81"},
+    {0x1FD6, "\xce\x99\xcd\x82", "\xce\x99\xcd\x82"},
+    {0x1FD7, "\xce\x99\xcc\x88\xcd\x82", "\xce\x99\xcc\x88\xcd\x82"},
+    {0x1FE2, "\xce\xa5\xcc\x88\xcc\x80", "\xce\xa5\xcc\x88\xcc\x80"},
+    {0x1FE3, "\xce\xa5\xcc\x88\xcc\x81", "\xce\xa5\xcc\x88\xcc\x81"},
+    {0x1FE4, "\xce\xa1\xcc\x93", "\xce\xa1\xcc\x93"},
+    {0x1FE6, "\xce\xa5\xcd\x82", "\xce\xa5\xcd\x82"},
+    {0x1FE7, "\xce\xa5\xcc\x88\xcd\x82", "\xce\xa5\xcc\x88\xcd\x82"},
+    {0x1FF2, "\xe1\xbf\xba\xce\x99", "\xe1\xbf\xba\xcd\x85"},
+    {0x1FF3, "\xce\xa9\xce\x99", "\xe1\xbf\xbc"},
+    {0x1FF4, "\xce\x8f\xce\x99", "\xce\x8f\xcd\x85"},
+    {0x1FF6, "\xce\xa9\xcd\x82", "\xce\xa9\xcd\x82"},
+    {0x1FF7, "\xce\xa9\xcd\x82\xce\x99", "\xce\xa9\xcd\x82\xcd\x85"},
+    {0x1FFC, "\xce\xa9\xce\x99", "\xe1\xbf\xbc"},
+    {0xFB00, "\x46\x46", "\x46\x66"},
+    {0xFB01, "\x46\x49", "\x46\x69"},
+    {0xFB02, "\x46\x4c", "\x46\x6c"},
+    {0xFB03, "\x46\x46\x49", "\x46\x66\x69"},
+    {0xFB04, "\x46\x46\x4c", "\x46\x66\x6c"},
+    {0xFB05, "\x53\x54", "\x53\x74"},
+    {0xFB06, "\x53\x54", "\x53\x74"},
+    {0xFB13, "\xd5\x84\xd5\x86", "\xd5\x84\xd5\xb6"},
+    {0xFB14, "\xd5\x84\xd4\xb5", "\xd5\x84\xd5\xa5"},
+    {0xFB15, "\xd5\x84\xd4\xbb", "\xd5\x84\xd5\xab"},
+    {0xFB16, "\xd5\x8e\xd5\x86", "\xd5\x8e\xd5\xb6"},
+    {0xFB17, "\xd5\x84\xd4\xbd", "\xd5\x84\xd5\xad"},
+};
+
+static const special_case *find_special(uint32_t cp)
+{
+    size_t lo = 0, hi = sizeof k_special / sizeof k_special[0];
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (k_special[mid].cp == cp)
+            return &k_special[mid];
+        if (k_special[mid].cp < cp)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+#define CAPITAL_I_DOT 0x130 /* İ: lower-cases to "i" U+0307 */
+#define CAPITAL_SIGMA 0x3A3
 
 static uint32_t cp_lower(uint32_t cp)
 {
-    for (size_t k = 0; k < sizeof k_upper_ranges / sizeof k_upper_ranges[0]; k++)
-        if (cp >= k_upper_ranges[k].lo && cp <= k_upper_ranges[k].hi)
-            return cp + (uint32_t)k_upper_ranges[k].delta;
-    return cp;
+    return cp > 0x10FFFF ? cp : (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp);
 }
 
 static uint32_t cp_upper(uint32_t cp)
 {
-    if (cp == 0x3C2) /* final sigma */
-        return 0x3A3;
-    for (size_t k = 0; k < sizeof k_upper_ranges / sizeof k_upper_ranges[0]; k++) {
-        const case_range *r = &k_upper_ranges[k];
-        if (cp >= r->lo + (uint32_t)r->delta && cp <= r->hi + (uint32_t)r->delta)
-            return cp - (uint32_t)r->delta;
-    }
-    return cp;
+    return cp > 0x10FFFF ? cp : (uint32_t)utf8proc_toupper((utf8proc_int32_t)cp);
+}
+
+static uint32_t cp_title(uint32_t cp)
+{
+    return cp > 0x10FFFF ? cp : (uint32_t)utf8proc_totitle((utf8proc_int32_t)cp);
+}
+
+static utf8proc_category_t cp_category(uint32_t cp)
+{
+    return cp > 0x10FFFF ? UTF8PROC_CATEGORY_CN : utf8proc_category((utf8proc_int32_t)cp);
+}
+
+/* Python's str.islower / isupper per code point, and "cased" (either, or
+ * title case), which title() uses to decide where a word starts. */
+static bool cp_is_lower(uint32_t cp)
+{
+    return cp_category(cp) == UTF8PROC_CATEGORY_LL ||
+           in_ranges(k_other_lower, sizeof k_other_lower / sizeof k_other_lower[0], cp);
+}
+
+static bool cp_is_upper(uint32_t cp)
+{
+    return cp_category(cp) == UTF8PROC_CATEGORY_LU ||
+           in_ranges(k_other_upper, sizeof k_other_upper / sizeof k_other_upper[0], cp);
+}
+
+static bool cp_is_cased(uint32_t cp)
+{
+    return cp_is_lower(cp) || cp_is_upper(cp) || cp_category(cp) == UTF8PROC_CATEGORY_LT;
 }
 
 /* A letter for title()/capitalize(): cased ASCII, or any non-ASCII letter
@@ -86,49 +258,118 @@ int tpl_buf_finish(tpl_ctx *c, const tpl_node *at, tpl_buf *b, int rc, tpl_val *
     return rc;
 }
 
-#define SHARP_S 0xDF /* ß: lower case, upper-cases to "SS" */
+enum { CASE_LOWER, CASE_UPPER, CASE_TITLE }; /* how one code point is mapped */
 
-static bool cp_is_lower(uint32_t cp) { return cp_upper(cp) != cp || cp == SHARP_S; }
-
-/* Should code point cp start with a capital in this mode? prev is the code
- * point before it (0 at the start). */
-static bool starts_word(int mode, uint32_t prev, bool first)
+/* How a code point maps in this mode; prev is the code point before it,
+ * first says it is the string's first. */
+static int case_how(int mode, uint32_t prev, bool first)
 {
     switch (mode) {
-    case TPL_CASE_UPPER: return true;
-    case TPL_CASE_LOWER: return false;
-    case TPL_CASE_CAPITALIZE: return first;
-    case TPL_CASE_TITLE: return first || !cp_is_letter(prev);
-    default: /* TPL_CASE_JTITLE */
-        return first || tpl_cp_is_space(prev) || (prev < 0x80 && strchr("-({[<", (int)prev));
+    case TPL_CASE_UPPER: return CASE_UPPER;
+    case TPL_CASE_LOWER: return CASE_LOWER;
+    case TPL_CASE_CAPITALIZE: return first ? CASE_TITLE : CASE_LOWER;
+    case TPL_CASE_TITLE: /* Python: a code point after a cased one is lowered */
+        return !first && cp_is_cased(prev) ? CASE_LOWER : CASE_TITLE;
+    default: /* TPL_CASE_JTITLE: jinja2 upper-cases each word's first character */
+        return first || tpl_cp_is_space(prev) || (prev < 0x80 && strchr("-({[<", (int)prev))
+                   ? CASE_UPPER
+                   : CASE_LOWER;
     }
+}
+
+/* Python's Case_Ignorable (marks, format characters, modifiers and the
+ * in-word punctuation of Unicode word breaking), which the final-sigma
+ * rule looks through. */
+static bool cp_is_case_ignorable(uint32_t cp)
+{
+    static const uint32_t k_mid[] = {'\'',   '.',    ':',    0xB7,   0x387,  0x55F,  0x5F4,
+                                     0x2018, 0x2019, 0x2024, 0x2027, 0xFE13, 0xFE52, 0xFE55,
+                                     0xFF07, 0xFF0E, 0xFF1A};
+    switch (cp_category(cp)) {
+    case UTF8PROC_CATEGORY_MN:
+    case UTF8PROC_CATEGORY_ME:
+    case UTF8PROC_CATEGORY_CF:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_SK: return true;
+    default: break;
+    }
+    for (size_t k = 0; k < sizeof k_mid / sizeof k_mid[0]; k++)
+        if (cp == k_mid[k])
+            return true;
+    return false;
+}
+
+/* Appends code point cp (k bytes at byte i of s) mapped as `how` says;
+ * before is the last code point ahead of it that is not case-ignorable (0
+ * if none). An invalid byte is copied. */
+static int put_case(tpl_buf *b, tpl_val s, size_t i, size_t k, uint32_t cp, uint32_t before,
+                    int how)
+{
+    char u[4];
+    if (k == 1 && cp >= 0x80)
+        return tpl_buf_put(b, s.u.s.p + i, 1);
+    const special_case *sp = how != CASE_LOWER ? find_special(cp) : NULL;
+    if (sp) {
+        const char *m = how == CASE_UPPER ? sp->upper : sp->title;
+        return tpl_buf_put(b, m, strlen(m));
+    }
+    if (cp == CAPITAL_I_DOT && how == CASE_LOWER)
+        return tpl_buf_put(b, "i\xcc\x87", 3);
+    if (cp == CAPITAL_SIGMA && how == CASE_LOWER && cp_is_cased(before)) {
+        /* final sigma: after a cased letter and not before one */
+        uint32_t next = 0;
+        for (size_t j = i + k, kn; j < s.u.s.n; j += kn) {
+            next = tpl_utf8_decode(s.u.s.p + j, s.u.s.n - j, &kn);
+            if (!cp_is_case_ignorable(next))
+                break;
+            next = 0;
+        }
+        if (!cp_is_cased(next))
+            return tpl_buf_put(b, u, tpl_utf8_put(u, 0x3C2));
+    }
+    uint32_t m = how == CASE_UPPER ? cp_upper(cp) : how == CASE_TITLE ? cp_title(cp) : cp_lower(cp);
+    return tpl_buf_put(b, u, tpl_utf8_put(u, m));
 }
 
 int tpl_str_case(tpl_ctx *c, const tpl_node *at, tpl_val s, int mode, tpl_val *out)
 {
-    char *p = NULL;
-    /* Case pairs here keep their UTF-8 length (ß and "SS" are both 2 bytes);
-     * invalid bytes are copied: the output is never longer than the input. */
-    TPL_TRY(tpl_new_str(c, at, s.u.s.n, &p, out));
-    size_t o = 0;
-    uint32_t prev = 0;
+    tpl_buf b = {.max_bytes = c->lim.max_output_bytes};
+    int rc = 0;
+    uint32_t prev = 0, before = 0;
+    int how = CASE_LOWER;
+    for (size_t i = 0; i < s.u.s.n && rc == 0;) {
+        size_t k;
+        uint32_t cp = tpl_utf8_decode(s.u.s.p + i, s.u.s.n - i, &k);
+        int was = how;
+        how = case_how(mode, prev, i == 0);
+        /* jinja2's |title lowers each word's rest as a string of its own:
+         * nothing comes before it */
+        if (mode == TPL_CASE_JTITLE && was == CASE_UPPER)
+            before = 0;
+        rc = put_case(&b, s, i, k, cp, before, how);
+        prev = cp;
+        if (!cp_is_case_ignorable(cp))
+            before = cp;
+        i += k;
+    }
+    return tpl_buf_finish(c, at, &b, rc, out);
+}
+
+bool tpl_str_is_case(tpl_val s, bool upper)
+{
+    /* Python's isupper/islower: no code point of the other case or title
+     * case, and at least one of this case */
+    bool cased = false;
     for (size_t i = 0; i < s.u.s.n;) {
         size_t k;
         uint32_t cp = tpl_utf8_decode(s.u.s.p + i, s.u.s.n - i, &k);
-        bool cap = starts_word(mode, prev, i == 0);
-        if (k == 1 && cp >= 0x80) { /* an invalid byte */
-            p[o++] = s.u.s.p[i];
-        } else if (cap && cp == SHARP_S) {
-            p[o++] = 'S';
-            p[o++] = mode == TPL_CASE_UPPER || mode == TPL_CASE_JTITLE ? 'S' : 's';
-        } else {
-            o += tpl_utf8_put(p + o, cap ? cp_upper(cp) : cp_lower(cp));
-        }
-        prev = cp;
+        if ((upper ? cp_is_lower(cp) : cp_is_upper(cp)) ||
+            cp_category(cp) == UTF8PROC_CATEGORY_LT)
+            return false;
+        cased |= upper ? cp_is_upper(cp) : cp_is_lower(cp);
         i += k;
     }
-    out->u.s.n = o;
-    return 0;
+    return cased;
 }
 
 /* Does the code point at p belong to the set `chars` (or whitespace)? */
@@ -650,22 +891,24 @@ static int m_expandtabs(tpl_ctx *c, const tpl_node *at, tpl_val s, const tpl_arg
     return tpl_buf_finish(c, at, &b, rc, out);
 }
 
-/* str.swapcase: each cased code point to the other case (simple mappings). */
+/* str.swapcase: upper case to lower, lower to upper (Python's rules). */
 static int m_swapcase(tpl_ctx *c, const tpl_node *at, tpl_val s, const tpl_args *a, int arg,
                       tpl_val *out)
 {
     tpl_buf b = {.max_bytes = c->lim.max_output_bytes};
     int rc = 0;
+    uint32_t before = 0;
     for (size_t i = 0; i < s.u.s.n && rc == 0;) {
         size_t k;
-        uint32_t cp = tpl_utf8_decode(s.u.s.p + i, s.u.s.n - i, &k), lo = cp_lower(cp);
-        char u[4];
-        if (lo != cp)
-            rc = tpl_buf_put(&b, u, tpl_utf8_put(u, lo));
-        else if (cp_upper(cp) != cp)
-            rc = tpl_buf_put(&b, u, tpl_utf8_put(u, cp_upper(cp)));
+        uint32_t cp = tpl_utf8_decode(s.u.s.p + i, s.u.s.n - i, &k);
+        if (cp_is_upper(cp))
+            rc = put_case(&b, s, i, k, cp, before, CASE_LOWER);
+        else if (cp_is_lower(cp))
+            rc = put_case(&b, s, i, k, cp, before, CASE_UPPER);
         else
             rc = tpl_buf_put(&b, s.u.s.p + i, k);
+        if (!cp_is_case_ignorable(cp))
+            before = cp;
         i += k;
     }
     return tpl_buf_finish(c, at, &b, rc, out);
@@ -901,29 +1144,29 @@ static int m_format(tpl_ctx *c, const tpl_node *at, tpl_val s, const tpl_args *a
     return str_format_method(c, at, s, a, out);
 }
 
-/* isdigit/isalpha/isalnum/isspace/isupper/islower, ASCII-based except
- * isspace (non-ASCII code points count as letters for isalpha/isalnum). */
+/* isdigit/isalpha/isalnum/isspace, ASCII-based except isspace (non-ASCII
+ * code points count as letters for isalpha/isalnum); isupper/islower. */
 static int m_is(tpl_ctx *c, const tpl_node *at, tpl_val s, const tpl_args *a, int kind,
                 tpl_val *out)
 {
-    bool ok = s.u.s.n > 0, cased = false;
+    if (kind >= 4) {
+        *out = tpl_bool(tpl_str_is_case(s, kind == 4));
+        return 0;
+    }
+    bool ok = s.u.s.n > 0;
     for (size_t i = 0; i < s.u.s.n && ok;) {
         size_t k;
         uint32_t cp = tpl_utf8_decode(s.u.s.p + i, s.u.s.n - i, &k);
         bool digit = cp >= '0' && cp <= '9', alpha = cp_is_letter(cp) && !tpl_cp_is_space(cp);
-        bool up = cp_lower(cp) != cp, low = cp_is_lower(cp);
-        cased |= up || low;
         switch (kind) {
         case 0: ok = digit; break;
         case 1: ok = alpha; break;
         case 2: ok = alpha || digit; break;
-        case 3: ok = tpl_cp_is_space(cp); break;
-        case 4: ok = !low; break;
-        default: ok = !up; break;
+        default: ok = tpl_cp_is_space(cp); break;
         }
         i += k;
     }
-    *out = tpl_bool(ok && (kind < 4 || cased));
+    *out = tpl_bool(ok);
     return 0;
 }
 
@@ -967,6 +1210,14 @@ static int m_get(tpl_ctx *c, const tpl_node *at, tpl_val d, const tpl_args *a, i
     tpl_arg(a, 1, "default", &def);
     long i = tpl_dict_find(d.u.d, key);
     *out = i >= 0 ? d.u.d->vals[i] : def;
+    return 0;
+}
+
+/* float.is_integer(): finite and without a fraction. */
+static int m_is_integer(tpl_ctx *c, const tpl_node *at, tpl_val v, const tpl_args *a, int arg,
+                        tpl_val *out)
+{
+    *out = tpl_bool(isfinite(v.u.f) && floor(v.u.f) == v.u.f);
     return 0;
 }
 
@@ -1098,6 +1349,7 @@ static const method_def k_methods[] = {
     {TPL_LIST, "reverse", NULL, NULL, 0},
     {TPL_LIST, "sort", NULL, NULL, 0},
     {TPL_LIST, "clear", NULL, NULL, 0},
+    {TPL_FLOAT, "is_integer", m_is_integer, "", 0},
     {TPL_LOOP, "cycle", m_cycle, NULL, 0},
     {TPL_LOOP, "changed", m_changed, NULL, 0},
 };

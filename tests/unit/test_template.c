@@ -211,6 +211,14 @@ static const tcase k_cases[] = {
      "a   b|ab      c\n        d|\xc3\xa9  x|ab"},
     {"{{ 'abc'.replace('', '-') }} {{ ''.replace('', '-') }} {{ 'ab'.replace('', '-', 1) }} {{ 'aB1 \\u00e9'.swapcase() }} {{ '<'|safe|forceescape }}",
      "-a-b-c- - -ab Ab1 \xc3\x89 &lt;"},
+    /* case over all of Unicode (utf8proc), Python's multi-code-point and final-sigma rules */
+    {"{{ '\\u00df \\ufb01 \\u01c6'.upper() }}|{{ '\\u01c6a \\u00f1-x\\u4e00y'.title() }}|{{ '\\u039f\\u0394\\u039f\\u03a3 \\u03a3 \\u03a3\\u0391'.lower() }}|{{ '\\u0130'.lower()|length }}|{{ '\\u0250\\u0434'.upper() }}|{{ 'A\\u03a3\\u00ad'.swapcase() }}",
+     "SS FI \xc7\x84|\xc7\x85" "a \xc3\x91-X\xe4\xb8\x80Y|\xce\xbf\xce\xb4\xce\xbf\xcf\x82 \xcf\x83 \xcf\x83\xce\xb1|2|\xe2\xb1\xaf\xd0\x94|a\xcf\x82\xc2\xad"},
+    {"{{ '\\u01c5' is upper }} {{ '\\u00aa' is lower }} {{ '\\u2168'.isupper() }} {{ 'a\\u01c5'.islower() }} {{ '\\u0561\\u0562'.islower() }} {{ '\\u00dfa \\u01c6b'|title }}|{{ '\\u01c6X'|capitalize }}|{{ 'A\\u03a3'|title }}",
+     "False True True False True SSa \xc7\x84" "b|\xc7\x85x|A\xcf\x83"},
+    /* number attributes: float.is_integer(), .real / .imag */
+    {"{{ (2.0).is_integer() }} {{ 2.5.is_integer() }} {{ (1e300).is_integer() }} {{ (-0.0).is_integer() }}|{{ 3.real }} {{ 3.imag }} {{ 2.5.real }} {{ 2.5.imag }} {{ true.real }} {{ true.imag }} {{ (-4).real }}|{{ 3.is_integer is defined }} {{ 'a'.real is defined }}",
+     "True False True True|3 0 2.5 0.0 1 0 -4|False False"},
     /* tojson (transformers' json.dumps) */
     {"{{ d|tojson }} {{ xs|tojson }} {{ 'h\\u00e9 \"q\" <&>\\n'|tojson }} {{ [none, true, 1.5]|tojson }}",
      "{\"b\": 1, \"a\": 2} [3, 1, 2] \"h\xc3\xa9 \\\"q\\\" <&>\\n\" [null, true, 1.5]"},
