@@ -1027,6 +1027,284 @@ static int f_map(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, 
 
 /* ---- filter table ------------------------------------------------------------------ */
 
+/* ---- striptags ---------------------------------------------------------------- */
+
+/* html.unescape of one "&..." reference at p (n bytes, p[0] == '&'): what
+ * it stands for goes to b, and the bytes it used are returned. Numeric
+ * references follow Python exactly; of the named ones only amp, lt, gt,
+ * quot, apos and nbsp are known (others are left as written). */
+static size_t put_charref(tpl_buf *b, const char *p, size_t n, int *rc)
+{
+    /* Windows-1252 for &#128; .. &#159;, as HTML says (0 = keep the code point) */
+    static const uint16_t k_cp1252[32] = {
+        0x20AC, 0,      0x201A, 0x0192, 0x201E, 0x2026, 0x2020, 0x2021, 0x02C6, 0x2030, 0x0160,
+        0x2039, 0x0152, 0,      0x017D, 0,      0,      0x2018, 0x2019, 0x201C, 0x201D, 0x2022,
+        0x2013, 0x2014, 0x02DC, 0x2122, 0x0161, 0x203A, 0x0153, 0,      0x017E, 0x0178};
+    static const struct {
+        const char *name;
+        const char *text;
+        bool bare; /* also valid without ";" (HTML's legacy names) */
+    } k_named[] = {{"amp", "&", true},   {"AMP", "&", true},   {"lt", "<", true},
+                   {"LT", "<", true},    {"gt", ">", true},    {"GT", ">", true},
+                   {"quot", "\"", true}, {"QUOT", "\"", true}, {"apos", "'", false},
+                   {"nbsp", "\xc2\xa0", true}};
+    char u[4];
+    size_t i = 1;
+    if (i < n && p[i] == '#') {
+        bool hex = i + 1 < n && (p[i + 1] == 'x' || p[i + 1] == 'X');
+        size_t d0 = i + 1 + hex, d = d0;
+        uint32_t num = 0;
+        for (; d < n; d++) {
+            int v = p[d] >= '0' && p[d] <= '9'                ? p[d] - '0'
+                    : hex && (p[d] | 0x20) >= 'a' && (p[d] | 0x20) <= 'f' ? (p[d] | 0x20) - 'a' + 10
+                                                               : -1;
+            if (v < 0)
+                break;
+            num = num > 0x10FFFF ? num : num * (hex ? 16 : 10) + (uint32_t)v;
+        }
+        if (d == d0) { /* "&#" alone is text */
+            *rc = tpl_buf_putc(b, '&');
+            return 1;
+        }
+        size_t used = d + (d < n && p[d] == ';');
+        if (num == 0 || (num >= 0xD800 && num <= 0xDFFF) || num > 0x10FFFF)
+            num = 0xFFFD;
+        else if (num >= 0x80 && num <= 0x9F && k_cp1252[num - 0x80])
+            num = k_cp1252[num - 0x80];
+        else if (num != 0x0D && num != 0x81 && num != 0x8D && num != 0x8F && num != 0x90 &&
+                 num != 0x9D &&
+                 ((num >= 0x01 && num <= 0x08) || num == 0x0B || (num >= 0x0E && num <= 0x1F) ||
+                  (num >= 0x7F && num <= 0x9F) || (num >= 0xFDD0 && num <= 0xFDEF) ||
+                  (num & 0xFFFE) == 0xFFFE))
+            return used; /* a code point HTML forbids: dropped */
+        *rc = tpl_buf_put(b, u, tpl_utf8_put(u, num));
+        return used;
+    }
+    /* a name: up to 32 bytes of anything but these, then maybe ";" */
+    size_t e = i;
+    while (e < n && e - i < 32 && !strchr("\t\n\f <&#;", p[e]))
+        e++;
+    bool semi = e < n && p[e] == ';' && e > i;
+    for (size_t k = 0; k < sizeof k_named / sizeof k_named[0]; k++)
+        if ((semi || k_named[k].bare) && strlen(k_named[k].name) == e - i &&
+            !memcmp(k_named[k].name, p + i, e - i)) {
+            *rc = tpl_buf_put(b, k_named[k].text, strlen(k_named[k].text));
+            return e + semi;
+        }
+    /* the longest legacy name that starts the rest (Python's fallback) */
+    size_t best = 0, best_k = 0, len = e - i + semi;
+    for (size_t k = 0; k < sizeof k_named / sizeof k_named[0]; k++) {
+        size_t m = strlen(k_named[k].name);
+        if (k_named[k].bare && m < len && m > best && !memcmp(k_named[k].name, p + i, m)) {
+            best = m;
+            best_k = k;
+        }
+    }
+    if (best) {
+        *rc = tpl_buf_put(b, k_named[best_k].text, strlen(k_named[best_k].text));
+        return i + best;
+    }
+    *rc = tpl_buf_putc(b, '&');
+    return 1;
+}
+
+/* striptags: markupsafe's Markup.striptags: remove "<!--...-->" comments,
+ * then "<...>" tags (each search restarting from the text's start, which
+ * this does in one pass), collapse whitespace runs to one space, then
+ * html.unescape. */
+static int f_striptags(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                       tpl_val *out)
+{
+    TPL_TRY(tpl_to_str(c, at, in, &in));
+    const char *s = in.u.s.p;
+    size_t n = in.u.s.n, i = 0;
+    tpl_buf b1 = {.max_bytes = c->lim.max_output_bytes}, b2 = b1, b3 = b1;
+    int rc = 0;
+    /* comments: a removal can join "<!" and "--" into a new start, so
+     * look for one at the end of what is kept */
+    bool no_end = false;
+    while (i < n && rc == 0) {
+        if (no_end) {
+            rc = tpl_buf_put(&b1, s + i, n - i);
+            break;
+        }
+        rc = tpl_buf_putc(&b1, s[i++]);
+        if (rc || b1.n < 4 || memcmp(b1.p + b1.n - 4, "<!--", 4) != 0)
+            continue;
+        /* "-->" may overlap the start: "<!-->" and "<!--->" close at once */
+        size_t after;
+        if (i < n && s[i] == '>') {
+            after = i + 1;
+        } else if (i + 1 < n && s[i] == '-' && s[i + 1] == '>') {
+            after = i + 2;
+        } else {
+            const char *e = memmem(s + i, n - i, "-->", 3);
+            if (!e) {
+                no_end = true;
+                continue;
+            }
+            after = (size_t)(e - s) + 3;
+        }
+        b1.n -= 4;
+        i = after;
+    }
+    /* tags */
+    for (size_t j = 0; j < b1.n && rc == 0;) {
+        const char *gt = b1.p[j] == '<' ? memchr(b1.p + j + 1, '>', b1.n - j - 1) : NULL;
+        if (gt) {
+            j = (size_t)(gt - b1.p) + 1;
+        } else if (b1.p[j] == '<') {
+            rc = tpl_buf_put(&b2, b1.p + j, b1.n - j);
+            break;
+        } else {
+            rc = tpl_buf_putc(&b2, b1.p[j++]);
+        }
+    }
+    /* " ".join(value.split()) */
+    bool gap = false;
+    for (size_t j = 0, k; j < b2.n && rc == 0; j += k) {
+        uint32_t cp = tpl_utf8_decode(b2.p + j, b2.n - j, &k);
+        if (tpl_cp_is_space(cp) && !(k == 1 && cp >= 0x80)) {
+            gap = b3.n > 0;
+            continue;
+        }
+        if (gap)
+            rc = tpl_buf_putc(&b3, ' ');
+        gap = false;
+        if (rc == 0)
+            rc = tpl_buf_put(&b3, b2.p + j, k);
+    }
+    /* html.unescape */
+    tpl_buf_free(&b1);
+    b1 = (tpl_buf){.max_bytes = c->lim.max_output_bytes};
+    for (size_t j = 0; j < b3.n && rc == 0;) {
+        if (b3.p[j] == '&')
+            j += put_charref(&b1, b3.p + j, b3.n - j, &rc);
+        else
+            rc = tpl_buf_putc(&b1, b3.p[j++]);
+    }
+    tpl_buf_free(&b2);
+    tpl_buf_free(&b3);
+    return tpl_buf_finish(c, at, &b1, rc, out);
+}
+
+/* filesizeformat(binary): jinja2's human-readable size ("1 Byte", "12
+ * Bytes", "1.5 kB" / "1.5 KiB" ... up to yottabytes). */
+static int f_filesizeformat(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a,
+                            int arg, tpl_val *out)
+{
+    static const char *const k_dec[] = {"kB", "MB", "GB", "TB", "PB", "EB", "ZB", "YB"};
+    static const char *const k_bin[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB"};
+    /* base ** (i + 2) as Python's int -> float gives it (exact decimal literals) */
+    static const double k_dec_unit[] = {1e6, 1e9, 1e12, 1e15, 1e18, 1e21, 1e24, 1e27};
+    bool binary = bool_or(a, 0, "binary", false);
+    double bytes, base = binary ? 1024.0 : 1000.0;
+    int64_t i;
+    if (tpl_is_number(in))
+        bytes = tpl_as_double(in);
+    else if (in.type != TPL_STR || !parse_number(in, true, 10, &bytes, &i))
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "filesizeformat: cannot convert %s to float",
+                        tpl_type_name(in));
+    tpl_buf b = {.max_bytes = c->lim.max_output_bytes};
+    int rc;
+    if (bytes == 1) {
+        rc = tpl_buf_put(&b, "1 Byte", 6);
+    } else if (bytes < base) {
+        if (isinf(bytes)) /* int(-inf) */
+            return tpl_fail(c, at, LMS_ERR_FORMAT, "filesizeformat: cannot convert -inf to int");
+        rc = fabs(bytes) < 9.2e18 ? tpl_buf_printf(&b, "%lld Bytes", (long long)bytes)
+                                  : tpl_buf_printf(&b, "%.0f Bytes", trunc(bytes));
+    } else {
+        int k = 0;
+        double unit = binary ? 1048576.0 : k_dec_unit[0];
+        for (; k < 7 && !(bytes < unit); k++)
+            unit = binary ? unit * 1024.0 : k_dec_unit[k + 1];
+        double v = base * bytes / unit;
+        const char *prefix = binary ? k_bin[k] : k_dec[k];
+        rc = isnan(v) ? tpl_buf_printf(&b, "nan %s", prefix)
+                      : tpl_buf_printf(&b, "%.1f %s", v, prefix);
+    }
+    return tpl_buf_finish(c, at, &b, rc, out);
+}
+
+/* jinja2's url_quote: UTF-8 bytes, all but A-Z a-z 0-9 _ . - ~ (and "/"
+ * unless for a query string) as %XX; spaces as "+" in a query string. */
+static int url_quote(tpl_ctx *c, const tpl_node *at, tpl_buf *b, tpl_val v, bool for_qs)
+{
+    TPL_TRY(tpl_to_str(c, at, v, &v));
+    int rc = 0;
+    for (size_t i = 0; i < v.u.s.n && rc == 0; i++) {
+        unsigned char ch = (unsigned char)v.u.s.p[i];
+        if ((ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') ||
+            strchr("_.-~", ch) || (ch == '/' && !for_qs))
+            rc = tpl_buf_putc(b, (char)ch);
+        else if (ch == ' ' && for_qs)
+            rc = tpl_buf_putc(b, '+');
+        else
+            rc = tpl_buf_printf(b, "%%%02X", ch);
+    }
+    return rc;
+}
+
+/* A string of exactly two code points as a (key, value) pair. */
+static bool str_pair(tpl_val s, tpl_val *k, tpl_val *v)
+{
+    size_t k1 = 0, k2 = 0;
+    if (s.u.s.n == 0)
+        return false;
+    tpl_utf8_decode(s.u.s.p, s.u.s.n, &k1);
+    if (k1 >= s.u.s.n)
+        return false;
+    tpl_utf8_decode(s.u.s.p + k1, s.u.s.n - k1, &k2);
+    if (k1 + k2 != s.u.s.n)
+        return false;
+    *k = tpl_str(s.u.s.p, k1);
+    *v = tpl_str(s.u.s.p + k1, k2);
+    return true;
+}
+
+/* urlencode: a string (or any non-iterable) quoted for a URL path; a dict,
+ * or an iterable of (key, value) pairs, as a query string "k=v&k2=v2". */
+static int f_urlencode(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                       tpl_val *out)
+{
+    tpl_buf b = {.max_bytes = c->lim.max_output_bytes};
+    int rc = 0;
+    if (in.type != TPL_DICT && in.type != TPL_NS && in.type != TPL_LIST && in.type != TPL_UNDEF) {
+        rc = url_quote(c, at, &b, in, false);
+        return tpl_buf_finish(c, at, &b, rc, out);
+    }
+    tpl_list *items = NULL;
+    if (in.type == TPL_LIST || in.type == TPL_UNDEF)
+        rc = tpl_iterate(c, at, in, &items);
+    for (size_t i = 0, n = in.type == TPL_DICT || in.type == TPL_NS ? in.u.d->n : items ? items->n : 0;
+         i < n && rc == 0; i++) {
+        tpl_val k, v;
+        if (!items) {
+            k = in.u.d->keys[i];
+            v = in.u.d->vals[i];
+        } else if (items->items[i].type == TPL_LIST && items->items[i].u.l->n == 2) {
+            k = items->items[i].u.l->items[0];
+            v = items->items[i].u.l->items[1];
+        } else if (items->items[i].type == TPL_STR && str_pair(items->items[i], &k, &v)) {
+            /* Python unpacks a two-character string too */
+        } else {
+            rc = tpl_fail(c, at, LMS_ERR_FORMAT, "urlencode: item %zu is not a (key, value) pair",
+                          i);
+            break;
+        }
+        if (i)
+            rc = tpl_buf_putc(&b, '&');
+        if (rc == 0)
+            rc = url_quote(c, at, &b, k, true);
+        if (rc == 0)
+            rc = tpl_buf_putc(&b, '=');
+        if (rc == 0)
+            rc = url_quote(c, at, &b, v, true);
+    }
+    return tpl_buf_finish(c, at, &b, rc, out);
+}
+
 typedef struct filter_def {
     const char *name;
     filter_fn fn;
@@ -1049,6 +1327,7 @@ static const filter_def k_filters[] = {
     {"escape", f_escape, "", 0},
     {"forceescape", f_escape, "", 1},
     {"first", f_first_last, "", false},
+    {"filesizeformat", f_filesizeformat, "binary", 0},
     {"float", f_float, "default", 0},
     {"format", f_format, NULL, 0},
     {"indent", f_indent, "width,first,blank", 0},
@@ -1074,6 +1353,7 @@ static const filter_def k_filters[] = {
     {"slice", f_rows, "slices,fill_with", 1},
     {"sort", f_sort, "reverse,case_sensitive,attribute", 0},
     {"string", f_string, "", 0},
+    {"striptags", f_striptags, "", 0},
     {"sum", f_sum, "attribute,start", 0},
     {"title", f_case, "", TPL_CASE_JTITLE},
     {"tojson", f_tojson, "ensure_ascii,indent,separators,sort_keys", 0},
@@ -1081,6 +1361,7 @@ static const filter_def k_filters[] = {
     {"truncate", f_truncate, "length,killwords,end,leeway", 0},
     {"unique", f_unique, "case_sensitive,attribute", 0},
     {"upper", f_case, "", TPL_CASE_UPPER},
+    {"urlencode", f_urlencode, "", 0},
     {"wordcount", f_wordcount, "", 0},
 };
 

@@ -219,6 +219,13 @@ static const tcase k_cases[] = {
     /* number attributes: float.is_integer(), .real / .imag */
     {"{{ (2.0).is_integer() }} {{ 2.5.is_integer() }} {{ (1e300).is_integer() }} {{ (-0.0).is_integer() }}|{{ 3.real }} {{ 3.imag }} {{ 2.5.real }} {{ 2.5.imag }} {{ true.real }} {{ true.imag }} {{ (-4).real }}|{{ 3.is_integer is defined }} {{ 'a'.real is defined }}",
      "True False True True|3 0 2.5 0.0 1 0 -4|False False"},
+    /* striptags, filesizeformat, urlencode (jinja2 3.1.6 / markupsafe 3.0.3) */
+    {"{{ '  a <b>bold</b>\\n text <!-- c <x> --> end ' | striptags }}|{{ '<!<!-- x -->-- y -->z<!-- open'|striptags }}|{{ 'a < b > c < d'|striptags }}|{{ '&amp;&lt;&#x41;&#65&nbsp;&ampy &#128; &#1;. &apos; &unknown;'|striptags }}",
+     "a bold text end|z<!-- open|a c < d|&<AA\xc2\xa0&y \xe2\x82\xac . ' &unknown;"},
+    {"{{ 1|filesizeformat }} {{ 999|filesizeformat }} {{ 1500|filesizeformat }} {{ 1234567890|filesizeformat }} {{ 1e30|filesizeformat }} {{ '2048'|filesizeformat(true) }} {{ -5.7|filesizeformat }}",
+     "1 Byte 999 Bytes 1.5 kB 1.2 GB 1000000.0 YB 2.0 KiB -5 Bytes"},
+    {"{{ 'a b/c?d=\\u00e9&x~_.-'|urlencode }}|{{ {'a b': 'c/d', 'x': none}|urlencode }}|{{ [('x', 1), ['y', 'z+w'], 'kv']|urlencode }}|{{ 42|urlencode }}|{{ undefined_thing|urlencode }}",
+     "a%20b/c%3Fd%3D%C3%A9%26x~_.-|a+b=c%2Fd&x=None|x=1&y=z%2Bw&k=v|42|"},
     /* tojson (transformers' json.dumps) */
     {"{{ d|tojson }} {{ xs|tojson }} {{ 'h\\u00e9 \"q\" <&>\\n'|tojson }} {{ [none, true, 1.5]|tojson }}",
      "{\"b\": 1, \"a\": 2} [3, 1, 2] \"h\xc3\xa9 \\\"q\\\" <&>\\n\" [null, true, 1.5]"},
