@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <utf8proc.h>
+
 #include "base/ckd.h"
 #include "base/err.h"
 
@@ -1027,6 +1029,222 @@ static int f_map(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, 
 
 /* ---- filter table ------------------------------------------------------------------ */
 
+/* ---- wordwrap: Python's textwrap as jinja2 calls it ---------------------------------- */
+
+/* One line being wrapped, as code points. */
+typedef struct wrap_line {
+    const uint32_t *cp;
+    size_t n;
+} wrap_line;
+
+typedef struct wrap_piece {
+    size_t start, end; /* code point indices */
+} wrap_piece;
+
+static bool ascii_ws(uint32_t cp) { return cp == ' ' || (cp >= '\t' && cp <= '\r'); }
+
+/* Python re's \w (str.isalnum() or "_"), its letters ([^\d\W]) and
+ * textwrap's word_punct ([\w!"'&.,?]). */
+static bool re_word(uint32_t cp)
+{
+    if (cp == '_')
+        return true;
+    utf8proc_category_t k = cp > 0x10FFFF ? UTF8PROC_CATEGORY_CN
+                                          : utf8proc_category((utf8proc_int32_t)cp);
+    return (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO) ||
+           (k >= UTF8PROC_CATEGORY_ND && k <= UTF8PROC_CATEGORY_NO);
+}
+
+static bool re_letter(uint32_t cp)
+{
+    return re_word(cp) && utf8proc_category((utf8proc_int32_t)cp) != UTF8PROC_CATEGORY_ND;
+}
+
+static bool word_punct(uint32_t cp) { return re_word(cp) || (cp < 0x80 && strchr("!\"'&.,?", (int)cp)); }
+
+static bool letter_at(const wrap_line *l, size_t i) { return i < l->n && re_letter(l->cp[i]); }
+
+/* (?<=word_punct)-{2,}(?=\w) at i: an em-dash "--" between words. */
+static size_t em_dash(const wrap_line *l, size_t i)
+{
+    if (i == 0 || i >= l->n || !word_punct(l->cp[i - 1]))
+        return 0;
+    size_t e = i;
+    while (e < l->n && l->cp[e] == '-')
+        e++;
+    return e - i >= 2 && e < l->n && re_word(l->cp[e]) ? e - i : 0;
+}
+
+/* The hyphen at i ends a chunk: letter letter "-" or letter "-" letter
+ * "-" before, letter ["-"] letter after (textwrap's wordsep_re). */
+static bool hyphen_breaks(const wrap_line *l, size_t i)
+{
+    const uint32_t *c = l->cp;
+    bool before = (i >= 2 && letter_at(l, i - 2) && letter_at(l, i - 1)) ||
+                  (i >= 3 && letter_at(l, i - 3) && c[i - 2] == '-' && letter_at(l, i - 1));
+    return before && letter_at(l, i + 1) &&
+           (letter_at(l, i + 2) || (i + 2 < l->n && c[i + 2] == '-' && letter_at(l, i + 3)));
+}
+
+/* textwrap's _split: whitespace runs, em-dashes and words (cut after
+ * hyphens inside them when break_on_hyphens). Returns the chunk count. */
+static size_t wrap_split(const wrap_line *l, bool hyphens, wrap_piece *out)
+{
+    size_t nc = 0;
+    for (size_t p = 0, q; p < l->n; p = q) {
+        size_t dash = hyphens ? em_dash(l, p) : 0;
+        if (ascii_ws(l->cp[p])) {
+            for (q = p; q < l->n && ascii_ws(l->cp[q]);)
+                q++;
+        } else if (dash) {
+            q = p + dash;
+        } else {
+            for (q = p + 1; q < l->n && !ascii_ws(l->cp[q]); q++) {
+                if (!hyphens)
+                    continue;
+                if (l->cp[q] == '-' && hyphen_breaks(l, q)) {
+                    q++;
+                    break;
+                }
+                if (em_dash(l, q))
+                    break;
+            }
+        }
+        out[nc++] = (wrap_piece){p, q};
+    }
+    return nc;
+}
+
+static bool piece_blank(const wrap_line *l, wrap_piece w)
+{
+    for (size_t i = w.start; i < w.end; i++)
+        if (!tpl_cp_is_space(l->cp[i]))
+            return false;
+    return true;
+}
+
+typedef struct wrap_opts {
+    int64_t width;
+    bool break_long, hyphens;
+    tpl_val sep;
+} wrap_opts;
+
+/* textwrap.wrap(line) joined by o->sep onto b (Python's _wrap_chunks with
+ * drop_whitespace, no indents). offs maps code points to bytes of src. */
+static int wrap_one(tpl_buf *b, const char *src, const size_t *offs, const wrap_line *l,
+                    const wrap_opts *o, wrap_piece *chunks, wrap_piece *cur)
+{
+    size_t nc = wrap_split(l, o->hyphens, chunks), k = 0;
+    size_t width = (size_t)o->width;
+    bool any = false;
+    int rc = 0;
+    while (k < nc && rc == 0) {
+        size_t ncur = 0, cur_len = 0;
+        if (any && piece_blank(l, chunks[k]))
+            k++;
+        while (k < nc && cur_len + (chunks[k].end - chunks[k].start) <= width) {
+            cur_len += chunks[k].end - chunks[k].start;
+            cur[ncur++] = chunks[k++];
+        }
+        if (k < nc && chunks[k].end - chunks[k].start > width) {
+            wrap_piece *w = &chunks[k];
+            size_t space_left = width - cur_len, end = space_left;
+            if (o->break_long) {
+                if (o->hyphens && w->end - w->start > space_left) {
+                    /* cut after the last hyphen that fits, if text precedes it */
+                    size_t h = space_left;
+                    while (h > 0 && l->cp[w->start + h - 1] != '-')
+                        h--;
+                    bool text = false;
+                    for (size_t i = 0; h > 1 && i + 1 < h; i++)
+                        text |= l->cp[w->start + i] != '-';
+                    if (h > 1 && text)
+                        end = h;
+                }
+                cur[ncur++] = (wrap_piece){w->start, w->start + end};
+                w->start += end;
+            } else if (ncur == 0) {
+                cur[ncur++] = chunks[k++];
+            }
+        }
+        if (ncur && piece_blank(l, cur[ncur - 1]))
+            ncur--;
+        if (ncur) {
+            if (any)
+                rc = tpl_buf_put(b, o->sep.u.s.p, o->sep.u.s.n);
+            if (rc == 0)
+                rc = tpl_buf_put(b, src + offs[cur[0].start],
+                                 offs[cur[ncur - 1].end] - offs[cur[0].start]);
+            any = true;
+        }
+    }
+    return rc;
+}
+
+/* Python's str.splitlines() boundaries. */
+static bool line_break(uint32_t cp)
+{
+    return cp == '\n' || cp == '\r' || cp == 0x0B || cp == 0x0C || (cp >= 0x1C && cp <= 0x1E) ||
+           cp == 0x85 || cp == 0x2028 || cp == 0x2029;
+}
+
+/* wordwrap(width=79, break_long_words=True, wrapstring=None,
+ * break_on_hyphens=True): each line of s wrapped on its own, all joined by
+ * wrapstring ("\n" by default). */
+static int f_wordwrap(tpl_ctx *c, const tpl_node *at, tpl_val in, const tpl_args *a, int arg,
+                      tpl_val *out)
+{
+    if (in.type != TPL_STR)
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "wordwrap: expected a string, not %s",
+                        tpl_type_name(in));
+    wrap_opts o = {.width = int_or(a, 0, "width", 79),
+                   .break_long = bool_or(a, 1, "break_long_words", true),
+                   .hyphens = bool_or(a, 3, "break_on_hyphens", true)};
+    arg_or(a, 2, "wrapstring", tpl_none(), &o.sep);
+    if (o.sep.type == TPL_NONE)
+        o.sep = tpl_cstr("\n");
+    else if (o.sep.type != TPL_STR)
+        return tpl_fail(c, at, LMS_ERR_FORMAT, "wordwrap: wrapstring must be a string, not %s",
+                        tpl_type_name(o.sep));
+    size_t n = in.u.s.n;
+    uint32_t *cps = malloc((n + 1) * sizeof *cps);
+    size_t *offs = malloc((n + 1) * sizeof *offs);
+    wrap_piece *chunks = malloc((n + 1) * sizeof *chunks), *cur = malloc((n + 1) * sizeof *cur);
+    tpl_buf b = {.max_bytes = c->lim.max_output_bytes};
+    int rc = cps && offs && chunks && cur ? 0 : LMS_ERR_NOMEM;
+    size_t m = 0;
+    for (size_t i = 0, k; i < n && rc == 0; i += k) {
+        offs[m] = i;
+        cps[m++] = tpl_utf8_decode(in.u.s.p + i, n - i, &k);
+    }
+    if (rc == 0)
+        offs[m] = n;
+    bool first = true;
+    for (size_t p = 0; p < m && rc == 0;) {
+        size_t e = p;
+        while (e < m && !line_break(cps[e]))
+            e++;
+        if (o.width <= 0) {
+            rc = tpl_fail(c, at, LMS_ERR_FORMAT, "wordwrap: invalid width %lld (must be > 0)",
+                          (long long)o.width);
+            break;
+        }
+        if (!first)
+            rc = tpl_buf_put(&b, o.sep.u.s.p, o.sep.u.s.n);
+        first = false;
+        wrap_line l = {cps + p, e - p};
+        if (rc == 0)
+            rc = wrap_one(&b, in.u.s.p, offs + p, &l, &o, chunks, cur);
+        /* "\r\n" is one boundary */
+        p = e + (e < m) + (e + 1 < m && cps[e] == '\r' && cps[e + 1] == '\n');
+    }
+    free(cps);
+    free(offs);
+    free(chunks);
+    free(cur);
+    return tpl_buf_finish(c, at, &b, rc, out);
+}
+
 /* ---- striptags ---------------------------------------------------------------- */
 
 /* html.unescape of one "&..." reference at p (n bytes, p[0] == '&'): what
@@ -1363,6 +1581,7 @@ static const filter_def k_filters[] = {
     {"upper", f_case, "", TPL_CASE_UPPER},
     {"urlencode", f_urlencode, "", 0},
     {"wordcount", f_wordcount, "", 0},
+    {"wordwrap", f_wordwrap, "width,break_long_words,wrapstring,break_on_hyphens", 0},
 };
 
 #define N_FILTERS (int)(sizeof k_filters / sizeof k_filters[0])

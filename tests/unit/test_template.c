@@ -226,6 +226,9 @@ static const tcase k_cases[] = {
      "1 Byte 999 Bytes 1.5 kB 1.2 GB 1000000.0 YB 2.0 KiB -5 Bytes"},
     {"{{ 'a b/c?d=\\u00e9&x~_.-'|urlencode }}|{{ {'a b': 'c/d', 'x': none}|urlencode }}|{{ [('x', 1), ['y', 'z+w'], 'kv']|urlencode }}|{{ 42|urlencode }}|{{ undefined_thing|urlencode }}",
      "a%20b/c%3Fd%3D%C3%A9%26x~_.-|a+b=c%2Fd&x=None|x=1&y=z%2Bw&k=v|42|"},
+    /* wordwrap (Python's textwrap: hyphens, em-dashes, long words) */
+    {"{{ 'The quick brown fox jumps over the lazy dog'|wordwrap(10) }}|{{ 'a well-known e-mail x--y'|wordwrap(7) }}|{{ 'abcdefghij-klm'|wordwrap(6) }}|{{ 'abcdefghij-klm'|wordwrap(6, false) }}|{{ 'one two\n\nthree'|wordwrap(3, wrapstring='/') }}|{{ 'abc-def ghi'|wordwrap(5, break_on_hyphens=false) }}",
+     "The quick\nbrown fox\njumps over\nthe lazy\ndog|a well-\nknown\ne-mail\nx--y|abcdef\nghij-\nklm|abcdefghij-\nklm|one/two//thr/ee|abc-d\nef\nghi"},
     /* tojson (transformers' json.dumps) */
     {"{{ d|tojson }} {{ xs|tojson }} {{ 'h\\u00e9 \"q\" <&>\\n'|tojson }} {{ [none, true, 1.5]|tojson }}",
      "{\"b\": 1, \"a\": 2} [3, 1, 2] \"h\xc3\xa9 \\\"q\\\" <&>\\n\" [null, true, 1.5]"},
