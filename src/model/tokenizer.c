@@ -783,29 +783,100 @@ void tok_work_free(tok_work *w)
 
 /* ==== text -> tokens ======================================================= */
 
-/* Finds the leftmost, then longest, special token of set `all` (control,
- * unknown, user-defined) or user-defined only, in s[from..n). */
-static int32_t find_special(const lms_tokenizer *t, bool all, const char *s, size_t n, size_t from,
-                            size_t *at)
+/* One special token split out of a text: its bytes [at, at + its length),
+ * then the whitespace it swallows (rstrip) up to `end`. */
+typedef struct tok_split {
+    size_t at, end;
+    int32_t id;
+} tok_split;
+
+static int split_cmp(const void *a, const void *b)
+{
+    size_t x = ((const tok_split *)a)->at, y = ((const tok_split *)b)->at;
+    return (x > y) - (x < y);
+}
+
+static bool is_ascii_space(char c)
+{
+    return c == ' ' || (c >= '\t' && c <= '\r');
+}
+
+#define BIT_GET(m, i) (((m)[(i) >> 3] >> ((i) & 7)) & 1u)
+#define BIT_SET(m, i) ((m)[(i) >> 3] |= (uint8_t)(1u << ((i) & 7)))
+
+/* Finds the special tokens of set `all` (control, unknown, user-defined)
+ * or user-defined only in s[0..n), in llama.cpp's order, which is not
+ * leftmost-longest: the longest tokens first, each length over the whole
+ * text left to right, a match taken only where no earlier one (or the
+ * whitespace an earlier one swallowed) holds any of its bytes. So in
+ * ">>TITLE<<|endoftext|>" (Falcon) <|endoftext|> wins and ">>TITLE<" is
+ * plain text. Among tokens of one length llama.cpp's order is that of its
+ * unstable sort; here the leftmost wins.
+ * `busy` marks the bytes taken. A run of taken bytes always holds a token
+ * at least as long as the length being looked for, so a match is free when
+ * its first and last bytes are. Cost: one hash lookup per position and
+ * distinct special length (at most; the first-byte filter skips most), n/8
+ * bytes and the splits sorted once. *splits is malloc'd, NULL when none. */
+static int find_specials(const lms_tokenizer *t, bool all, const char *s, size_t n,
+                         tok_split **splits, size_t *n_splits)
 {
     const tok_special_set *set = &t->special[all];
-    if (set->n_lens == 0)
-        return -1;
-    for (size_t p = from; p < n; p++) {
-        unsigned char c = (unsigned char)s[p];
-        if (!(set->first[c >> 3] & (1u << (c & 7))))
-            continue;
-        for (int k = 0; k < set->n_lens; k++) {
-            if (set->lens[k] > n - p)
+    *splits = NULL;
+    *n_splits = 0;
+    if (set->n_lens == 0 || n == 0)
+        return 0;
+    uint8_t *busy = calloc(n / 8 + 1, 1);
+    if (!busy)
+        return LMS_ERR_NOMEM;
+    tok_split *v = NULL;
+    size_t nv = 0, cap = 0;
+    int rc = 0;
+    for (int k = 0; k < set->n_lens && rc == 0; k++) {
+        size_t len = set->lens[k];
+        for (size_t p = 0; len <= n && p <= n - len; p++) {
+            if (busy[p >> 3] == 0xff) { /* 8 taken bytes: skip them at once */
+                p |= 7;
                 continue;
-            int32_t id = tok_strmap_find(t, &t->special_map, s + p, set->lens[k]);
-            if (id >= 0 && (all || tok_type(t, id) == LMS_TOKEN_TYPE_USER_DEFINED)) {
-                *at = p;
-                return id;
             }
+            unsigned char c = (unsigned char)s[p];
+            if (!(set->first[c >> 3] & (1u << (c & 7))) || BIT_GET(busy, p) ||
+                BIT_GET(busy, p + len - 1))
+                continue;
+            int32_t id = tok_strmap_find(t, &t->special_map, s + p, len);
+            if (id < 0 || !(all || tok_type(t, id) == LMS_TOKEN_TYPE_USER_DEFINED))
+                continue;
+            if (nv == cap) {
+                size_t nc = cap ? cap * 2 : 16;
+                tok_split *nvp = realloc(v, nc * sizeof *v);
+                if (!nvp) {
+                    rc = LMS_ERR_NOMEM;
+                    break;
+                }
+                v = nvp;
+                cap = nc;
+            }
+            size_t end = p + len;
+            for (size_t q = p; q < end; q++)
+                BIT_SET(busy, q);
+            while ((t->attr[id] & TOK_ATTR_RSTRIP) && end < n && !BIT_GET(busy, end) &&
+                   is_ascii_space(s[end])) {
+                BIT_SET(busy, end);
+                end++;
+            }
+            v[nv++] = (tok_split){.at = p, .end = end, .id = id};
+            p = end - 1;
         }
     }
-    return -1;
+    free(busy);
+    if (rc < 0) {
+        free(v);
+        return rc;
+    }
+    if (nv > 1)
+        qsort(v, nv, sizeof *v, split_cmp);
+    *splits = v;
+    *n_splits = nv;
+    return 0;
 }
 
 static int tokenize_raw(const lms_tokenizer *t, tok_work *w, const char *s, size_t n, tok_out *o)
@@ -818,34 +889,26 @@ static int tokenize_raw(const lms_tokenizer *t, tok_work *w, const char *s, size
     return LMS_ERR_INVAL;
 }
 
-static bool is_ascii_space(char c)
-{
-    return c == ' ' || (c >= '\t' && c <= '\r');
-}
-
 /* Special tokens first, the algorithm on the raw text between them. Each
  * raw piece starts the text or follows a special token, so SentencePiece
  * puts its space prefix on every one (as llama.cpp does). */
 static int tokenize_text(const lms_tokenizer *t, tok_work *w, const char *s, size_t n,
                          bool parse_special, tok_out *o)
 {
-    size_t raw = 0;
-    while (raw < n) {
-        size_t at = n;
-        int32_t id = find_special(t, parse_special, s, n, raw, &at);
-        if (at > raw) {
-            int rc = tokenize_raw(t, w, s + raw, at - raw, o);
-            if (rc < 0)
-                return rc;
-        }
-        if (id < 0)
+    tok_split *v;
+    size_t nv, raw = 0;
+    int rc = find_specials(t, parse_special, s, n, &v, &nv);
+    for (size_t i = 0; rc == 0 && i <= nv; i++) {
+        size_t at = i < nv ? v[i].at : n;
+        if (at > raw && (rc = tokenize_raw(t, w, s + raw, at - raw, o)) < 0)
             break;
-        tok_out_push(o, id);
-        raw = at + tok_len(t, id);
-        while ((t->attr[id] & TOK_ATTR_RSTRIP) && raw < n && is_ascii_space(s[raw]))
-            raw++;
+        if (i < nv) {
+            tok_out_push(o, v[i].id);
+            raw = v[i].end;
+        }
     }
-    return 0;
+    free(v);
+    return rc;
 }
 
 int64_t lms_tokenize(const lms_tokenizer *t, const char *text, size_t len, bool add_special,

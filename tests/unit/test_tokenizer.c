@@ -426,6 +426,35 @@ static void test_special_tokens(void **state)
     close_vocab(&v);
 }
 
+/* Overlapping special tokens split as llama.cpp does: longest token first
+ * over the whole text, not leftmost-longest. Falcon's >>TITLE<< and
+ * <|endoftext|> share a "<"; ids from llama.cpp d32676d (parse_special,
+ * no add_special) on the same vocab file. */
+static void test_special_overlap_order(void **state)
+{
+    (void)state;
+    vocab v = open_vocab("falcon");
+    /* the longer <|endoftext|> (11) wins: ">>TITLE<" is plain text */
+    const int32_t title_eot[] = {500, 6539, 39, 11};
+    expect_ids(v.t, ">>TITLE<<|endoftext|>", false, true, title_eot, 4);
+    /* the longer >>INTRODUCTION<< (2) wins over an earlier <|endoftext|> */
+    const int32_t eot_intro[] = {39, 103, 415, 1487, 2164, 103, 2};
+    expect_ids(v.t, "<|endoftext|>>INTRODUCTION<<", false, true, eot_intro, 7);
+    /* here the longer one is also the leftmost */
+    const int32_t intro_eot[] = {2, 103, 415, 1487, 2164, 54146};
+    expect_ids(v.t, ">>INTRODUCTION<<|endoftext|>", false, true, intro_eot, 6);
+    const int32_t chain[] = {99, 500, 30029, 39, 11, 41, 6539, 503, 100};
+    expect_ids(v.t, "x>>QUESTION<<|endoftext|>>TITLE<<y", false, true, chain, 9);
+    /* every occurrence, left to right */
+    const int32_t rep[] = {500, 6539, 39, 11, 500, 6539, 39, 11, 500, 6539, 39, 11};
+    expect_ids(v.t, ">>TITLE<<|endoftext|>>>TITLE<<|endoftext|>>>TITLE<<|endoftext|>", false,
+               true, rep, 12);
+    /* without parse_special neither is split (both control) */
+    const int32_t plain[] = {500, 6539, 503, 103, 415, 1487, 2164, 54146};
+    expect_ids(v.t, ">>TITLE<<|endoftext|>", false, false, plain, 8);
+    close_vocab(&v);
+}
+
 /* Phi-3's chat tokens eat the whitespace after them (rstrip); <s> does not. */
 static void test_phi3_rstrip(void **state)
 {
@@ -1011,6 +1040,7 @@ int main(void)
         cmocka_unit_test(test_round_trip_all_vocabs),
         cmocka_unit_test(test_round_trip_random_and_long),
         cmocka_unit_test(test_special_tokens),
+        cmocka_unit_test(test_special_overlap_order),
         cmocka_unit_test(test_phi3_rstrip),
         cmocka_unit_test(test_eog_and_ids),
         cmocka_unit_test(test_caps_and_pieces),
