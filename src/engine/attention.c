@@ -442,17 +442,20 @@ enum {
  * the unsigned K operand of the VNNI product is K + 128 for q8_0, and q4_0's
  * nibble is K + 8, so the offset is -128 (q8_0) or -8 (q4_0) times the 4
  * values' sum; per block, its scale 8 times (one per int32 lane of the
- * block). */
+ * block); per block, its 8 offsets summed (q4_0's tiled scores start each
+ * position's block sum there). */
 typedef struct att_q8q {
     const int8_t *qs;
     const int32_t *corr; /* hd/4 */
     const float *d;      /* hd/4: block b's scale in [8b, 8b + 8) */
+    const int32_t *cblk; /* hd/32 */
 } att_q8q;
 
 static inline att_q8q att_q8_query(const float *qf, int hd)
 {
     const uint8_t *p = (const uint8_t *)qf;
-    return (att_q8q){(const int8_t *)p, (const int32_t *)(p + hd), (const float *)(p + 2 * hd)};
+    return (att_q8q){(const int8_t *)p, (const int32_t *)(p + hd), (const float *)(p + 2 * hd),
+                     (const int32_t *)(p + 3 * hd)};
 }
 
 /* qf = q rounded to f16, as floats (vectorized on the levels with F16C) */
@@ -474,13 +477,16 @@ static void load_query(int type, int hd, const float *q, float *qf)
     int8_t *qs = (int8_t *)p;
     int32_t *corr = (int32_t *)(p + hd);
     float *dd = (float *)(p + 2 * hd);
+    int32_t *cblk = (int32_t *)(p + 3 * hd);
     for (int b = 0; b < hd / LMS_QK8_0; b++) {
         lms_block_q8_0 blk;
         quant(q + b * LMS_QK8_0, &blk, LMS_QK8_0);
         memcpy(qs + b * LMS_QK8_0, blk.qs, LMS_QK8_0);
+        cblk[b] = 0;
         for (int g = 0; g < LMS_QK8_0 / 4; g++) {
             const int8_t *x = blk.qs + 4 * g;
             corr[b * 8 + g] = -bias * (x[0] + x[1] + x[2] + x[3]);
+            cblk[b] += corr[b * 8 + g];
             dd[b * 8 + g] = lms_f16_to_f32(blk.d);
         }
     }
@@ -587,9 +593,7 @@ LMS_CLONES static void scores_q4_0_c(const att_src *s, int hd, int nq, const flo
                 for (int b = 0; b < nb; b++) {
                     lms_block_q4_0 k;
                     lms_kv_tile_get(t, j % LMS_KV_BLOCK, b, &k);
-                    int32_t sum = 0;
-                    for (int g = 0; g < 8; g++)
-                        sum += x.corr[b * 8 + g];
+                    int32_t sum = x.cblk[b];
                     for (int i = 0; i < LMS_QK4_0 / 2; i++)
                         sum += x.qs[b * LMS_QK4_0 + i] * (k.qs[i] & 15) +
                                x.qs[b * LMS_QK4_0 + LMS_QK4_0 / 2 + i] * (k.qs[i] >> 4);
@@ -1079,7 +1083,7 @@ ATT_SCORES_Q8_PAIRS(scores_q8_0_vnni_pairs_x, ATT_TARGET_VNNI, 1)
  * block's 16 scales; its four vectors of 4-byte words, each giving the
  * nibbles of values 4w..4w+3 (low) and 16+4w.. (high) of every position;
  * per query row, a lane starts at -8 times the query's sum over the block
- * (the nibbles' offset) and takes 8 vpdpbusd with the query's matching 4
+ * (the nibbles' offset, att_q8q.cblk) and takes 8 vpdpbusd with the query's matching 4
  * int8 values broadcast (without VNNI: vpmaddubsw, at most 2 * 15 * 127
  * a pair, then vpmaddwd with ones), giving the exact integer sum; then
  * acc = fma(sum, kd * xd, acc) over the blocks in order, as scores_q4_0_c.
@@ -1139,9 +1143,7 @@ ATT_SCORES_Q8_PAIRS(scores_q8_0_vnni_pairs_x, ATT_TARGET_VNNI, 1)
                     _Pragma("GCC unroll 4") for (int q = 0; q < NQ; q++)                           \
                     {                                                                              \
                         const int8_t *xw = x[q].qs + b * LMS_QK4_0;                                \
-                        const int32_t *c = x[q].corr + b * 8;                                      \
-                        __m512i sum = _mm512_set1_epi32(c[0] + c[1] + c[2] + c[3] + c[4] + c[5] +  \
-                                                        c[6] + c[7]);                              \
+                        __m512i sum = _mm512_set1_epi32(x[q].cblk[b]);                             \
                         for (int v = 0; v < 4; v++) {                                              \
                             ATT_Q4T_DOT(sum, kl[v], xw + 4 * v, VNNI)                              \
                             ATT_Q4T_DOT(sum, kh[v], xw + 16 + 4 * v, VNNI)                         \
