@@ -11,7 +11,8 @@
  *           from an empty cache (after --depth D tokens if given)
  *   tg<N>   N single-token decode steps (after --depth D tokens); with
  *           --depth, each repetition at depth D follows one at depth 0 and
- *           both are reported, with the median ratio of the pairs
+ *           both are reported, with the median ratio of the pairs and the
+ *           ratio that reading the cache alone allows (kv_ceiling)
  *
  * Each test runs -r times; the median, min and max tokens/s are reported.
  */
@@ -29,6 +30,7 @@
 #include "app/common.h"
 #include "base/err.h"
 #include "base/timeutil.h"
+#include "engine/kv_cache.h"
 #include "engine/sched.h"
 #include "kernels/kernels.h"
 #ifdef LMS_HAVE_CUDA
@@ -165,8 +167,42 @@ static void model_cost(const lms_model *m, double *bytes, double *flops)
     *flops = 2.0 * (per_layer * hp->n_layer + (double)hp->n_embd * hp->n_vocab);
 }
 
+/* Bytes of K and V cache a decode token at position p reads: every layer's
+ * rows of the positions it sees (a sliding-window layer, its window). */
+static double kv_bytes_at(const lms_model *m, const lms_kv_cache *kv, int64_t p)
+{
+    double bytes = 0.0;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const int64_t w = m->layers[il].n_swa, seen = w > 0 && p + 1 > w ? w : p + 1;
+        bytes += 2.0 * (double)seen * (double)kv->row_bytes;
+    }
+    return bytes;
+}
+
+/*
+ * The speed ratio (depth D over depth 0) that the cache's bytes alone
+ * allow: a token at depth D reads its extra K and V rows (the tg run's
+ * average over depth 0) besides what a depth-0 token does; at the peak
+ * bandwidth that reading takes extra / peak beyond the depth-0 token's
+ * measured time t0, attention arithmetic taking none. *extra_mb: those
+ * bytes, MB. 0 without a peak.
+ */
+static double kv_ceiling(const lms_model *m, const lms_kv_cache *kv, const bench_opts *o,
+                         double tps0, double peak, double *extra_mb)
+{
+    double extra = 0.0;
+    for (int64_t i = 0; i < o->tg; i++)
+        extra += kv_bytes_at(m, kv, o->depth + i) - kv_bytes_at(m, kv, i);
+    extra /= (double)(o->tg > 0 ? o->tg : 1);
+    *extra_mb = extra / 1e6;
+    if (peak <= 0.0 || tps0 <= 0.0)
+        return 0.0;
+    const double t0 = 1.0 / tps0;
+    return t0 / (t0 + extra / (peak * 1e9));
+}
+
 static void report(const bench_opts *o, const lms_model *m, const bench_result *r, double peak,
-                   int64_t depth, double vs0)
+                   int64_t depth, double vs0, double ceil, double extra_mb)
 {
     double bytes, flops;
     model_cost(m, &bytes, &flops);
@@ -177,9 +213,9 @@ static void report(const bench_opts *o, const lms_model *m, const bench_result *
     if (!o->json && depth > 0) /* as llama-bench writes it */
         snprintf(name + strlen(name), sizeof name - strlen(name), " @ d%lld", (long long)depth);
     if (o->json) {
-        char extra[64] = "";
+        char extra[96] = "";
         if (vs0 > 0)
-            snprintf(extra, sizeof extra, ",\"vs_depth0\":%.4f", vs0);
+            snprintf(extra, sizeof extra, ",\"vs_depth0\":%.4f,\"kv_ceiling\":%.4f", vs0, ceil);
         printf("{\"test\":\"%s\",\"model\":\"%s\",\"threads\":%lld,\"depth\":%lld,\"isa\":\"%s\","
                "\"tokens_per_s\":{\"median\":%.2f,\"min\":%.2f,\"max\":%.2f},\"gb_per_s\":%.2f,"
                "\"gflop_per_s\":%.1f,\"peak_gb_per_s\":%.2f%s}\n",
@@ -196,6 +232,10 @@ static void report(const bench_opts *o, const lms_model *m, const bench_result *
             printf("%s: %.1f%% of the depth-0 speed (median of the repetitions' ratios, each "
                    "beside a depth-0 run)\n",
                    name, 100.0 * vs0);
+        if (vs0 > 0 && ceil > 0)
+            printf("%s: reading the cache alone allows %.1f%% (%.1f MB more K and V a token at "
+                   "the %.2f GB/s peak, on top of the depth-0 time)\n",
+                   name, 100.0 * ceil, extra_mb, peak);
     }
 }
 
@@ -303,16 +343,18 @@ int cmd_bench(int argc, char **argv)
     bench_result r;
     if (o.pp > 0 && logits) {
         one_test(c, &o, true, &r, logits);
-        report(&o, m, &r, peak, o.depth, 0.0);
+        report(&o, m, &r, peak, o.depth, 0.0, 0.0, 0.0);
     }
     if (o.tg > 0 && logits && o.depth > 0) {
         bench_result r0;
         const double vs0 = tg_depth_pair(c, &o, &r0, &r, logits);
-        report(&o, m, &r0, peak, 0, 0.0);
-        report(&o, m, &r, peak, o.depth, vs0);
+        double extra_mb;
+        const double ceil = kv_ceiling(m, lms_ctx_kv(c), &o, r0.med, peak, &extra_mb);
+        report(&o, m, &r0, peak, 0, 0.0, 0.0, 0.0);
+        report(&o, m, &r, peak, o.depth, vs0, ceil, extra_mb);
     } else if (o.tg > 0 && logits) {
         one_test(c, &o, false, &r, logits);
-        report(&o, m, &r, peak, o.depth, 0.0);
+        report(&o, m, &r, peak, o.depth, 0.0, 0.0, 0.0);
     }
     lms_host_free(logits);
     lms_ctx_destroy(c);

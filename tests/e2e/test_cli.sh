@@ -153,6 +153,8 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 assert [(r["test"], r["depth"]) for r in rows] == [("tg4", 0), ("tg4", 32)], rows
 assert "vs_depth0" not in rows[0] and 0 < rows[1]["vs_depth0"] < 10, rows
+# the ratio the cache's bytes allow at the peak: below 1, above 0
+assert 0 < rows[1]["kv_ceiling"] < 1, rows
 PY
 ok "synth and bench"
 
