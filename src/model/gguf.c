@@ -148,6 +148,19 @@ static bool vt_is_int(int vt)
            vt == GGUF_VT_BOOL;
 }
 
+/* A float's integer value, truncated toward zero; saturated where it lies
+ * outside int64 and 0 for NaN, since converting those is undefined in C. */
+static int64_t float_to_i64(double d)
+{
+    if (d != d)
+        return 0;
+    if (d >= 0x1p63)
+        return INT64_MAX;
+    if (d < -0x1p63)
+        return INT64_MIN;
+    return (int64_t)d;
+}
+
 /* Decodes one little-endian numeric element of type vt at p. */
 static void decode_num(int vt, const uint8_t *p, int64_t *i, double *d)
 {
@@ -175,8 +188,8 @@ static void decode_num(int vt, const uint8_t *p, int64_t *i, double *d)
     case GGUF_VT_I32: iv = u.i32; dv = iv; break;
     case GGUF_VT_U64: iv = (int64_t)u.u64; dv = (double)u.u64; break;
     case GGUF_VT_I64: iv = u.i64; dv = (double)iv; break;
-    case GGUF_VT_F32: dv = u.f32; iv = (int64_t)dv; break;
-    case GGUF_VT_F64: dv = u.f64; iv = (int64_t)dv; break;
+    case GGUF_VT_F32: dv = u.f32; iv = float_to_i64(dv); break;
+    case GGUF_VT_F64: dv = u.f64; iv = float_to_i64(dv); break;
     }
     if (i)
         *i = iv;

@@ -145,16 +145,23 @@ static void put_u32(uint8_t **p, uint32_t v) { memcpy(*p, &v, 4); *p += 4; }
 static void put_u64(uint8_t **p, uint64_t v) { memcpy(*p, &v, 8); *p += 8; }
 static void put_s(uint8_t **p, const char *s) { put_u64(p, strlen(s)); memcpy(*p, s, strlen(s)); *p += strlen(s); }
 
-/* A one-tensor file with the given tensor fields. */
-static size_t make_tensor_file(uint8_t *buf, uint32_t n_dims, const uint64_t *ne, uint32_t type,
-                               uint64_t offset, uint64_t n_kv_claim)
+/* Writes a version-3 header claiming n_tensors and n_kv; returns the end. */
+static uint8_t *put_header(uint8_t *buf, uint64_t n_tensors, uint64_t n_kv)
 {
     uint8_t *p = buf;
     memcpy(p, "GGUF", 4);
     p += 4;
     put_u32(&p, 3);
-    put_u64(&p, 1);
-    put_u64(&p, n_kv_claim);
+    put_u64(&p, n_tensors);
+    put_u64(&p, n_kv);
+    return p;
+}
+
+/* A one-tensor file with the given tensor fields. */
+static size_t make_tensor_file(uint8_t *buf, uint32_t n_dims, const uint64_t *ne, uint32_t type,
+                               uint64_t offset, uint64_t n_kv_claim)
+{
+    uint8_t *p = put_header(buf, 1, n_kv_claim);
     put_s(&p, "w");
     put_u32(&p, n_dims);
     for (uint32_t d = 0; d < n_dims && d < 8; d++)
@@ -203,12 +210,7 @@ static void test_hostile_headers(void **state)
 
 static void test_hostile_strings(void **state)
 {
-    uint8_t buf[256], *p = buf;
-    memcpy(p, "GGUF", 4);
-    p += 4;
-    put_u32(&p, 3);
-    put_u64(&p, 0);
-    put_u64(&p, 1);
+    uint8_t buf[256], *p = put_header(buf, 0, 1);
     put_u64(&p, 1ull << 62); /* key length far beyond the file */
     memset(p, 'a', 64);
     expect_error(buf, (size_t)(p - buf) + 64, "string length");
@@ -225,6 +227,39 @@ static void test_hostile_strings(void **state)
     put_s(&p, "k");
     put_u32(&p, 77);
     expect_error(buf, (size_t)(p - buf) + 16, "unknown value type 77");
+}
+
+/* Float metadata read as integers: values beyond int64 (a fuzzed F64 key of
+ * 3.9e180 once made the parser convert it, which C leaves undefined) saturate,
+ * NaN reads as 0. */
+static void test_float_as_int(void **state)
+{
+    uint8_t buf[256], *p = put_header(buf, 0, 2);
+    put_s(&p, "big");
+    put_u32(&p, GGUF_VT_F64);
+    const double big = 3.9e180;
+    memcpy(p, &big, 8);
+    p += 8;
+    put_s(&p, "arr");
+    put_u32(&p, GGUF_VT_ARRAY);
+    put_u32(&p, GGUF_VT_F32);
+    put_u64(&p, 5);
+    const float v[5] = {1e30f, -1e30f, __builtin_nanf(""), -2.75f, 0x1p63f};
+    memcpy(p, v, sizeof v);
+    p += sizeof v;
+    gguf_file *f;
+    char err[256];
+    assert_int_equal(gguf_open_mem(buf, (size_t)(p - buf), &f, err, sizeof err), 0);
+    const gguf_kv *kv = gguf_find_kv(f, "arr");
+    assert_non_null(kv);
+    assert_true(gguf_arr_i64(kv, 0) == INT64_MAX);
+    assert_true(gguf_arr_i64(kv, 1) == INT64_MIN);
+    assert_true(gguf_arr_i64(kv, 2) == 0);
+    assert_true(gguf_arr_i64(kv, 3) == -2);
+    assert_true(gguf_arr_i64(kv, 4) == INT64_MAX); /* 2^63 exactly: one past */
+    float x;
+    assert_int_equal(gguf_get_f32(f, "big", &x), 0);
+    gguf_close(f);
 }
 
 static void test_real_models(void **state)
@@ -328,6 +363,7 @@ int main(void)
         cmocka_unit_test(test_flipped_bytes),   cmocka_unit_test(test_hostile_headers),
         cmocka_unit_test(test_hostile_strings), cmocka_unit_test(test_real_models),
         cmocka_unit_test(test_model_refusals),  cmocka_unit_test(test_make_resident),
+        cmocka_unit_test(test_float_as_int),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
