@@ -102,6 +102,12 @@ static void print_model(const lms_model *m, int64_t n_ctx)
            hp->head_dim, hp->n_ff, hp->n_ctx_train, hp->rope_type == LMS_ROPE_NEOX ? "neox" : "norm",
            hp->rope_base, hp->n_rot, 1.0 / hp->rope_freq_scale, hp->rms_eps,
            m->output.data == m->tok_embd.data ? "tied to token_embd" : "separate");
+    static const char *const pool[] = {"", "mean", "first-token", "last-token"};
+    if (hp->pooling == LMS_POOLING_RANK)
+        printf("  a reranker (/v1/rerank): the last token's state through its classification "
+               "head, %d score%s (softmax)\n", hp->n_cls_out, hp->n_cls_out == 1 ? "" : "s");
+    else if (hp->pooling >= LMS_POOLING_MEAN && hp->pooling <= LMS_POOLING_LAST)
+        printf("  an embedding model: /v1/embeddings pools by default by %s\n", pool[hp->pooling]);
     size_t kv = lms_model_kv_bytes(hp, n_ctx);
     size_t act = (size_t)512 * ((size_t)hp->n_embd * 6 + (size_t)hp->n_ff * 2) * 4 +
                  (size_t)hp->n_vocab * 4;

@@ -374,29 +374,44 @@ static void layer(lms_encoder *enc, const lms_layer *l, int32_t n)
     add_layer_norm(enc->x, enc->q, &l->ffn_norm, &l->ffn_norm_b, n, e, hp->norm_eps);
 }
 
-/* A reranker's scores (hp.n_cls_out of them) from the [CLS] state, as
- * llama.cpp's rank pooling: tanh(cls x + cls_b), then cls_out . + cls_out_b
- * (either step skipped where the file has no such matrix); not normalized. */
-static void rank_head(lms_encoder *enc, const float *cls, float *out)
+size_t lms_rank_scratch(const lms_model *m)
 {
-    const lms_model *m = enc->m;
+    size_t a = m->cls.data ? lms_matmul_scratch(m->cls.type, m->cls.ne[0], 1) : 0;
+    size_t b = m->cls_out.data ? lms_matmul_scratch(m->cls_out.type, m->cls_out.ne[0], 1) : 0;
+    return a > b ? a : b;
+}
+
+void lms_rank_scores(const lms_model *m, const float *h, float *out, float *t0, float *t1,
+                     void *scratch)
+{
     const int64_t e = m->hp.n_embd;
-    const float *y = cls; /* the input's first row */
+    const int32_t n = m->hp.n_cls_out;
+    const float *y = h;
     if (m->cls.data) {
         const lms_mat w = as_mat(&m->cls);
-        lms_matmul(&w, y, 1, enc->q, enc->mscratch);
-        add_bias(enc->q, &m->cls_b, 1, e);
+        lms_matmul(&w, y, 1, t0, scratch);
+        add_bias(t0, &m->cls_b, 1, e);
         for (int64_t i = 0; i < e; i++)
-            enc->q[i] = tanhf(enc->q[i]);
-        y = enc->q;
+            t0[i] = tanhf(t0[i]);
+        y = t0;
     }
     if (m->cls_out.data) {
         const lms_mat w = as_mat(&m->cls_out);
-        lms_matmul(&w, y, 1, enc->a, enc->mscratch);
-        add_bias(enc->a, &m->cls_out_b, 1, m->hp.n_cls_out);
-        y = enc->a;
+        lms_matmul(&w, y, 1, t1, scratch);
+        add_bias(t1, &m->cls_out_b, 1, n);
+        y = t1;
     }
-    memcpy(out, y, (size_t)m->hp.n_cls_out * sizeof *out);
+    memcpy(out, y, (size_t)n * sizeof *out);
+    if (m->hp.is_encoder)
+        return;
+    float mx = out[0];
+    for (int32_t i = 1; i < n; i++)
+        mx = out[i] > mx ? out[i] : mx;
+    double sum = 0;
+    for (int32_t i = 0; i < n; i++)
+        sum += out[i] = expf(out[i] - mx);
+    for (int32_t i = 0; i < n; i++)
+        out[i] = (float)(out[i] / sum);
 }
 
 /* ---- the pass ------------------------------------------------------------------ */
@@ -408,8 +423,8 @@ static void pool(lms_encoder *enc, int32_t s0, int32_t n, float *out)
     const lms_hparams *hp = &enc->m->hp;
     const int64_t e = hp->n_embd;
     const float *x = enc->x + (size_t)s0 * e;
-    if (hp->pooling == LMS_POOLING_RANK) {
-        rank_head(enc, x, out);
+    if (hp->pooling == LMS_POOLING_RANK) { /* the [CLS] state */
+        lms_rank_scores(enc->m, x, out, enc->q, enc->a, enc->mscratch);
         return;
     }
     double norm = 0;

@@ -14,6 +14,7 @@
  *   pooled   = mean of x's rows, or x[0] (cls), or x[n-1] (last): the
  *              file's pooling_type; then divided by its L2 norm
  *   rank     = (rerankers) cls_out tanh(cls x[0] + cls_b) + cls_out_b
+ *              (lms_rank_scores)
  *
  * GELU is the tanh approximation with the input and output rounded to f16,
  * as ggml's CPU path computes it (llama.cpp's bert uses that GELU).
@@ -61,5 +62,16 @@ int lms_encode_batch(lms_encoder *e, const int32_t *tokens, const int32_t *lens,
 
 /* Values lms_encode writes per input: n_embd, or a reranker's n_cls_out. */
 int32_t lms_encoder_n_out(const lms_encoder *e);
+
+/* A reranker's scores (hp.n_cls_out of them) from one pooled state h
+ * (n_embd floats: an encoder's [CLS] state, a decoder's last token's,
+ * final-normed), as llama.cpp's rank pooling: tanh(cls h + cls_b) where the
+ * file has cls, then cls_out . + cls_out_b where it has cls_out; a
+ * decoder's (Qwen3-Reranker: the "yes" and "no" rows) then through a
+ * softmax, so out[0] is the probability of the first label. t0, t1:
+ * n_embd floats each; scratch: lms_rank_scratch bytes. */
+size_t lms_rank_scratch(const lms_model *m);
+void lms_rank_scores(const lms_model *m, const float *h, float *out, float *t0, float *t1,
+                     void *scratch);
 
 #endif

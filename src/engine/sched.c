@@ -391,6 +391,13 @@ static int check_request(const lms_sched *s, const lms_request *r, char *err, si
         if ((rc = lms_lora_check(r->loras[i].lora, s->m, err, errsz)) < 0)
             return rc;
     }
+    if (r->embedding && (r->pooling < LMS_POOL_MEAN || r->pooling > LMS_POOL_RANK))
+        return lms_errf(err, errsz, LMS_ERR_INVAL, "pooling %d is not one of enum lms_pooling",
+                        r->pooling);
+    if (r->embedding && r->pooling == LMS_POOL_RANK && s->m->hp.pooling != LMS_POOLING_RANK)
+        return lms_errf(err, errsz, LMS_ERR_INVAL,
+                        "model '%s' is not a reranker: it has no classification head",
+                        s->m->name);
     if (r->embedding)
         return 0;
     if (!(r->spec_p_min <= 1))
@@ -1037,8 +1044,40 @@ static void flush_text(sreq *q)
     q->r.cb(q->r.user, ev);
 }
 
+/* A reranker's scores from the last token's state into q->embd (its
+ * first n_cls_out floats); false out of memory. */
+static bool rank_embedding(const lms_model *m, sreq *q)
+{
+    const size_t e = (size_t)m->hp.n_embd;
+    float *t = malloc(3 * e * sizeof *t);
+    void *scratch = aligned_alloc(64, (lms_rank_scratch(m) + 63) / 64 * 64 + 64);
+    if (t && scratch) {
+        lms_rank_scores(m, q->embd, t + 2 * e, t, t + e, scratch);
+        memcpy(q->embd, t + 2 * e, (size_t)m->hp.n_cls_out * sizeof *t);
+    }
+    const bool ok = t && scratch;
+    free(t);
+    free(scratch);
+    return ok;
+}
+
 static void finish_embedding(lms_sched *s, sreq *q)
 {
+    if (q->r.pooling == LMS_POOL_RANK) {
+        if (!rank_embedding(s->m, q)) {
+            finish(s, q, "error", LMS_ERR_NOMEM, "out of memory for the reranker's head");
+            return;
+        }
+        lms_event *ev = new_event(q, LMS_EV_EMBD);
+        if (ev) {
+            ev->embd = q->embd;
+            ev->n_embd = s->m->hp.n_cls_out;
+            q->embd = NULL;
+            q->r.cb(q->r.user, ev);
+        }
+        finish(s, q, "stop", 0, NULL);
+        return;
+    }
     const int32_t e = s->m->hp.n_embd;
     lms_event *ev = new_event(q, LMS_EV_EMBD);
     double norm = 0;
@@ -1103,7 +1142,9 @@ static void after_forward(lms_sched *s, int32_t n_rows)
         if (s->b_embd[r]) {
             const float *h = hidden + (size_t)out_row * e;
             for (int32_t i = 0; i < e; i++)
-                q->embd[i] = q->r.pooling == LMS_POOL_LAST ? h[i] : q->embd[i] + h[i];
+                q->embd[i] = q->r.pooling == LMS_POOL_MEAN ? q->embd[i] + h[i]
+                             : q->r.pooling == LMS_POOL_FIRST && q->n_embd_rows > 0 ? q->embd[i]
+                                                                                 : h[i];
             q->n_embd_rows++;
         }
         if (s->b_lg[r] || s->b_embd[r])

@@ -78,9 +78,16 @@ enum lms_event_type {
     LMS_EV_PROMPT = 5, /* a prompt token's log-probability (prompt_logprobs) */
 };
 
+/* How a decoder's embedding request pools its prompt's final-normed
+ * states: their mean, the last token's, the first token's, or (a
+ * reranker, hp.pooling LMS_POOLING_RANK) the last token's through the
+ * classification head: hp.n_cls_out scores (lms_rank_scores), not
+ * normalized. The others come out of unit length. */
 enum lms_pooling {
     LMS_POOL_MEAN = 0,
     LMS_POOL_LAST = 1,
+    LMS_POOL_FIRST = 2,
+    LMS_POOL_RANK = 3,
 };
 
 typedef struct lms_req_stats {

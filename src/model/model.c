@@ -174,6 +174,25 @@ static int read_hparams(loader *L)
     return read_rope_scaling(L, hp);
 }
 
+/* <arch>.pooling_type into hp.pooling, def where the file has none (0 for
+ * a decoder: a plain language model); 1 mean, 2 cls, 3 last, 4 rank. */
+static int read_pooling(loader *L, int def)
+{
+    char key[128];
+    int64_t v = def;
+    snprintf(key, sizeof key, "%s.pooling_type", L->arch->name);
+    int rc = gguf_get_i64(L->m->gguf, key, &v);
+    if (rc < 0 && rc != LMS_ERR_NOTFOUND)
+        return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT, "model: '%s' is not an integer", key);
+    if (v != def && v != LMS_POOLING_MEAN && v != LMS_POOLING_CLS && v != LMS_POOLING_LAST &&
+        v != LMS_POOLING_RANK)
+        return lms_errf(L->err, L->errsz, LMS_ERR_UNSUPPORTED,
+                        "model: '%s' = %lld is not supported (1 mean, 2 cls, 3 last, 4 rank)", key,
+                        (long long)v);
+    L->m->hp.pooling = (int)v;
+    return 0;
+}
+
 /*
  * Gemma 2 and 3 (as llama.cpp reads their GGUF files):
  *
@@ -492,17 +511,10 @@ static int read_bert(loader *L)
     if (!(hp->norm_eps > 0.0f) || !isfinite(hp->norm_eps))
         return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT, "model: '%s' is %g; it must be positive",
                         key, hp->norm_eps);
-    int64_t v = LMS_POOLING_MEAN;
-    snprintf(key, sizeof key, "%s.pooling_type", L->arch->name);
-    int rc = gguf_get_i64(L->m->gguf, key, &v);
-    if (rc < 0 && rc != LMS_ERR_NOTFOUND)
-        return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT, "model: '%s' is not an integer", key);
-    if (v != LMS_POOLING_MEAN && v != LMS_POOLING_CLS && v != LMS_POOLING_LAST &&
-        v != LMS_POOLING_RANK)
-        return lms_errf(L->err, L->errsz, LMS_ERR_UNSUPPORTED,
-                        "model: '%s' = %lld is not supported (1 mean, 2 cls, 3 last, 4 rank)", key,
-                        (long long)v);
-    hp->pooling = (int)v;
+    int rc = read_pooling(L, LMS_POOLING_MEAN);
+    if (rc < 0)
+        return rc;
+    int64_t v;
     bool causal = false;
     snprintf(key, sizeof key, "%s.attention.causal", L->arch->name);
     if (gguf_get_bool(L->m->gguf, key, &causal) == 0 && causal)
@@ -653,6 +665,12 @@ static int bind_weights(loader *L)
     for (int il = 0; il < hp->n_layer; il++)
         if ((rc = bind_layer(L, il)) < 0)
             return rc;
+    /* a decoder made into an embedding model (Qwen3-Embedding: last) or a
+     * reranker (Qwen3-Reranker: rank, its head the output rows of "yes"
+     * and "no" as cls.output.weight [n_embd, 2]) */
+    if ((rc = read_pooling(L, 0)) < 0 ||
+        (hp->pooling == LMS_POOLING_RANK && (rc = bind_rank_head(L)) < 0))
+        return rc;
     if (L->arch->flags & (ARCH_GEMMA2 | ARCH_GEMMA3))
         return read_gemma(L);
     if (L->arch->flags & ARCH_PHI3)

@@ -93,7 +93,8 @@ typedef struct lms_hparams {
     /* encoders (bert): no output head, bidirectional attention over at most
      * n_ctx_train tokens, LayerNorm with this epsilon, one pooled vector */
     bool is_encoder;
-    int pooling;           /* enum lms_pooling_type (the file's pooling_type) */
+    int pooling;           /* enum lms_pooling_type: the file's pooling_type (0: a decoder
+                            * without one, a plain language model) */
     bool encoder_rope;     /* nomic-bert: RoPE of q, k instead of position_embd */
     float norm_eps;
     int32_t n_cls_out;     /* rank pooling: the head's outputs (scores), <= n_embd */
@@ -104,7 +105,8 @@ enum lms_pooling_type {
     LMS_POOLING_MEAN = 1, /* mean of every token's final state */
     LMS_POOLING_CLS = 2,  /* the first token's ([CLS]) */
     LMS_POOLING_LAST = 3, /* the last token's */
-    LMS_POOLING_RANK = 4, /* a reranker: the [CLS] state through the classification head */
+    LMS_POOLING_RANK = 4, /* a reranker: the [CLS] state (a decoder's: the last token's)
+                           * through the classification head */
 };
 
 typedef struct lms_model {

@@ -91,6 +91,15 @@ static const shape_row shapes[] = {
      * output: bge-reranker's form) */
     {{"bert-rerank-tiny", "bert", 128, 3, 4, 4, 32, 512, 512, 128, 10000.0f, 1e-12f, 1, 0},
      {0, 0.0f, 0.0f, 0.08f}},
+    /* Qwen3-Reranker's form on qwen2-tiny's sizes: rank pooling, the head
+     * cls.output.weight [n_embd, 2] (labels "yes", "no") and a "rerank"
+     * prompt template with {query} and {document} */
+    {{"qwen3-rerank-tiny", "qwen3", 128, 2, 4, 2, 32, 256, 1024, 2048, 1000000.0f, 1e-6f, 1, 0},
+     NO_EXTRA},
+    /* Qwen3-Embedding's form on the same sizes: a decoder whose file asks
+     * for last-token pooling */
+    {{"qwen3-embed-tiny", "qwen3", 128, 2, 4, 2, 32, 256, 1024, 2048, 1000000.0f, 1e-6f, 1, 0},
+     NO_EXTRA},
     /* nomic-embed-text's form (RoPE base 1000, fused attn_qkv, SwiGLU, no biases) */
     {{"nomic-tiny", "nomic-bert", 128, 3, 4, 4, 32, 384, 512, 256, 1000.0f, 1e-12f, 1, 0},
      {0, 0.0f, 0.0f, 0.08f}},
@@ -133,7 +142,7 @@ const char *lms_synth_names(void)
 {
     return "tiny llama-3.2-1b llama-3.2-3b llama-3-8b qwen3-0.6b qwen2.5-0.5b qwen2-tiny gemma2-2b gemma3-1b "
            "gemma2-tiny gemma3-tiny phi3-mini phi3.5-mini phi3-tiny phi3-tiny-128k bge-small "
-           "bert-tiny bert-rerank-tiny nomic-tiny";
+           "bert-tiny bert-rerank-tiny qwen3-rerank-tiny qwen3-embed-tiny nomic-tiny";
 }
 
 /* ---- random numbers ------------------------------------------------------ */
@@ -237,11 +246,19 @@ static bool is_encoder(const char *arch)
     return !strcmp(arch, "bert") || !strcmp(arch, "nomic-bert");
 }
 
-/* A reranker (a bert shape named so): rank pooling and its head */
+/* A reranker (a bert or qwen3 shape named so): rank pooling and its head */
 static bool is_rerank(const lms_synth_shape *s)
 {
-    return !strcmp(s->arch, "bert") && strstr(s->name, "rerank") != NULL;
+    return (!strcmp(s->arch, "bert") || !strcmp(s->arch, "qwen3")) &&
+           strstr(s->name, "rerank") != NULL;
 }
+
+/* A decoder reranker's prompt: the query and the document go where
+ * {query} and {document} stand (the server substitutes them) */
+static const char RERANK_TEMPLATE[] =
+    "<|im_start|>system\nAnswer \"yes\" if the document answers the query, else "
+    "\"no\".<|im_end|>\n<|im_start|>user\n<Query>: {query}\n<Document>: "
+    "{document}<|im_end|>\n<|im_start|>assistant\n";
 
 static int build_vocab(const lms_synth_shape *s, vocab *v)
 {
@@ -346,6 +363,15 @@ static int write_meta(gguf_writer *w, const lms_synth_shape *s, const lms_synth_
         rc |= SET_U32("pooling_type", is_rerank(s) ? 4 : 1); /* rank, else mean */
         rc |= (snprintf(key, sizeof key, "%s.attention.causal", a),
                gguf_writer_set_bool(w, key, false));
+    }
+    if (!is_encoder(a) && strstr(s->name, "embed") != NULL)
+        rc |= SET_U32("pooling_type", 3); /* last */
+    if (!is_encoder(a) && is_rerank(s)) {
+        static const char *const labels[] = {"yes", "no"};
+        rc |= SET_U32("pooling_type", 4);
+        rc |= (snprintf(key, sizeof key, "%s.classifier.output_labels", a),
+               gguf_writer_set_arr_str(w, key, labels, 2));
+        rc |= gguf_writer_set_str(w, "tokenizer.chat_template.rerank", RERANK_TEMPLATE);
     }
 #undef SET_U32
 #undef SET_F32
@@ -603,6 +629,8 @@ int lms_synth_write_ex(const lms_synth_shape *s, const lms_synth_extra *x, const
         rc = add_layer(&c, il);
     if (rc == 0 && !bert)
         rc = add(&c, "output_norm.weight", s->n_embd, 0, 1.0f);
+    if (rc == 0 && !bert && is_rerank(s))
+        rc = add(&c, "cls.output.weight", s->n_embd, 2, 0.0f);
     if (rc == 0 && !s->tied)
         rc = add(&c, "output.weight", s->n_embd, s->n_vocab, 0.0f);
     if (rc == 0 && s->llama3_rope)

@@ -393,8 +393,8 @@ static int parse_format(const json_t *body, const lms_model *m, embd_job *j, int
         return reqerr_set(e, 400, "encoding_format", "'encoding_format' must be \"float\" or "
                           "\"base64\"");
     j->base64 = fmt && !strcmp(fmt, "base64");
-    if (pool && strcmp(pool, "mean") && strcmp(pool, "last"))
-        return reqerr_set(e, 400, "pooling", "'pooling' must be \"mean\" or \"last\"");
+    if (pool && strcmp(pool, "mean") && strcmp(pool, "last") && strcmp(pool, "cls"))
+        return reqerr_set(e, 400, "pooling", "'pooling' must be \"mean\", \"last\" or \"cls\"");
     if (pool && m->hp.is_encoder) /* trained with one pooling: the file's */
         return reqerr_set(e, 400, "pooling",
                           "'pooling' cannot be chosen for model '%s': an embedding model pools "
@@ -402,7 +402,10 @@ static int parse_format(const json_t *body, const lms_model *m, embd_job *j, int
                           m->hp.pooling == LMS_POOLING_CLS    ? "cls"
                           : m->hp.pooling == LMS_POOLING_LAST ? "last"
                                                               : "mean");
-    *pooling = pool && !strcmp(pool, "last") ? LMS_POOL_LAST : LMS_POOL_MEAN;
+    if (pool)
+        *pooling = !strcmp(pool, "last")  ? LMS_POOL_LAST
+                   : !strcmp(pool, "cls") ? LMS_POOL_FIRST
+                                          : LMS_POOL_MEAN;
     int64_t dims = 0;
     if (reqparse_int(body, "dimensions", 1, m->hp.n_embd, &dims, e) < 0)
         return -1;
@@ -475,7 +478,7 @@ static int embed(conn *c, json_t *body, int shape, const char *key)
     int picked = pick_expert(c, body, again, &e);
     if (picked <= 0)
         return picked < 0 ? reply_err(c, shape, &e) : 0;
-    if (c->x->model && c->x->model->hp.is_encoder && c->x->model->hp.pooling == LMS_POOLING_RANK) {
+    if (c->x->model && c->x->model->hp.pooling == LMS_POOLING_RANK) {
         reqerr_set(&e, 400, "model", "model '%s' is a reranker: its scores come from /v1/rerank",
                    c->x->model->name);
         return reply_err(c, shape, &e);
@@ -490,7 +493,11 @@ static int embed(conn *c, json_t *body, int shape, const char *key)
         return reply_err(c, shape, &e);
     }
     embd_job *j = job_new((int)json_array_size(items), c->x->model->hp.n_embd);
-    int pooling = LMS_POOL_MEAN;
+    /* a decoder pools as its file says (Qwen3-Embedding: last), else mean */
+    const int file_pool = c->x->model->hp.pooling;
+    int pooling = file_pool == LMS_POOLING_LAST  ? LMS_POOL_LAST
+                  : file_pool == LMS_POOLING_CLS ? LMS_POOL_FIRST
+                                                 : LMS_POOL_MEAN;
     int rc = j ? 0 : reqerr_set(&e, 503, NULL, "out of memory");
     if (rc == 0) {
         j->shape = shape;
@@ -570,6 +577,39 @@ static int pair_tokens(const lms_model *m, const char *q, size_t qn, const char 
     return 0;
 }
 
+/* s with every pat replaced by rep (rn bytes), into b. */
+static int replace_all(sbuf *b, const char *s, const char *pat, const char *rep, size_t rn)
+{
+    const size_t pn = strlen(pat);
+    int rc = 0;
+    for (const char *p; rc == 0 && (p = strstr(s, pat)); s = p + pn)
+        rc = sbuf_add(b, s, (size_t)(p - s)) < 0 || sbuf_add(b, rep, rn) < 0 ? -1 : 0;
+    return rc == 0 && sbuf_adds(b, s) == 0 ? 0 : -1;
+}
+
+/* A decoder reranker's prompt (Qwen3-Reranker): its "rerank" template
+ * (tokenizer.chat_template.rerank) with every {query} replaced by the
+ * query, then every {document} by the document, as llama-server fills it,
+ * tokenized with the template's special tokens and nothing added. A
+ * reranker without that template: pair_tokens. */
+static int rerank_tokens(const lms_model *m, const char *q, size_t qn, const char *d, size_t dn,
+                         int32_t **out, int32_t *n_out, reqerr *e)
+{
+    const char *tpl = NULL;
+    if (m->hp.is_encoder || gguf_get_str(m->gguf, "tokenizer.chat_template.rerank", &tpl) < 0 ||
+        !tpl || !tpl[0])
+        return pair_tokens(m, q, qn, d, dn, out, n_out, e);
+    sbuf a = {0}, b = {0};
+    int rc = replace_all(&a, tpl, "{query}", q, qn);
+    if (rc == 0)
+        rc = replace_all(&b, a.p ? a.p : "", "{document}", d, dn);
+    rc = rc < 0 ? reqerr_set(e, 503, NULL, "out of memory")
+                : chatfmt_special_tokens(m, b.p ? b.p : "", b.n, out, n_out, e);
+    sbuf_free(&a);
+    sbuf_free(&b);
+    return rc;
+}
+
 /* Reads query, documents (or TEI's texts), top_n and return_documents (TEI:
  * return_text) into j; the documents' array in *docs. */
 static int rerank_args(const json_t *body, embd_job *j, const char **q, size_t *qn, reqerr *e)
@@ -616,8 +656,8 @@ int api_rerank(conn *c, json_t *body)
     if (picked <= 0)
         return picked < 0 ? reply_err(c, shape, &e) : 0;
     const lms_model *m = c->x->model;
-    if (c->x->remote || !m || !m->hp.is_encoder || m->hp.pooling != LMS_POOLING_RANK) {
-        reqerr_set(&e, 400, "model", "model '%s' is not a reranker (a bert model whose "
+    if (c->x->remote || !m || m->hp.pooling != LMS_POOLING_RANK) {
+        reqerr_set(&e, 400, "model", "model '%s' is not a reranker (a model whose "
                    "pooling_type is rank, with its classification head)", c->x->cfg->id);
         return reply_err(c, shape, &e);
     }
@@ -640,14 +680,14 @@ int api_rerank(conn *c, json_t *body)
         size_t dn;
         const char *d = doc_text(json_array_get(j->docs, (size_t)k), &dn);
         int32_t *toks = NULL, nt = 0;
-        if (pair_tokens(m, q, qn, d, dn, &toks, &nt, &e) < 0 ||
+        if (rerank_tokens(m, q, qn, d, dn, &toks, &nt, &e) < 0 ||
             (c->x->sched && check_encoder_len(c, (size_t)k, nt, &e) < 0)) {
             free(toks);
             rc = -1;
             break;
         }
         lms_request r = {.tokens = toks, .n_tokens = nt, .sp = lms_sampler_defaults(),
-                         .embedding = true};
+                         .embedding = true, .pooling = LMS_POOL_RANK};
         j->refs++;
         task *t = task_submit(c, &r, &embd_ops, j, &e);
         free(toks);

@@ -222,6 +222,12 @@ int chatfmt_text_tokens(const lms_model *m, const char *text, size_t len, bool a
     return tokenize(m, text, len, add_special, false, out, n_out, e);
 }
 
+int chatfmt_special_tokens(const lms_model *m, const char *text, size_t len, int32_t **out,
+                           int32_t *n_out, reqerr *e)
+{
+    return tokenize(m, text, len, false, true, out, n_out, e);
+}
+
 static int render_error(reqerr *e, int rc, const char *msg)
 {
     if (rc == LMS_ERR_NOMEM)

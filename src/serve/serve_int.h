@@ -255,6 +255,10 @@ int chatfmt_tokens(const chatfmt *cf, const lms_model *m, const chat_in *in, int
 /* Plain text to tokens (BOS where the vocab wants it). */
 int chatfmt_text_tokens(const lms_model *m, const char *text, size_t len, bool add_special,
                         int32_t **out, int32_t *n_out, reqerr *e);
+/* Text whose special tokens are tokens (a filled-in template), nothing
+ * added: no BOS. */
+int chatfmt_special_tokens(const lms_model *m, const char *text, size_t len, int32_t **out,
+                           int32_t *n_out, reqerr *e);
 
 /* ---- metrics (metrics.c) ------------------------------------------------------ */
 
