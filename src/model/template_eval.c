@@ -480,7 +480,8 @@ static int drain_gen(tpl_ctx *c, const tpl_node *at, tpl_list *g, tpl_list **out
     tpl_list *l = tpl_alloc(&c->arena, sizeof *l);
     if (!l)
         return tpl_fail_nomem(c, at);
-    l->items = g->items + g->taken;
+    /* an empty generator may have no items array: NULL + 0 is undefined */
+    l->items = g->items ? g->items + g->taken : NULL;
     l->n = l->cap = g->n - g->taken;
     g->taken = g->n;
     *out = l;

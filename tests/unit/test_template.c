@@ -324,6 +324,8 @@ static const tcase k_cases[] = {
     {"{{ dict(a=1) }} {{ namespace(a=1).a }} {{ messages[0].role }} {{ add_generation_prompt }}",
      "{'a': 1} 1 system True"},
     {"{{ bos_token }}{{ eos_token }}{{ tools is defined }}", "<s></s>False"},
+    /* an empty generator (items of undefined) drained by sum: fuzz_template */
+    {"{% set t = nothing|items|sum %}[{{ t }}]", "[0]"},
     /* {% generation %} (transformers' AssistantTracker) renders its body */
     {"{% generation %}gen{% endgeneration %}", "gen"},
 };
