@@ -17,6 +17,7 @@
  *                [--chat-template NAME|FILE] [--chat-template-file FILE]
  *                [--chat-template-kwargs JSON] [--reasoning on|off|auto]
  *                [--reasoning-format none|auto|deepseek|deepseek-legacy]
+ *                [--pooling mean|cls|last|rank]
  *                [--reasoning-budget N]
  *   and llama-server's own flags (-ngl, --ctx-size, -ctk/-ctv, --temp, -fa, --jinja, ...:
  *   llama_args.c)
@@ -85,7 +86,7 @@ typedef struct serve_opts {
     app_lora_opts lora;
     bool lora_no_apply;        /* --lora-init-without-apply */
     const char *lora_dir;
-    const char *chat_template, *tpl_kwargs, *reasoning, *reasoning_format;
+    const char *chat_template, *tpl_kwargs, *reasoning, *reasoning_format, *pooling;
     const char *sampling;      /* llama-server's --temp, --top-k, ... (llama_args.c) */
     bool no_web;
     int32_t reasoning_budget;  /* --reasoning-budget N > 0, else -1 */
@@ -170,6 +171,7 @@ static int parse(int argc, char **argv, serve_opts *o)
                            : !strcmp(a, "--chat-template-kwargs")    ? &o->tpl_kwargs
                            : !strcmp(a, "--reasoning") || !strcmp(a, "-rea") ? &o->reasoning
                            : !strcmp(a, "--reasoning-format")        ? &o->reasoning_format
+                           : !strcmp(a, "--pooling")                 ? &o->pooling
                                                                      : NULL;
         if (str)
             ok = (*str = args_value(argc, argv, &i)) != NULL;
@@ -422,7 +424,7 @@ static int start_server(const serve_opts *o, lms_route_cfg *route, lms_server **
         .chat_template_kwargs = o->tpl_kwargs, .reasoning = o->reasoning,
         .reasoning_budget = o->reasoning_budget, .sampling_defaults = o->sampling,
         .no_web = o->no_web,
-        .reasoning_format = o->reasoning_format,
+        .reasoning_format = o->reasoning_format, .pooling = o->pooling,
     };
     char err[256];
     if (lms_server_create(&p, srv, err, sizeof err) < 0) {

@@ -493,8 +493,11 @@ static int embed(conn *c, json_t *body, int shape, const char *key)
         return reply_err(c, shape, &e);
     }
     embd_job *j = job_new((int)json_array_size(items), c->x->model->hp.n_embd);
-    /* a decoder pools as its file says (Qwen3-Embedding: last), else mean */
-    const int file_pool = c->x->model->hp.pooling;
+    /* a decoder pools as --pooling, else its file says (Qwen3-Embedding:
+     * last), else by the mean */
+    const int file_pool = c->srv->pooling && c->srv->pooling != LMS_POOLING_RANK
+                              ? c->srv->pooling
+                              : c->x->model->hp.pooling;
     int pooling = file_pool == LMS_POOLING_LAST  ? LMS_POOL_LAST
                   : file_pool == LMS_POOLING_CLS ? LMS_POOL_FIRST
                                                  : LMS_POOL_MEAN;

@@ -322,6 +322,8 @@ struct lms_server {
     json_t *gen_defaults;      /* sampling_defaults parsed (server_genparams), or NULL */
     struct resp_store *rstore; /* /v1/responses kept for previous_response_id (api_responses.c) */
     int rfmt;                  /* enum reasoning_format: the default of chat replies */
+    int pooling;               /* --pooling: enum lms_pooling_type for decoders' embeddings,
+                                * 0: their file's */
     struct lws_context *ctx;
     struct lws_vhost *vh;
     int port;

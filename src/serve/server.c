@@ -532,7 +532,7 @@ static int create_models(lms_server *s, lms_route_cfg *route, char *err, size_t 
     return 0;
 }
 
-/* --chat-template-kwargs, --reasoning and --reasoning-format. */
+/* --chat-template-kwargs, --reasoning, --reasoning-format and --pooling. */
 static int chat_defaults(lms_server *s, const lms_server_params *p, char *err, size_t errsz)
 {
     const char *rf = p->reasoning_format;
@@ -540,6 +540,14 @@ static int chat_defaults(lms_server *s, const lms_server_params *p, char *err, s
     if (s->rfmt < 0)
         return lms_errf(err, errsz, LMS_ERR_INVAL, "reasoning format '%.40s': use none, auto, "
                         "deepseek or deepseek-legacy", rf);
+    static const char *const pools[] = {"", "mean", "cls", "last", "rank"};
+    s->pooling = 0;
+    for (int i = 1; p->pooling && i < 5; i++)
+        if (!strcmp(p->pooling, pools[i]))
+            s->pooling = i;
+    if (p->pooling && !s->pooling)
+        return lms_errf(err, errsz, LMS_ERR_UNSUPPORTED, "pooling '%.40s': use mean, cls, last "
+                        "or rank (none, per-token vectors, is not served)", p->pooling);
     const int sw = lms_template_switches(p->chat_template_kwargs, p->reasoning, &s->tpl_kwargs,
                                          err, errsz);
     if (sw < 0)

@@ -66,6 +66,11 @@ typedef struct lms_server_params {
     bool no_web;              /* GET / serves no page (llama-server's --no-webui) */
     const char *reasoning_format; /* thoughts (<think>...</think>) in chat replies: "none",
                                * "deepseek", "deepseek-legacy"; NULL or "auto": deepseek */
+    const char *pooling;      /* llama-server's --pooling: "mean", "cls" or "last", how a
+                               * decoder pools /v1/embeddings by default (over its file's
+                               * pooling_type); "rank": /v1/rerank only, which needs a
+                               * reranker's file anyway; NULL: the file's. Encoders pool as
+                               * their file says. */
 } lms_server_params;
 
 typedef struct lms_server lms_server;

@@ -61,5 +61,15 @@ req POST /v1/embeddings -d '{"input":"Hello world, the cats!","pooling":"max"}'
 check "an unknown pooling: 400 naming it" eq "$(code) $(py "$T/out" 'd["error"]["param"]')" "400 pooling"
 req POST /v1/rerank -d '{"query":"q","documents":["a"]}'
 check "rerank on an embedder: 400 naming the model" eq "$(code) $(py "$T/out" 'd["error"]["param"]')" "400 model"
+req POST /v1/embeddings -d '{"input":"Hello world, the cats!","pooling":"mean"}'
+python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["data"][0]["embedding"]))' "$T/out" >"$T/vec"
 stop_server
+
+# llama-server's --pooling sets the default over the file's; none is refused
+start_serve -m "$T/emb.gguf" --pooling mean
+req POST /v1/embeddings -d '{"input":"Hello world, the cats!"}'
+check "--pooling mean: the mean vector by default" eq "$(py "$T/out" "${same/VEC/d[\"data\"][0][\"embedding\"]}")" True
+stop_server
+"$LMSERV" serve --host 127.0.0.1 --port 0 -m "$T/emb.gguf" --pooling none >"$T/none.out" 2>&1
+check "--pooling none refused by name" eq "$? $(grep -c "pooling 'none'" "$T/none.out")" "1 1"
 finish
