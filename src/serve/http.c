@@ -184,7 +184,10 @@ static int reply_full(conn *c, int status, const char *ctype, const char *body, 
     if (t->state == TXN_DONE || t->state == TXN_STREAM)
         return 0; /* one response per transaction */
     t->state = TXN_DONE;
-    if (put_headers(c, status, ctype, (int64_t)n, extra) < 0 || conn_out_raw(c, body, n) < 0)
+    /* a HEAD answer has the headers alone (RFC 9110 9.3.2): a body after
+     * them would be read as the next response on a kept-alive connection */
+    if (put_headers(c, status, ctype, (int64_t)n, extra) < 0 ||
+        (t->method != LWSHUMETH_HEAD && conn_out_raw(c, body, n) < 0))
         return -1;
     return 0;
 }
@@ -234,7 +237,7 @@ int http_stream_begin(conn *c, int status, const char *ctype)
 
 int http_stream_write(conn *c, const char *p, size_t n)
 {
-    if (c->txn.state != TXN_STREAM || n == 0)
+    if (c->txn.state != TXN_STREAM || n == 0 || c->txn.method == LWSHUMETH_HEAD)
         return c->txn.state == TXN_STREAM ? 0 : -1;
     if (!c->txn.chunked)
         return conn_out_raw(c, p, n);
@@ -279,7 +282,10 @@ int http_stream_end(conn *c)
     if (c->txn.state != TXN_STREAM)
         return -1;
     c->txn.state = TXN_DONE;
-    return c->txn.chunked ? conn_out_raw(c, "0\x0d\x0a\x0d\x0a", 5) : (conn_want_write(c), 0);
+    if (c->txn.chunked && c->txn.method != LWSHUMETH_HEAD)
+        return conn_out_raw(c, "0\x0d\x0a\x0d\x0a", 5);
+    conn_want_write(c);
+    return 0;
 }
 
 /* ---- request ------------------------------------------------------------------------ */
@@ -355,6 +361,8 @@ static int dispatch(conn *c, int method)
                           "access-control-allow-headers: authorization, content-type, x-api-key, "
                           "anthropic-version\x0d\x0a");
     }
+    if (method == LWSHUMETH_HEAD && r->get)
+        method = LWSHUMETH_GET; /* the same answer; reply_full leaves out its body */
     if ((method == LWSHUMETH_GET && !r->get) || (method == LWSHUMETH_POST && !r->post) ||
         (method == LWSHUMETH_DELETE && !r->del) ||
         (method != LWSHUMETH_GET && method != LWSHUMETH_POST && method != LWSHUMETH_DELETE))
@@ -392,6 +400,7 @@ int http_on_request(conn *c, const char *uri)
     char *uri_ptr;
     int uri_len;
     int method = lws_http_get_uri_and_method(c->wsi, &uri_ptr, &uri_len);
+    t->method = method;
     if (s->state == SRV_DRAINING) {
         t->close_after = true;
         return refuse(c, 503, "shutting_down", "the server is shutting down");
