@@ -412,6 +412,11 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
         return 0;
     case LWS_CALLBACK_FILTER_NETWORK_CONNECTION:
         return s->state == SRV_DRAINING || s->n_conns >= s->p.max_conns;
+    case LWS_CALLBACK_RAW_ADOPT:
+        /* lws 4.1 turns a CONNECT request into a raw socket, dropping its
+         * conn: one with no timeout, outside max_conns, that nothing here
+         * would ever answer or close. This server proxies nothing: close it. */
+        return -1;
     case LWS_CALLBACK_SERVER_NEW_CLIENT_INSTANTIATED:
         /* after adoption (which resets the opaque pointer); freed at WSI_DESTROY */
         c = conn_create(s, wsi);
