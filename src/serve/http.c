@@ -96,6 +96,7 @@ static const route routes[] = {
     {"/completions", false, false, NULL, api_completions, NULL},
     {"/v1/embeddings", false, false, NULL, api_embeddings, NULL},
     {"/embeddings", false, false, NULL, api_embeddings, NULL},
+    {"/embedding", false, false, NULL, api_embedding_native, NULL},
     {"/v1/rerank", false, false, NULL, api_rerank, NULL},
     {"/rerank", false, false, NULL, api_rerank, NULL},
     {"/v1/reranking", false, false, NULL, api_rerank, NULL},
@@ -435,8 +436,23 @@ int http_on_body(conn *c, const void *p, size_t n)
 int http_on_body_done(conn *c)
 {
     http_txn *t = &c->txn;
-    if (t->discard || t->state != TXN_BODY)
-        return 0;
+    if (t->discard || t->state != TXN_BODY) {
+        /* lws 4.1 calls this again on every read of the connection until the
+         * transaction completes: once a service pass, harmless. But with the
+         * next request already buffered behind the body (pipelining),
+         * lws_http_action loops over that buffer without end, calling this
+         * each time and never returning to poll: the whole server hung there.
+         * Several calls in one pass are that loop, and the only way out of it
+         * is to close the connection, after sending what is ready. */
+        if (t->done_pass != c->srv->n_pass) {
+            t->done_pass = c->srv->n_pass;
+            t->done_repeats = 0;
+        }
+        if (++t->done_repeats < 4)
+            return 0;
+        conn_flush(c);
+        return -1;
+    }
     t->state = TXN_RUNNING;
     lws_set_timeout(c->wsi, NO_PENDING_TIMEOUT, 0); /* generation may take a while */
     reqerr e;

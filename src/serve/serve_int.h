@@ -367,6 +367,7 @@ struct lms_server {
     double t_start_ms, t_last_broadcast, drain_deadline;
     int64_t t_start_wall;      /* seconds since the epoch */
     uint64_t next_cid;
+    uint64_t n_pass;           /* lws_service calls so far (http_on_body_done) */
     uint64_t rng;              /* seeds and ids */
 };
 
@@ -525,6 +526,8 @@ typedef struct http_txn {
     bool http10;               /* HTTP/1.0 client: no chunked encoding */
     bool chunked;
     int status;
+    uint64_t done_pass;        /* lws_service pass of the last repeated body end */
+    int done_repeats;          /* and how many came in it (http_on_body_done) */
 } http_txn;
 
 typedef struct wsmsg {

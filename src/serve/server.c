@@ -694,9 +694,11 @@ int lms_server_run(lms_server *s)
     s->t_last_broadcast = lms_now_ms();
     start_models(s);
     lws_sul_schedule(s->ctx, 0, &s->sul_tick, tick_cb, TICK_US);
-    while (!s->done)
+    while (!s->done) {
+        s->n_pass++;
         if (lws_service(s->ctx, 0) < 0)
             break;
+    }
     return s->exit_code;
 }
 
