@@ -30,7 +30,9 @@
 
 #define MAX_INPUTS 256
 
-enum { EMBD_OPENAI, EMBD_OLLAMA, EMBD_OLLAMA_LEGACY, EMBD_RERANK, EMBD_TEI };
+/* EMBD_NATIVE: llama-server's own form (POST /embedding, or "content" for
+ * "input"): [{"index", "embedding": [vector]}] */
+enum { EMBD_OPENAI, EMBD_OLLAMA, EMBD_OLLAMA_LEGACY, EMBD_RERANK, EMBD_TEI, EMBD_NATIVE };
 
 typedef struct embd_job {
     int shape;                 /* EMBD_*: the request's API */
@@ -112,7 +114,7 @@ static json_t *vector_json(const embd_job *j, float *v)
 
 static int reply_err(conn *c, int shape, const reqerr *e)
 {
-    if (shape == EMBD_OPENAI || shape == EMBD_RERANK || shape == EMBD_TEI)
+    if (shape == EMBD_OPENAI || shape == EMBD_RERANK || shape == EMBD_TEI || shape == EMBD_NATIVE)
         return http_reply_err(c, e);
     return http_reply_json(c, e->status, json_pack("{s:s}", "error", e->msg));
 }
@@ -215,6 +217,16 @@ static void reply(conn *c, embd_job *j)
     }
     if (j->shape == EMBD_RERANK || j->shape == EMBD_TEI) {
         reply_rerank(c, j);
+        return;
+    }
+    if (j->shape == EMBD_NATIVE) { /* one pooled vector per input, in a list */
+        json_t *all = json_array();
+        for (int i = 0; i < j->n_in; i++) {
+            json_t *one = json_array();
+            json_array_append_new(one, vector_json(j, j->vec[i]));
+            json_array_append_new(all, json_pack("{s:i, s:o}", "index", i, "embedding", one));
+        }
+        http_reply_json(c, 200, all);
         return;
     }
     if (j->shape != EMBD_OPENAI) {
@@ -472,7 +484,14 @@ fail:
 static int embed(conn *c, json_t *body, int shape, const char *key)
 {
     reqerr e;
+    /* llama-server answers "content" (not OpenAI's field) in its own form */
+    if ((shape == EMBD_OPENAI || shape == EMBD_NATIVE) && !json_object_get(body, "input") &&
+        json_object_get(body, "content")) {
+        shape = EMBD_NATIVE;
+        key = "content";
+    }
     pick_fn again = shape == EMBD_OPENAI   ? api_embeddings
+                    : shape == EMBD_NATIVE ? api_embedding_native
                     : shape == EMBD_OLLAMA ? api_ollama_embed
                                            : api_ollama_embeddings;
     int picked = pick_expert(c, body, again, &e);
@@ -506,7 +525,7 @@ static int embed(conn *c, json_t *body, int shape, const char *key)
         j->shape = shape;
         j->x = c->x;
         j->t0 = lms_now_ms();
-        if (shape == EMBD_OPENAI)
+        if (shape == EMBD_OPENAI || shape == EMBD_NATIVE)
             rc = parse_format(body, c->x->model, j, &pooling, &e);
         else if (c->x->sched) { /* Ollama truncates by default */
             j->truncate = true;
@@ -524,6 +543,11 @@ static int embed(conn *c, json_t *body, int shape, const char *key)
 int api_embeddings(conn *c, json_t *body)
 {
     return embed(c, body, EMBD_OPENAI, "input");
+}
+
+int api_embedding_native(conn *c, json_t *body)
+{
+    return embed(c, body, EMBD_NATIVE, "input");
 }
 
 int api_ollama_embed(conn *c, json_t *body)

@@ -625,6 +625,8 @@ bool api_anthropic_path(const char *path);
 int api_responses_get(conn *c, const char *id, bool del);
 /* api_embeddings.c */
 int api_embeddings(conn *c, json_t *body);
+/* POST /embedding: llama-server's own form ("input" or "content"), [{index, embedding: [v]}] */
+int api_embedding_native(conn *c, json_t *body);
 int api_rerank(conn *c, json_t *body);
 /* api_ollama.c */
 int api_ollama_chat(conn *c, json_t *body);

@@ -7,8 +7,9 @@
 #     runs the prompt, and scores each document by the softmax of the head
 #     over the last token's state, P("yes");
 #   - a Qwen3-Embedding (synth qwen3-embed-tiny: pooling_type 3):
-#     /v1/embeddings and Ollama's /api/embed pool by the last token unless
-#     the request names another pooling.
+#     /v1/embeddings, Ollama's /api/embed and llama-server's /embedding
+#     (and "content" in place of "input") pool by the last token unless
+#     the request or --pooling names another pooling.
 # The expected numbers are llama.cpp d32676d's on the same files (a driver
 # over libllama: rank pooling, llama_get_embeddings_seq; embeddings with the
 # file's pooling, divided by their L2 norm), 1024-vocabulary byte-level BPE.
@@ -55,6 +56,10 @@ req POST /v1/embeddings -d '{"input":"Hello world, the cats!","pooling":"last"}'
 check "pooling last named: the same vector" eq "$(py "$T/out" "${same/VEC/d[\"data\"][0][\"embedding\"]}")" True
 req POST /api/embed -d '{"input":"Hello world, the cats!"}'
 check "ollama embed: the same vector" eq "$(py "$T/out" "${same/VEC/d[\"embeddings\"][0]}")" True
+req POST /embedding -d '{"content":"Hello world, the cats!"}'
+check "llama-server's /embedding: [{index, embedding: [vector]}]" eq "$(code) $(py "$T/out" "len(d) == 1 and d[0][\"index\"] == 0 and len(d[0][\"embedding\"]) == 1 and ${same/VEC/d[0][\"embedding\"][0]}")" "200 True"
+req POST /v1/embeddings -d '{"content":["Hello world, the cats!","dog"]}'
+check "\"content\" for \"input\": llama-server's form" eq "$(py "$T/out" "[x[\"index\"] for x in d] == [0, 1] and ${same/VEC/d[0][\"embedding\"][0]}")" True
 req POST /v1/embeddings -d '{"input":"Hello world, the cats!","pooling":"mean"}'
 check "pooling mean named: another vector" eq "$(py "$T/out" "${same/VEC/d[\"data\"][0][\"embedding\"]}")" False
 req POST /v1/embeddings -d '{"input":"Hello world, the cats!","pooling":"max"}'
