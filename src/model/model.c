@@ -175,7 +175,10 @@ static int read_hparams(loader *L)
 }
 
 /* <arch>.pooling_type into hp.pooling, def where the file has none (0 for
- * a decoder: a plain language model); 1 mean, 2 cls, 3 last, 4 rank. */
+ * a decoder: a plain language model); 1 mean, 2 cls, 3 last, 4 rank. An
+ * encoder refuses other values; a decoder reads them as none (0: none, -1:
+ * unspecified, ...), a hint that must not keep a language model from
+ * loading. */
 static int read_pooling(loader *L, int def)
 {
     char key[128];
@@ -184,8 +187,11 @@ static int read_pooling(loader *L, int def)
     int rc = gguf_get_i64(L->m->gguf, key, &v);
     if (rc < 0 && rc != LMS_ERR_NOTFOUND)
         return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT, "model: '%s' is not an integer", key);
-    if (v != def && v != LMS_POOLING_MEAN && v != LMS_POOLING_CLS && v != LMS_POOLING_LAST &&
-        v != LMS_POOLING_RANK)
+    const bool known = v == LMS_POOLING_MEAN || v == LMS_POOLING_CLS || v == LMS_POOLING_LAST ||
+                       v == LMS_POOLING_RANK;
+    if (!known && def == 0)
+        v = 0;
+    else if (!known)
         return lms_errf(L->err, L->errsz, LMS_ERR_UNSUPPORTED,
                         "model: '%s' = %lld is not supported (1 mean, 2 cls, 3 last, 4 rank)", key,
                         (long long)v);
