@@ -1061,37 +1061,31 @@ static bool rank_embedding(const lms_model *m, sreq *q)
     return ok;
 }
 
+/* The pooled vector out, of unit length; a reranker's scores instead. */
 static void finish_embedding(lms_sched *s, sreq *q)
 {
+    int32_t n = s->m->hp.n_embd;
     if (q->r.pooling == LMS_POOL_RANK) {
         if (!rank_embedding(s->m, q)) {
             finish(s, q, "error", LMS_ERR_NOMEM, "out of memory for the reranker's head");
             return;
         }
-        lms_event *ev = new_event(q, LMS_EV_EMBD);
-        if (ev) {
-            ev->embd = q->embd;
-            ev->n_embd = s->m->hp.n_cls_out;
-            q->embd = NULL;
-            q->r.cb(q->r.user, ev);
+        n = s->m->hp.n_cls_out;
+    } else {
+        double norm = 0;
+        for (int32_t i = 0; i < n; i++) {
+            if (q->r.pooling == LMS_POOL_MEAN)
+                q->embd[i] /= (float)(q->n_embd_rows > 0 ? q->n_embd_rows : 1);
+            norm += (double)q->embd[i] * q->embd[i];
         }
-        finish(s, q, "stop", 0, NULL);
-        return;
+        const float inv = norm > 0 ? (float)(1.0 / sqrt(norm)) : 0.0f;
+        for (int32_t i = 0; i < n; i++)
+            q->embd[i] *= inv;
     }
-    const int32_t e = s->m->hp.n_embd;
     lms_event *ev = new_event(q, LMS_EV_EMBD);
-    double norm = 0;
-    for (int32_t i = 0; i < e; i++) {
-        if (q->r.pooling == LMS_POOL_MEAN)
-            q->embd[i] /= (float)(q->n_embd_rows > 0 ? q->n_embd_rows : 1);
-        norm += (double)q->embd[i] * q->embd[i];
-    }
-    float inv = norm > 0 ? (float)(1.0 / sqrt(norm)) : 0.0f;
-    for (int32_t i = 0; i < e; i++)
-        q->embd[i] *= inv;
     if (ev) {
         ev->embd = q->embd;
-        ev->n_embd = e;
+        ev->n_embd = n;
         q->embd = NULL;
         q->r.cb(q->r.user, ev);
     }
