@@ -31,4 +31,12 @@ int32_t tu_argmax(const float *v, int32_t n);
 uint64_t tu_rand_u64(uint64_t *state);
 float tu_rand_f32(uint64_t *state, float lo, float hi);
 
+/* Kernel tests: n activations, each run of 256 at an amplitude from tiny
+ * to large, or all zero. */
+void tu_rand_acts(uint64_t *seed, float *x, int64_t n);
+/* The sum over a dot product's elements of (|scaled code| + |offset|) *
+ * |activation|, in double, for weights w of `type` and activations xq in
+ * its vec_dot_type: an upper bound on every partial sum a kernel forms. */
+double tu_dot_magnitude(int type, int64_t n, const void *w, const void *xq);
+
 #endif

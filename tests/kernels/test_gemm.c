@@ -99,62 +99,7 @@ static void rand_weights(uint64_t *seed, int type, void *buf, int64_t n)
     }
 }
 
-/* Activations: each run of 256 tiny to large, or all zero. */
-static void rand_acts(uint64_t *seed, float *x, int64_t n)
-{
-    static const float amps[] = {1.0f, 1.0f, 3.5f, 1e-3f, 1e3f, 1e-30f, 0.0f};
-    for (int64_t i = 0; i < n; i += 256) {
-        const float a = amps[tu_rand_u64(seed) % (sizeof amps / sizeof amps[0])];
-        for (int64_t j = i; j < n && j < i + 256; j++)
-            x[j] = a * tu_rand_f32(seed, -1.0f, 1.0f);
-    }
-}
 
-/* Sum over elements of (|scaled code| + |offset|) * |activation| in
- * double: bounds every partial sum either kernel forms. */
-static double term_magnitude(int type, int64_t n, const void *w, const void *xq)
-{
-    const lms_type_traits *tt = lms_type_get(type);
-    float *xf = malloc((size_t)n * sizeof *xf), *wf = malloc((size_t)n * sizeof *wf);
-    double m = 0.0;
-    lms_kernels_ref()->to_float[tt->vec_dot_type](xq, xf, n);
-    if (!tt->is_quantized) {
-        lms_kernels_ref()->to_float[type](w, wf, n);
-        for (int64_t i = 0; i < n; i++)
-            m += fabs((double)wf[i] * xf[i]);
-    } else if (tt->blck_size == 32) {
-        static void (*const un[])(const void *, lms_lq_block *) = {
-            [LMS_TYPE_Q4_0] = lms_unpack_q4_0, [LMS_TYPE_Q4_1] = lms_unpack_q4_1,
-            [LMS_TYPE_Q5_0] = lms_unpack_q5_0, [LMS_TYPE_Q5_1] = lms_unpack_q5_1,
-            [LMS_TYPE_Q8_0] = lms_unpack_q8_0, [LMS_TYPE_IQ4_NL] = lms_unpack_iq4_nl,
-        };
-        for (int64_t b = 0; b < n / 32; b++) {
-            lms_lq_block q;
-            un[type]((const uint8_t *)w + (size_t)b * tt->type_size, &q);
-            for (int j = 0; j < 32; j++)
-                m += (fabs((double)q.q[j] * q.d) + fabs(q.m)) * fabs(xf[b * 32 + j]);
-        }
-    } else {
-        static void (*const un[])(const void *, lms_kq_block *) = {
-            [LMS_TYPE_Q2_K] = lms_unpack_q2_K, [LMS_TYPE_Q3_K] = lms_unpack_q3_K,
-            [LMS_TYPE_Q4_K] = lms_unpack_q4_K, [LMS_TYPE_Q5_K] = lms_unpack_q5_K,
-            [LMS_TYPE_Q6_K] = lms_unpack_q6_K, [LMS_TYPE_IQ4_XS] = lms_unpack_iq4_xs,
-        };
-        for (int64_t b = 0; b < n / LMS_QK_K; b++) {
-            lms_kq_block q;
-            un[type]((const uint8_t *)w + (size_t)b * tt->type_size, &q);
-            for (int e = 0; e < LMS_QK_K; e++) {
-                const int s = e / q.sub;
-                const double t =
-                    fabs((double)q.d * q.sc[s] * q.q[e]) + fabs((double)q.dmin * q.mn[s]);
-                m += t * fabs(xf[b * LMS_QK_K + e]);
-            }
-        }
-    }
-    free(xf);
-    free(wf);
-    return m;
-}
 
 static bool close_enough(float got, float want, double mag)
 {
@@ -190,7 +135,7 @@ static void problem_init(problem *p, uint64_t *seed, int type, int64_t n, int64_
     for (int64_t r = 0; r < n_rows; r++)
         rand_weights(seed, type, p->w + (size_t)r * p->ldw, n);
     for (int64_t t = 0; t < n_tok; t++) {
-        rand_acts(seed, p->x + t * n, n);
+        tu_rand_acts(seed, p->x + t * n, n);
         lms_kernels_ref()->from_float[p->vt](p->x + t * n, p->xq + (size_t)t * p->ldx, n);
     }
 }
@@ -213,7 +158,7 @@ static int check_against_vec_dot(const lms_kernel_table *k, const problem *p, co
             float want;
             k->vec_dot[p->type](p->n, &want, wr, xr);
             const float got = s[(size_t)t * lds + r];
-            const double mag = term_magnitude(p->type, p->n, wr, xr);
+            const double mag = tu_dot_magnitude(p->type, p->n, wr, xr);
             if (!close_enough(got, want, mag)) {
                 if (g_reported++ < 20)
                     fprintf(stderr, "%s %s/%s n=%lld rows=%lld tok=%lld [t%lld r%lld]: got %.9g "

@@ -132,67 +132,6 @@ static void rand_weights(uint64_t *seed, int type, void *buf, int64_t n, int mod
     }
 }
 
-/* n activations; each run of 256 gets an amplitude from tiny to large, or
- * is all zero. */
-static void rand_acts(uint64_t *seed, float *x, int64_t n)
-{
-    static const float amps[] = {1.0f, 1.0f, 1.0f, 3.5f, 1e-3f, 1e3f, 1e-30f, 0.0f};
-    for (int64_t i = 0; i < n; i += 256) {
-        const float a = amps[tu_rand_u64(seed) % (sizeof amps / sizeof amps[0])];
-        for (int64_t j = i; j < n && j < i + 256; j++)
-            x[j] = a * tu_rand_f32(seed, -1.0f, 1.0f);
-    }
-}
-
-/* ---- magnitude of a dot product's terms ---------------------------------------- */
-
-/* Sum over elements of (|scaled code| + |offset|) * |activation|, in
- * double: an upper bound on every partial sum either kernel forms. */
-static double term_magnitude(int type, int64_t n, const void *w, const void *xq)
-{
-    const lms_type_traits *tt = lms_type_get(type);
-    const int vt = tt->vec_dot_type;
-    float *xf = malloc((size_t)n * sizeof *xf);
-    float *wf = malloc((size_t)n * sizeof *wf);
-    double m = 0.0;
-    lms_kernels_ref()->to_float[vt](xq, xf, n);
-    if (!tt->is_quantized) {
-        lms_kernels_ref()->to_float[type](w, wf, n);
-        for (int64_t i = 0; i < n; i++)
-            m += fabs((double)wf[i] * xf[i]);
-    } else if (tt->blck_size == 32) {
-        static void (*const un[])(const void *, lms_lq_block *) = {
-            [LMS_TYPE_Q4_0] = lms_unpack_q4_0, [LMS_TYPE_Q4_1] = lms_unpack_q4_1,
-            [LMS_TYPE_Q5_0] = lms_unpack_q5_0, [LMS_TYPE_Q5_1] = lms_unpack_q5_1,
-            [LMS_TYPE_Q8_0] = lms_unpack_q8_0, [LMS_TYPE_IQ4_NL] = lms_unpack_iq4_nl,
-        };
-        for (int64_t b = 0; b < n / 32; b++) {
-            lms_lq_block q;
-            un[type]((const uint8_t *)w + (size_t)b * tt->type_size, &q);
-            for (int j = 0; j < 32; j++)
-                m += (fabs((double)q.q[j] * q.d) + fabs(q.m)) * fabs(xf[b * 32 + j]);
-        }
-    } else {
-        static void (*const un[])(const void *, lms_kq_block *) = {
-            [LMS_TYPE_Q2_K] = lms_unpack_q2_K, [LMS_TYPE_Q3_K] = lms_unpack_q3_K,
-            [LMS_TYPE_Q4_K] = lms_unpack_q4_K, [LMS_TYPE_Q5_K] = lms_unpack_q5_K,
-            [LMS_TYPE_Q6_K] = lms_unpack_q6_K, [LMS_TYPE_IQ4_XS] = lms_unpack_iq4_xs,
-        };
-        for (int64_t b = 0; b < n / LMS_QK_K; b++) {
-            lms_kq_block q;
-            un[type]((const uint8_t *)w + (size_t)b * tt->type_size, &q);
-            for (int e = 0; e < LMS_QK_K; e++) {
-                const int s = e / q.sub;
-                const double t =
-                    fabs((double)q.d * q.sc[s] * q.q[e]) + fabs((double)q.dmin * q.mn[s]);
-                m += t * fabs(xf[b * LMS_QK_K + e]);
-            }
-        }
-    }
-    free(xf);
-    free(wf);
-    return m;
-}
 
 /* ---- vec_dot ------------------------------------------------------------------------ */
 
@@ -219,12 +158,12 @@ static int check_vec_dot(const lms_kernel_table *k, int type, int64_t n, int mod
     int bad = 0;
     for (int rep = 0; rep < 4; rep++) {
         rand_weights(seed, type, w, n, mode);
-        rand_acts(seed, x, n);
+        tu_rand_acts(seed, x, n);
         lms_kernels_ref()->from_float[vt](x, xq, n);
         float got = NAN, want = NAN;
         k->vec_dot[type](n, &got, w, xq);
         lms_kernels_ref()->vec_dot[type](n, &want, w, xq);
-        const double mag = term_magnitude(type, n, w, xq);
+        const double mag = tu_dot_magnitude(type, n, w, xq);
         const double err = fabs((double)got - (double)want);
         const bool ok = isfinite(mag) ? err <= 1e-5 * mag + 1e-37 : got == want;
         if (!ok) {
@@ -287,13 +226,13 @@ static int check_gemv(const lms_kernel_table *k, int type, int64_t n, int64_t n_
     memset(w, 0xA5, ldw * (size_t)n_rows);
     for (int64_t r = 0; r < n_rows; r++)
         rand_weights(seed, type, w + (size_t)r * ldw, n, mode);
-    rand_acts(seed, x, n);
+    tu_rand_acts(seed, x, n);
     lms_kernels_ref()->from_float[vt](x, xq, n);
     k->gemv[type](n, n_rows, w, ldw, xq, got);
     for (int64_t r = 0; r < n_rows; r++) {
         float want = NAN;
         lms_kernels_ref()->vec_dot[type](n, &want, w + (size_t)r * ldw, xq);
-        const double mag = term_magnitude(type, n, w + (size_t)r * ldw, xq);
+        const double mag = tu_dot_magnitude(type, n, w + (size_t)r * ldw, xq);
         const double err = fabs((double)got[r] - (double)want);
         const bool ok = isfinite(mag) ? err <= 1e-5 * mag + 1e-37 : got[r] == want;
         if (!ok) {
@@ -459,7 +398,7 @@ static void test_to_float(void **state)
                 } else if (type == LMS_TYPE_F32 || tt->vec_dot_type < 0) {
                     /* F32 and the activation-only types: from real values */
                     float *x = malloc((size_t)n * sizeof *x);
-                    rand_acts(&seed, x, n);
+                    tu_rand_acts(&seed, x, n);
                     lms_kernels_ref()->from_float[type](x, src, n);
                     free(x);
                 } else {
