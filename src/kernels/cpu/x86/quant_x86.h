@@ -551,23 +551,9 @@ static inline void vec_dot_iq4_xs_q8_K(int64_t n, float *s, const void *vw, cons
 
 /* ---- float rows ---------------------------------------------------------------------- */
 
-static inline void vec_dot_f32_x86(int64_t n, float *s, const void *vw, const void *vx)
+static inline __m256 x86_load_f32x8(const float *p)
 {
-    const float *w = vw, *x = vx;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
-        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 16), _mm256_loadu_ps(x + i + 16), a2);
-        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 24), _mm256_loadu_ps(x + i + 24), a3);
-    }
-    for (; i + 8 <= n; i += 8)
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
-    float sum = x86_hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-    for (; i < n; i++)
-        sum += w[i] * x[i];
-    *s = sum;
+    return _mm256_loadu_ps(p);
 }
 
 static inline __m256 x86_load_f16x8(const uint16_t *p)
@@ -581,43 +567,37 @@ static inline __m256 x86_load_bf16x8(const uint16_t *p)
     return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
 
-static inline void vec_dot_f16_x86(int64_t n, float *s, const void *vw, const void *vx)
+static inline float x86_f32_value(float v)
 {
-    const uint16_t *w = vw, *x = vx;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        a0 = _mm256_fmadd_ps(x86_load_f16x8(w + i), x86_load_f16x8(x + i), a0);
-        a1 = _mm256_fmadd_ps(x86_load_f16x8(w + i + 8), x86_load_f16x8(x + i + 8), a1);
-        a2 = _mm256_fmadd_ps(x86_load_f16x8(w + i + 16), x86_load_f16x8(x + i + 16), a2);
-        a3 = _mm256_fmadd_ps(x86_load_f16x8(w + i + 24), x86_load_f16x8(x + i + 24), a3);
-    }
-    for (; i + 8 <= n; i += 8)
-        a0 = _mm256_fmadd_ps(x86_load_f16x8(w + i), x86_load_f16x8(x + i), a0);
-    float sum = x86_hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-    for (; i < n; i++)
-        sum += x86_h2f(w[i]) * x86_h2f(x[i]);
-    *s = sum;
+    return v;
 }
 
-static inline void vec_dot_bf16_x86(int64_t n, float *s, const void *vw, const void *vx)
-{
-    const uint16_t *w = vw, *x = vx;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        a0 = _mm256_fmadd_ps(x86_load_bf16x8(w + i), x86_load_bf16x8(x + i), a0);
-        a1 = _mm256_fmadd_ps(x86_load_bf16x8(w + i + 8), x86_load_bf16x8(x + i + 8), a1);
-        a2 = _mm256_fmadd_ps(x86_load_bf16x8(w + i + 16), x86_load_bf16x8(x + i + 16), a2);
-        a3 = _mm256_fmadd_ps(x86_load_bf16x8(w + i + 24), x86_load_bf16x8(x + i + 24), a3);
+/* The dot product of two rows of a float type T: four chains of 8 lanes
+ * (LOAD8: 8 values as floats), then 8 at a time, then the tail one by one
+ * (VALUE: one value as a float). */
+#define X86_VEC_DOT_FLOAT(name, T, LOAD8, VALUE)                                            \
+    static inline void name(int64_t n, float *s, const void *vw, const void *vx)            \
+    {                                                                                       \
+        const T *w = vw, *x = vx;                                                           \
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                         \
+        int64_t i = 0;                                                                      \
+        for (; i + 32 <= n; i += 32) {                                                      \
+            a0 = _mm256_fmadd_ps(LOAD8(w + i), LOAD8(x + i), a0);                           \
+            a1 = _mm256_fmadd_ps(LOAD8(w + i + 8), LOAD8(x + i + 8), a1);                   \
+            a2 = _mm256_fmadd_ps(LOAD8(w + i + 16), LOAD8(x + i + 16), a2);                 \
+            a3 = _mm256_fmadd_ps(LOAD8(w + i + 24), LOAD8(x + i + 24), a3);                 \
+        }                                                                                   \
+        for (; i + 8 <= n; i += 8)                                                          \
+            a0 = _mm256_fmadd_ps(LOAD8(w + i), LOAD8(x + i), a0);                           \
+        float sum = x86_hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))); \
+        for (; i < n; i++)                                                                  \
+            sum += VALUE(w[i]) * VALUE(x[i]);                                               \
+        *s = sum;                                                                           \
     }
-    for (; i + 8 <= n; i += 8)
-        a0 = _mm256_fmadd_ps(x86_load_bf16x8(w + i), x86_load_bf16x8(x + i), a0);
-    float sum = x86_hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-    for (; i < n; i++)
-        sum += lms_bf16_to_f32(w[i]) * lms_bf16_to_f32(x[i]);
-    *s = sum;
-}
+
+X86_VEC_DOT_FLOAT(vec_dot_f32_x86, float, x86_load_f32x8, x86_f32_value)
+X86_VEC_DOT_FLOAT(vec_dot_f16_x86, uint16_t, x86_load_f16x8, x86_h2f)
+X86_VEC_DOT_FLOAT(vec_dot_bf16_x86, uint16_t, x86_load_bf16x8, lms_bf16_to_f32)
 
 /* ---- conversions ------------------------------------------------------------------------ */
 
