@@ -634,22 +634,30 @@ static inline __m256i x86_pack_i8x32(__m256i i0, __m256i i1, __m256i i2, __m256i
     return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
+/* 32 floats to int8 codes by their largest magnitude am (written to *am):
+ * code = round(x * 127 / am), as the reference rounds. */
+static inline __m256i x86_q8_block(const float *xb, float *am_out)
+{
+    __m256 v[4], amax = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++) {
+        v[k] = _mm256_loadu_ps(xb + 8 * k);
+        amax = x86_absmax(amax, v[k]);
+    }
+    const float am = x86_hmax_ps(amax);
+    const __m256 id = _mm256_set1_ps(am != 0.0f ? 127.0f / am : 0.0f);
+    __m256i q[4];
+    for (int k = 0; k < 4; k++)
+        q[k] = x86_round_i8x8(_mm256_mul_ps(v[k], id));
+    *am_out = am;
+    return x86_pack_i8x32(q[0], q[1], q[2], q[3]);
+}
+
 static inline void from_float_q8_0_x86(const float *x, void *vy, int64_t n)
 {
     lms_block_q8_0 *y = vy;
     for (int64_t i = 0; i < n / LMS_QK8_0; i++) {
-        const float *xb = x + i * LMS_QK8_0;
-        __m256 v[4], amax = _mm256_setzero_ps();
-        for (int k = 0; k < 4; k++) {
-            v[k] = _mm256_loadu_ps(xb + 8 * k);
-            amax = x86_absmax(amax, v[k]);
-        }
-        const float am = x86_hmax_ps(amax);
-        const __m256 id = _mm256_set1_ps(am != 0.0f ? 127.0f / am : 0.0f);
-        __m256i q[4];
-        for (int k = 0; k < 4; k++)
-            q[k] = x86_round_i8x8(_mm256_mul_ps(v[k], id));
-        _mm256_storeu_si256((__m256i *)y[i].qs, x86_pack_i8x32(q[0], q[1], q[2], q[3]));
+        float am;
+        _mm256_storeu_si256((__m256i *)y[i].qs, x86_q8_block(x + i * LMS_QK8_0, &am));
         y[i].d = lms_f32_to_f16(am / 127.0f);
     }
 }
@@ -668,18 +676,8 @@ static inline void from_float_q8_1_x86(const float *x, void *vy, int64_t n)
 {
     lms_block_q8_1 *y = vy;
     for (int64_t i = 0; i < n / LMS_QK8_1; i++) {
-        const float *xb = x + i * LMS_QK8_1;
-        __m256 v[4], amax = _mm256_setzero_ps();
-        for (int k = 0; k < 4; k++) {
-            v[k] = _mm256_loadu_ps(xb + 8 * k);
-            amax = x86_absmax(amax, v[k]);
-        }
-        const float am = x86_hmax_ps(amax);
-        const __m256 id = _mm256_set1_ps(am != 0.0f ? 127.0f / am : 0.0f);
-        __m256i q[4];
-        for (int k = 0; k < 4; k++)
-            q[k] = x86_round_i8x8(_mm256_mul_ps(v[k], id));
-        const __m256i q8 = x86_pack_i8x32(q[0], q[1], q[2], q[3]);
+        float am;
+        const __m256i q8 = x86_q8_block(x + i * LMS_QK8_1, &am);
         _mm256_storeu_si256((__m256i *)y[i].qs, q8);
         const __m256i sums = x86_sum16_i8(q8);
         const int sum = _mm256_extract_epi32(sums, 0) + _mm256_extract_epi32(sums, 4);
