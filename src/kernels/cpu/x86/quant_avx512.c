@@ -482,17 +482,7 @@ static const lms_kernel_table k_avx512 = {
         [LMS_TYPE_IQ4_NL] = vec_dot_iq4_nl_q8_0,
         [LMS_TYPE_IQ4_XS] = vec_dot_iq4_xs_q8_K_avx512,
     },
-    .from_float = {
-        [LMS_TYPE_F16] = from_float_f16_x86,
-        [LMS_TYPE_BF16] = from_float_bf16_x86,
-        [LMS_TYPE_Q8_0] = from_float_q8_0_x86,
-        [LMS_TYPE_Q8_1] = from_float_q8_1_x86,
-        [LMS_TYPE_Q8_K] = from_float_q8_K_x86,
-    },
-    .to_float = {
-        [LMS_TYPE_F16] = to_float_f16_x86,
-        [LMS_TYPE_BF16] = to_float_bf16_x86,
-    },
+    X86_CONVERSIONS
     .gemm = {
         [LMS_TYPE_F16] = gemm_f16_f16_avx512,
         [LMS_TYPE_Q4_0] = gemm_q4_0_q8_0_avx512,

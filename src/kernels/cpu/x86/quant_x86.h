@@ -798,4 +798,14 @@ static inline void to_float_bf16_x86(const void *vx, float *y, int64_t n)
         y[i] = lms_bf16_to_f32(x[i]);
 }
 
+/* The conversion entries of an x86 kernel table (the AVX2 and AVX-512
+ * tables share them). */
+#define X86_CONVERSIONS                                                                     \
+    .from_float = {[LMS_TYPE_F16] = from_float_f16_x86,                                     \
+                   [LMS_TYPE_BF16] = from_float_bf16_x86,                                   \
+                   [LMS_TYPE_Q8_0] = from_float_q8_0_x86,                                   \
+                   [LMS_TYPE_Q8_1] = from_float_q8_1_x86,                                   \
+                   [LMS_TYPE_Q8_K] = from_float_q8_K_x86},                                  \
+    .to_float = {[LMS_TYPE_F16] = to_float_f16_x86, [LMS_TYPE_BF16] = to_float_bf16_x86},
+
 #endif
