@@ -541,6 +541,7 @@ struct conn {
     lms_server *srv;
     struct lws *wsi;
     uint64_t cid;
+    unsigned n_done;           /* HTTP transactions completed (http_on_request) */
     int role;                  /* enum conn_role */
     bool closed;               /* lws closed it; write nothing */
     bool kill;                 /* close at the next writable */

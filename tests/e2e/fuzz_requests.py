@@ -1012,7 +1012,32 @@ def reg_pipelined_posts(port, timeout):
         s.close()
 
 
+def reg_pipelined_big_body(port, timeout):
+    """GET /health, then a POST with a 70 kB body in the same packet:
+    libwebsockets 4.1 parsed the POST from its read-ahead buffer and passed
+    HTTP_BODY bytes from a buffer it had freed (ASan: heap-use-after-free
+    in http_on_body)."""
+    b = b'{"content":"' + b"x" * 69990 + b'"}'
+    s = connect(port, timeout)
+    try:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+                  b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                  b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % (len(b), b))
+        rd = Reader(s, time.monotonic() + timeout)
+        r = read_response(rd)
+        if r is None or r[0] != 200:
+            raise Fail("pipelined GET, POST: first answer %r" % (r and r[:3],))
+        while r is not None:
+            check_response(*r)
+            r = read_response(rd)
+    except (ConnectionResetError, BrokenPipeError):
+        pass  # closing on the pipelined POST is allowed
+    finally:
+        s.close()
+
+
 REGRESSIONS = [
+    ("pipelined POST with a big body: no use after free", reg_pipelined_big_body),
     ("pipelined POSTs do not hang the server", reg_pipelined_posts),
     ("HEAD answers carry no body", reg_head_keepalive),
     ("CONNECT is closed", reg_connect),
