@@ -31,6 +31,13 @@ int32_t tu_argmax(const float *v, int32_t n);
 uint64_t tu_rand_u64(uint64_t *state);
 float tu_rand_f32(uint64_t *state, float lo, float hi);
 
+/* The logits of every one of n tokens (n <= 64), positions 0..n-1 of one
+ * sequence, through a fresh 2-thread context of m, with the LoRA set
+ * `lora` (a const lms_lora_set *, or NULL) on every row; malloc'd
+ * [n][n_vocab]. Fails the test on an error. */
+struct lms_model;
+float *tu_logits_all(const struct lms_model *m, const void *lora, const int32_t *toks, int n);
+
 /* Kernel tests: n activations, each run of 256 at an amplitude from tiny
  * to large, or all zero. */
 void tu_rand_acts(uint64_t *seed, float *x, int64_t n);

@@ -161,31 +161,6 @@ static void test_load_errors(void **state)
 
 /* ---- forward pass against merged weights ---------------------------------------------- */
 
-/* Logits of every position of toks through a fresh context (adapters set,
- * or none). */
-static float *run_logits(const lms_model *m, const lms_lora_set *set, const int32_t *toks, int n)
-{
-    lms_ctx_params cp = {.n_ctx = 64, .n_batch = 64, .n_seq = 1, .n_threads = 2};
-    lms_ctx *c;
-    char err[256];
-    if (lms_ctx_create(m, &cp, &c, err, sizeof err) < 0)
-        fail_msg("%s", err);
-    lms_kv_seq seq = {0};
-    lms_kv_seq *seqs[64];
-    const lms_lora_set *sets[64];
-    int32_t pos[64];
-    bool want[64];
-    for (int i = 0; i < n; i++)
-        seqs[i] = &seq, sets[i] = set, pos[i] = i, want[i] = true;
-    float *lg = malloc((size_t)n * (size_t)m->hp.n_vocab * sizeof *lg);
-    assert_int_equal(lms_kv_seq_reserve(lms_ctx_kv(c), &seq, n), 0);
-    lms_batch b = {.n_tokens = n, .tokens = toks, .pos = pos, .seq = seqs, .logits = want,
-                   .lora = set ? sets : NULL};
-    assert_int_equal(lms_forward(c, &b, lg), 0);
-    lms_kv_seq_release(lms_ctx_kv(c), &seq);
-    lms_ctx_destroy(c);
-    return lg;
-}
 
 /* The pair of base tensor `name`, or NULL. */
 static const lms_lora_pair *pair_of(const lms_lora *l, const char *name, bool *embd)
@@ -260,9 +235,9 @@ static void check_merged(const char *targets, const char *type, int rank, float 
     assert_int_equal(lms_lora_set_make(&set, &use, 1, err, sizeof err), 0);
     const int n = 24;
     const size_t nv = (size_t)g_model->hp.n_vocab;
-    float *base = run_logits(g_model, NULL, g_toks, n);
-    float *with = run_logits(g_model, &set, g_toks, n);
-    float *want = run_logits(merged, NULL, g_toks, n);
+    float *base = tu_logits_all(g_model, NULL, g_toks, n);
+    float *with = tu_logits_all(g_model, &set, g_toks, n);
+    float *want = tu_logits_all(merged, NULL, g_toks, n);
     float diff = tu_max_diff(with, want, (size_t)n * nv), moved = tu_max_diff(with, base, (size_t)n * nv);
     printf("lora %s rank %d alpha %g scale %g: max |adapter - merged| %.3g, |adapter - base| %.3g\n",
            type ? type : "f32", rank, (double)alpha, (double)scale, (double)diff, (double)moved);
@@ -338,8 +313,8 @@ static void test_scale_zero(void **state)
     lms_lora *l = make_lora("zero.gguf", NULL, 8, 0, NULL, 3);
     lms_lora_set set = {.n = 1, .use = {{l, 0.0f}}};
     set.id = lms_lora_set_id(&set);
-    float *base = run_logits(g_model, NULL, g_toks, 24);
-    float *zero = run_logits(g_model, &set, g_toks, 24);
+    float *base = tu_logits_all(g_model, NULL, g_toks, 24);
+    float *zero = tu_logits_all(g_model, &set, g_toks, 24);
     for (size_t i = 0; i < 24 * (size_t)g_model->hp.n_vocab; i++)
         assert_true(zero[i] == base[i]);
     free(base);

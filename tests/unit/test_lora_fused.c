@@ -167,31 +167,6 @@ static const char *write_load(const fused_ab *abs, int how, const char *file, lm
     return err;
 }
 
-/* ---- runs --------------------------------------------------------------------------- */
-
-static float *run_logits(const lms_lora_set *set, const int32_t *toks)
-{
-    lms_ctx_params cp = {.n_ctx = 32, .n_batch = 32, .n_seq = 1, .n_threads = 2};
-    lms_ctx *c;
-    char err[256];
-    if (lms_ctx_create(g_model, &cp, &c, err, sizeof err) < 0)
-        fail_msg("%s", err);
-    lms_kv_seq seq = {0};
-    lms_kv_seq *seqs[N_TOK];
-    const lms_lora_set *sets[N_TOK];
-    int32_t pos[N_TOK];
-    bool want[N_TOK];
-    for (int i = 0; i < N_TOK; i++)
-        seqs[i] = &seq, sets[i] = set, pos[i] = i, want[i] = true;
-    float *lg = malloc((size_t)N_TOK * (size_t)g_model->hp.n_vocab * sizeof *lg);
-    assert_int_equal(lms_kv_seq_reserve(lms_ctx_kv(c), &seq, N_TOK), 0);
-    lms_batch b = {.n_tokens = N_TOK, .tokens = toks, .pos = pos, .seq = seqs, .logits = want,
-                   .lora = set ? sets : NULL};
-    assert_int_equal(lms_forward(c, &b, lg), 0);
-    lms_kv_seq_release(lms_ctx_kv(c), &seq);
-    lms_ctx_destroy(c);
-    return lg;
-}
 
 static fused_ab *make_all(void)
 {
@@ -253,7 +228,7 @@ static void test_fused_equals_split(void **state)
     lms_lora_use uf = {fused, 0.7f}, us = {split, 0.7f};
     assert_int_equal(lms_lora_set_make(&sf, &uf, 1, err, sizeof err), 0);
     assert_int_equal(lms_lora_set_make(&ss, &us, 1, err, sizeof err), 0);
-    float *lf = run_logits(&sf, toks), *ls = run_logits(&ss, toks), *lb = run_logits(NULL, toks);
+    float *lf = tu_logits_all(g_model, &sf, toks, N_TOK), *ls = tu_logits_all(g_model, &ss, toks, N_TOK), *lb = tu_logits_all(g_model, NULL, toks, N_TOK);
     const size_t n = (size_t)N_TOK * (size_t)hp->n_vocab;
     assert_true(memcmp(lf, ls, n * sizeof *lf) == 0);
     assert_true(tu_max_diff(lf, lb, n) > 1e-2f);

@@ -271,28 +271,7 @@ static const int32_t g_toks[16] = {1, 403, 261, 378, 46, 263, 471, 29, 300, 69, 
 
 static float *run_logits(const lms_lora_set *set)
 {
-    const lms_model *m = g_model;
-    const int n = 16;
-    lms_ctx_params cp = {.n_ctx = 32, .n_batch = 32, .n_seq = 1, .n_threads = 2};
-    lms_ctx *c;
-    char err[256];
-    if (lms_ctx_create(m, &cp, &c, err, sizeof err) < 0)
-        fail_msg("%s", err);
-    lms_kv_seq seq = {0};
-    lms_kv_seq *seqs[16];
-    const lms_lora_set *sets[16];
-    int32_t pos[16];
-    bool want[16];
-    for (int i = 0; i < n; i++)
-        seqs[i] = &seq, sets[i] = set, pos[i] = i, want[i] = true;
-    float *lg = malloc((size_t)n * (size_t)m->hp.n_vocab * sizeof *lg);
-    assert_int_equal(lms_kv_seq_reserve(lms_ctx_kv(c), &seq, n), 0);
-    lms_batch b = {.n_tokens = n, .tokens = g_toks, .pos = pos, .seq = seqs, .logits = want,
-                   .lora = set ? sets : NULL};
-    assert_int_equal(lms_forward(c, &b, lg), 0);
-    lms_kv_seq_release(lms_ctx_kv(c), &seq);
-    lms_ctx_destroy(c);
-    return lg;
+    return tu_logits_all(g_model, set, g_toks, 16);
 }
 
 static lms_lora *load_ok(const char *path)
