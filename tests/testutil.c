@@ -190,3 +190,21 @@ float *tu_logits_all(const struct lms_model *m, const void *lora, const int32_t 
     lms_ctx_destroy(c);
     return lg;
 }
+
+void tu_read_margins(const char *dir, const char *cs, float *margin, int32_t n)
+{
+    char rel[256];
+    snprintf(rel, sizeof rel, "golden/%s/%s.greedy.txt", dir, cs);
+    char *txt = tu_read_file(tu_data_path(rel), NULL);
+    assert_non_null(txt);
+    char *line = txt;
+    for (int32_t i = 0; i < n && line && *line; i++) {
+        int step, id;
+        float logit, m;
+        assert_int_equal(sscanf(line, "%d %d %g %g", &step, &id, &logit, &m), 4);
+        margin[i] = m;
+        line = strchr(line, '\n');
+        line = line ? line + 1 : NULL;
+    }
+    free(txt);
+}

@@ -22,6 +22,10 @@ char *tu_read_file(const char *path, size_t *n_out);
  * token ids (at most 4096); malloc'd, NULL when the file is missing. */
 float *tu_read_f32(const char *path, size_t *n);
 int32_t *tu_read_ids(const char *path, int32_t *n);
+/* The margins (4th column) of golden/<dir>/<cs>.greedy.txt's first n
+ * lines ("step id logit margin") into margin[]; fails the test when the
+ * file is missing or a line is malformed. */
+void tu_read_margins(const char *dir, const char *cs, float *margin, int32_t n);
 /* Largest |a[i] - b[i]| (NaN counts as infinitely large). */
 float tu_max_diff(const float *a, const float *b, size_t n);
 /* Index of the largest value, lowest index on ties. */

@@ -102,23 +102,6 @@ static void run(runner *r, lms_kv_seq *seq, const int32_t *toks, int32_t n, int3
     free(want);
 }
 
-static void read_margins(const char *dir, const char *cs, float *margin, int32_t n)
-{
-    char rel[256];
-    snprintf(rel, sizeof rel, "golden/%s/%s.greedy.txt", dir, cs);
-    char *txt = tu_read_file(tu_data_path(rel), NULL);
-    assert_non_null(txt);
-    char *line = txt;
-    for (int32_t i = 0; i < n && line && *line; i++) {
-        int step, id;
-        float logit, m;
-        assert_int_equal(sscanf(line, "%d %d %g %g", &step, &id, &logit, &m), 4);
-        margin[i] = m;
-        line = strchr(line, '\n');
-        line = line ? line + 1 : NULL;
-    }
-    free(txt);
-}
 
 /* Prompt logits and teacher-forced steps against the golden files. A
  * prompt longer than 2 * split goes in two calls, the second after a
@@ -160,7 +143,7 @@ static void check_case(runner *r, const golden_model *gm, const char *cs, const 
         fail_msg("%s [%s] %s: prompt logits differ by %g (tolerance %g)", gm->name, mode, cs, d,
                  gm->tol);
     float margin[64];
-    read_margins(gm->name, cs, margin, n_gen);
+    tu_read_margins(gm->name, cs, margin, n_gen);
     snprintf(rel, sizeof rel, "golden/%s/%s.gen_logits.f32", gm->name, cs);
     float *gref = tu_read_f32(tu_data_path(rel), &n_ref);
     float *step = malloc((size_t)r->nv * sizeof *step);

@@ -81,24 +81,6 @@ static void check_greedy_step(const float *lg, int32_t nv, int32_t gold, float m
     }
 }
 
-/* Reads caseN.greedy.txt margins into out[32]. */
-static void read_margins(const char *dir, const char *cs, float *margin, int32_t n)
-{
-    char rel[256];
-    snprintf(rel, sizeof rel, "golden/%s/%s.greedy.txt", dir, cs);
-    char *txt = tu_read_file(tu_data_path(rel), NULL);
-    assert_non_null(txt);
-    char *line = txt;
-    for (int32_t i = 0; i < n && line && *line; i++) {
-        int step, id;
-        float logit, m;
-        assert_int_equal(sscanf(line, "%d %d %g %g", &step, &id, &logit, &m), 4);
-        margin[i] = m;
-        line = strchr(line, '\n');
-        line = line ? line + 1 : NULL;
-    }
-    free(txt);
-}
 
 static void check_case(runner *r, const golden_model *gm, const char *cs, float *worst)
 {
@@ -133,7 +115,7 @@ static void check_case(runner *r, const golden_model *gm, const char *cs, float 
 
     /* teacher forcing over the golden greedy ids */
     float margin[64];
-    read_margins(gm->name, cs, margin, n_gen);
+    tu_read_margins(gm->name, cs, margin, n_gen);
     snprintf(rel, sizeof rel, "golden/%s/%s.gen_logits.f32", gm->name, cs);
     float *gref = tu_read_f32(tu_data_path(rel), &n_ref);
     float *step = malloc((size_t)r->nv * sizeof *step);
