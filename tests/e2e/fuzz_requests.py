@@ -20,7 +20,7 @@ Python 3 standard library only; WebSocket frames are written by hand.
 
 --count is the number of requests (each WebSocket session counts as one).
 The deterministic short mode (the CTest test e2e/test_fuzz_requests) is
-the default seed and --count 400; --regress first replays the inputs that
+the default seed and --count 600; --regress first replays the inputs that
 once crashed or wedged the server (see REGRESSIONS).
 Exit status: 0 all well, 1 a failure (printed with the request that
 caused it, and the server log's tail).
