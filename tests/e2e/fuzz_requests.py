@@ -304,8 +304,61 @@ def mutate_typed(v, rng):
     return v
 
 
+# Right-typed values of the generation fields, combined at random: the
+# requests that get past validation into sampling, grammars and formats.
+FIELDS = {
+    "temperature": [0, 0.0001, 0.7, 2, 100], "top_p": [0, 0.01, 1, 0.5],
+    "top_k": [0, 1, 2, 40, 100000], "min_p": [0, 0.99, 1], "typical_p": [0.01, 1],
+    "seed": [0, 1, 4294967295, 18446744073709551615], "n": [1, 2, 5, 64],
+    "max_tokens": [0, 1, 3, 31], "n_predict": [0, 1, -1, 5], "max_output_tokens": [1, 5],
+    "stop": [[], [""], ["a", "b", "c", "d"], "\n", ["Once"], [" "]],
+    "presence_penalty": [-2, 2], "frequency_penalty": [-2, 2], "repeat_penalty": [0, 1, 2],
+    "repeat_last_n": [0, -1, 64], "mirostat": [1, 2], "mirostat_tau": [0, 5, 100],
+    "mirostat_eta": [0, 1], "logprobs": [True, 0, 5, 20], "top_logprobs": [0, 5, 20],
+    "n_probs": [0, 1, 10, 100], "echo": [True], "stream": [True, False],
+    "stream_options": [{"include_usage": True}], "logit_bias": [{"1": -100}, {"0": 100},
+                                                                  {"2": -1e9}, {"99999": 1}],
+    "grammar": ["root ::= [a-z]{1,3}", "root ::= \"x\" root | \"y\"", "root ::= [^\\x00]*",
+                "root ::= (\"a\" | \"b\")+ \"\\n\""],
+    "response_format": [{"type": "json_object"}, {"type": "text"},
+                        {"type": "json_schema", "json_schema": {"schema": SCHEMA}},
+                        {"type": "json_schema", "json_schema": {"schema": {
+                            "type": "array", "items": {"enum": ["a", "b", 1, None]},
+                            "minItems": 2, "maxItems": 3}}},
+                        {"type": "json_schema", "json_schema": {"schema": {
+                            "$defs": {"n": {"anyOf": [{"type": "null"},
+                                                      {"$ref": "#/$defs/n"}]}},
+                            "$ref": "#/$defs/n"}}},
+                        {"type": "json_schema", "json_schema": {"schema": {
+                            "type": "string", "pattern": "^[0-9]{2}-x$"}}}],
+    "tools": [TOOLS, TOOLS * 3], "tool_choice": ["auto", "none", "required",
+                                                {"type": "function",
+                                                 "function": {"name": "get_weather"}}],
+    "parallel_tool_calls": [True, False], "reasoning_format": ["deepseek", "none", "auto"],
+    "cache_prompt": [True, False], "id_slot": [0, 3, 7], "ignore_eos": [True],
+    "lora": [[{"id": 0, "scale": 1}], [{"id": 0, "scale": -3}], []],
+    "chat_template_kwargs": [{"enable_thinking": False}], "add_generation_prompt": [False],
+    "format": ["json", SCHEMA], "options": [{"num_predict": 3, "temperature": 0, "top_k": 1,
+                                             "num_ctx": 64, "stop": ["a"]}],
+    "keep_alive": ["5m", 0, -1, "0s"], "think": [True, False], "raw": [True],
+    "suffix": ["end"], "best_of": [2], "user": ["u"],
+}
+
+
+def mutate_combo(v, rng):
+    if not isinstance(v, dict):
+        return v
+    v = json.loads(json.dumps(v))
+    for k in rng.sample(sorted(FIELDS), rng.randint(2, 7)):
+        v[k] = rng.choice(FIELDS[k])
+    return v
+
+
 def mutate_json(v, rng):
-    if rng.random() < 0.4:
+    r = rng.random()
+    if r < 0.25:
+        return mutate_combo(v, rng)
+    if r < 0.5:
         return mutate_typed(v, rng)
     v = json.loads(json.dumps(v))
     for _ in range(rng.choice([1, 1, 1, 2, 3])):
