@@ -34,6 +34,7 @@ import re
 import socket
 import struct
 import sys
+import threading
 import time
 
 HOST = "127.0.0.1"
@@ -789,9 +790,37 @@ ODD_PATHS = ["/../health", "/%2e%2e/health", "/v1/../v1/models", "/v1/chat/compl
              "/health#frag", "/%", "/metrics?%zz"]
 
 
-def one_request(port, rng, timeout, desc):
+def burst(port, rng, timeout, desc):
+    """Several requests at once (threads), WebSocket sessions among them, so
+    that aborts, slot reuse and closes race; each with its own seeded rng."""
+    seeds = [rng.getrandbits(32) for _ in range(rng.randint(2, 6))]
+    errors, descs = [], [[] for _ in seeds]
+
+    def run(i):
+        r = random.Random(seeds[i])
+        try:
+            one_request(port, r, timeout, descs[i], nested=True)
+        except Fail as e:
+            errors.append((i, e))
+        except (OSError, ValueError):
+            pass  # the server closed on us: the health check decides
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(len(seeds))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    desc.append("burst of %d: " % len(seeds) + " || ".join(" | ".join(d) for d in descs))
+    if errors:
+        i, e = errors[0]
+        raise type(e)("in a burst, request %d: %s" % (i, e))
+
+
+def one_request(port, rng, timeout, desc, nested=False):
     r = rng.random()
     post_paths = sorted(BODIES)
+    if not nested and r < 0.04:
+        burst(port, rng, timeout, desc)
+        return
     if r < 0.08:  # WebSocket
         desc.append("ws session")
         ws_session(port, rng, timeout, desc)
@@ -1109,7 +1138,6 @@ def main():
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args()
     rng = random.Random(a.seed)
-    os.urandom = lambda n: bytes(rng.getrandbits(8) for _ in range(n))  # masks, keys
     pos = 0
     n_sent = 0
     t0 = time.monotonic()
