@@ -692,10 +692,19 @@ def ws_session(port, rng, timeout, desc):
     s, rd = ws_open(port, timeout)
     try:
         frames = []
+        if rng.random() < 0.15:  # more sessions than a connection may run at once
+            for k in range(rng.choice([3, 17, 40])):
+                m = {"type": "generate", "messages": MSGS, "max_tokens": rng.choice([1, 8]),
+                     "session_id": rng.choice(["s%d" % k, "s0", "x" * 3000, ""])}
+                frames.append(ws_frame(1, json.dumps(m).encode()))
+            if rng.random() < 0.5:
+                frames.append(ws_frame(1, b'{"type":"abort"}'))
         for _ in range(rng.randint(1, 5)):
             base = rng.choice(WS_MSGS)
             r = rng.random()
-            if r < 0.45:
+            if r < 0.2:
+                body = json.dumps(mutate_combo(base, rng)).encode()
+            elif r < 0.45:
                 body = dump(mutate_json(base, rng)).encode("utf-8", "surrogatepass")
             elif r < 0.55:
                 body = json.dumps(base).encode()
