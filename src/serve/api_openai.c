@@ -688,10 +688,20 @@ int api_forced_call(const json_t *tools, const json_t *choice, lms_jschema **out
     {
         const json_t *fn = json_object_get(t, "function");
         const char *name = json_string_value(json_object_get(fn, "name"));
-        if (name && (!want || !strcmp(name, want))) {
-            json_array_append_new(names, json_string(name));
-            params = json_object_get(fn, "parameters");
+        if (!name || (want && strcmp(name, want)))
+            continue;
+        /* a name listed twice is one choice (and its first parameters) */
+        size_t k;
+        const json_t *seen;
+        bool dup = false;
+        json_array_foreach(names, k, seen)
+        {
+            dup = dup || !strcmp(json_string_value(seen), name);
         }
+        if (dup)
+            continue;
+        json_array_append_new(names, json_string(name));
+        params = json_object_get(fn, "parameters");
     }
     if (json_array_size(names) == 0) {
         json_decref(names);
@@ -700,6 +710,8 @@ int api_forced_call(const json_t *tools, const json_t *choice, lms_jschema **out
     }
     const bool one = json_array_size(names) == 1;
     lms_jschema *sc = NULL;
+    bool built = false; /* a schema was made: a NULL sc is its refusal, not memory */
+    char err[256] = "";
     for (int pass = 0; pass < 2 && !sc; pass++) { /* the parameters' schema, else any object */
         json_t *args = pass == 0 && one && json_is_object(params) ? json_incref((json_t *)params)
                                                                   : json_pack("{s:s}", "type", "object");
@@ -707,11 +719,17 @@ int api_forced_call(const json_t *tools, const json_t *choice, lms_jschema **out
                                    "properties", "name", one ? "const" : "enum",
                                    one ? json_array_get(names, 0) : names, "arguments", args,
                                    "required", "name", "arguments");
-        char err[256];
+        built = built || schema != NULL;
         sc = schema ? lms_jschema_from_json(schema, err, sizeof err) : NULL;
         json_decref(schema);
     }
+    size_t n_names = json_array_size(names);
     json_decref(names);
+    /* e.g. more functions than a schema's enum may list: 100 tools with
+     * "tool_choice": "required" once answered 503 "out of memory" */
+    if (!sc && built)
+        return reqerr_set(e, 400, "tool_choice", "a call to one of %zu functions cannot be "
+                          "enforced: %s", n_names, err);
     if (!sc)
         return reqerr_set(e, 503, NULL, "out of memory");
     *out = sc;

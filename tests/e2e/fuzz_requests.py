@@ -1127,7 +1127,26 @@ def reg_pipelined_big_body(port, timeout):
         s.close()
 
 
+def reg_many_tools_forced(port, timeout):
+    """tool_choice "required" over 100 tools: the forced call's schema (an
+    enum of their names) was refused by the schema compiler and the request
+    answered 503 "out of memory". Now a repeated name counts once (200) and
+    too many distinct names are a 400 naming tool_choice."""
+    def tool(name):
+        t = json.loads(json.dumps(TOOLS[0]))
+        t["function"]["name"] = name
+        return t
+    for tools, want in (([tool("get_weather")] * 100, 200),
+                        ([tool("f%d" % i) for i in range(100)], 400)):
+        body = json.dumps({"messages": MSGS, "max_tokens": 2, "tools": tools,
+                           "tool_choice": "required"}).encode()
+        r = exchange(port, http_raw("POST", "/v1/chat/completions", body), timeout)[0]
+        if r[0] != want or (want == 400 and b"tool_choice" not in r[2]):
+            raise Fail("100 tools, tool_choice required: %d %r, want %d" % (r[0], r[2][:200], want))
+
+
 REGRESSIONS = [
+    ("forced tool call over 100 tools: no 503", reg_many_tools_forced),
     ("pipelined POST with a big body: no use after free", reg_pipelined_big_body),
     ("pipelined POSTs do not hang the server", reg_pipelined_posts),
     ("HEAD answers carry no body", reg_head_keepalive),
