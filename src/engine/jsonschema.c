@@ -36,7 +36,7 @@ enum { K_OBJ = 1, K_ARR = 2, K_STR = 4, K_NUM = 8, K_INT = 16, K_BOOL = 32, K_NU
 #define N_KINDS 7
 #define MAX_NODES 512
 #define MAX_PROPS 64
-#define MAX_ENUM 64
+#define MAX_ENUM 4096 /* enum values: a range of their sorted texts (enum_range) */
 #define MAX_COMPILE_DEPTH 32
 #define NONE (-1)
 
@@ -144,6 +144,17 @@ static bool grow(void **p, int *cap, int need, size_t size)
 }
 
 /* The text, into the byte pool. */
+/* Texts in byte order, a prefix before what extends it (qsort_r over a
+ * builder's texts). */
+static int text_cmp(const void *x, const void *y, void *arg)
+{
+    const builder *b = arg;
+    const js_text *s = x, *t = y;
+    const uint32_t n = s->len < t->len ? s->len : t->len;
+    const int c = memcmp(b->bytes + s->off, b->bytes + t->off, n);
+    return c ? c : (s->len > t->len) - (s->len < t->len);
+}
+
 static int add_bytes(builder *b, const char *p, size_t n, js_text *t)
 {
     if (b->n_bytes + n > b->cap_bytes) {
@@ -566,6 +577,7 @@ static int compile(builder *b, const json_t *sch, int depth)
         json_decref(vals);
         if (rc < 0)
             return NONE;
+        qsort_r(b->texts + node->enums, (size_t)node->n_enum, sizeof *b->texts, text_cmp, b);
         node->kinds = kinds; /* an enum's values say which kinds */
         return id;
     }
@@ -657,6 +669,51 @@ lms_jschema *lms_jschema_from_json(const json_t *root, char *err, size_t errsz)
 }
 
 /* ---- checker ------------------------------------------------------------- */
+
+/*
+ * The enum values a scalar being read may still be: the texts are sorted
+ * at compile time (text_cmp), so those that begin with the bytes read so
+ * far are a run [lo, hi) of them, kept in k->vcand as lo | hi << 32. The
+ * next byte c narrows the run to the texts whose byte at pos is c (a text
+ * that ends at pos sorts first and drops out); the value may end where
+ * the run's first text ends there.
+ */
+static uint64_t enum_range(uint32_t lo, uint32_t hi)
+{
+    return (uint64_t)lo | (uint64_t)hi << 32;
+}
+
+/* Rank of text t at byte pos: 0 where it ends before, else the byte + 1
+ * (nondecreasing over a run of texts that share their first pos bytes). */
+static int text_rank(const lms_jschema *sc, const js_text *t, uint16_t pos)
+{
+    return t->len <= pos ? 0 : (unsigned char)bytes_of(sc)[t->off + pos] + 1;
+}
+
+static uint64_t enum_narrow(const lms_jschema *sc, uint64_t cand, const js_text *t, uint16_t pos,
+                            unsigned char c)
+{
+    uint32_t lo = (uint32_t)cand, hi = (uint32_t)(cand >> 32);
+    const int want = c + 1;
+    uint32_t a = lo, z = hi; /* first of rank >= want */
+    while (a < z) {
+        const uint32_t m = a + (z - a) / 2;
+        if (text_rank(sc, &t[m], pos) < want)
+            a = m + 1;
+        else
+            z = m;
+    }
+    lo = a;
+    z = hi; /* first of rank > want */
+    while (a < z) {
+        const uint32_t m = a + (z - a) / 2;
+        if (text_rank(sc, &t[m], pos) <= want)
+            a = m + 1;
+        else
+            z = m;
+    }
+    return enum_range(lo, a);
+}
 
 void lms_jschk_init(lms_jschk *k, const lms_jschema *sc)
 {
@@ -760,7 +817,7 @@ static bool value_begins(lms_jschk *k, unsigned char c, bool container)
     if (id != NONE) {
         const js_node *n = &nodes_of(k->sc)[id];
         k->vint = kind == K_NUM && !(n->kinds & K_NUM);
-        k->vcand = n->n_enum ? (n->n_enum >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << n->n_enum) - 1) : 0;
+        k->vcand = enum_range(0, (uint32_t)n->n_enum);
     }
     return true;
 }
@@ -990,8 +1047,8 @@ static bool scalar_byte(lms_jschk *k, unsigned char c)
     if (k->vkind == K_NUM && n->bounds && !number_byte(k, n, c))
         return false;
     if (n->n_enum) {
-        k->vcand = narrow(k->sc, k->vcand, &texts_of(k->sc)[n->enums], NULL, n->n_enum, k->vpos, c);
-        if (!k->vcand)
+        k->vcand = enum_narrow(k->sc, k->vcand, &texts_of(k->sc)[n->enums], k->vpos, c);
+        if ((uint32_t)k->vcand >= (uint32_t)(k->vcand >> 32))
             return false;
     }
     k->vpos++;
@@ -1017,10 +1074,8 @@ static bool scalar_ends(lms_jschk *k)
             return false;
         if (n->n_enum) {
             const js_text *t = &texts_of(k->sc)[n->enums];
-            bool whole = false;
-            for (int i = 0; i < n->n_enum; i++)
-                whole |= (k->vcand >> i & 1) && t[i].len == k->vpos;
-            if (!whole)
+            const uint32_t lo = (uint32_t)k->vcand, hi = (uint32_t)(k->vcand >> 32);
+            if (lo >= hi || t[lo].len != k->vpos)
                 return false;
         }
     }

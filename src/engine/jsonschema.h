@@ -72,7 +72,8 @@ typedef struct lms_jsframe {
 typedef struct lms_jschk {
     lms_jsonfsm f;          /* the syntax */
     const lms_jschema *sc;  /* NULL: any JSON object */
-    uint64_t vcand;         /* scalar being read: enum values it may still be */
+    uint64_t vcand;         /* scalar being read: enum values it may still be (a range of
+                             * the sorted texts, jsonschema.c enum_range) */
     int16_t vnode;          /* its node, -1 when none is being read */
     uint16_t vpos;          /* its bytes so far */
     bool vint;              /* it must be an integer */

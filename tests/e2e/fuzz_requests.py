@@ -1130,14 +1130,16 @@ def reg_pipelined_big_body(port, timeout):
 def reg_many_tools_forced(port, timeout):
     """tool_choice "required" over 100 tools: the forced call's schema (an
     enum of their names) was refused by the schema compiler and the request
-    answered 503 "out of memory". Now a repeated name counts once (200) and
-    too many distinct names are a 400 naming tool_choice."""
+    answered 503 "out of memory". Now a repeated name counts once, 100
+    distinct names are an enum the compiler takes (200), and past its 4096
+    values the request is a 400 naming tool_choice."""
     def tool(name):
         t = json.loads(json.dumps(TOOLS[0]))
         t["function"]["name"] = name
         return t
     for tools, want in (([tool("get_weather")] * 100, 200),
-                        ([tool("f%d" % i) for i in range(100)], 400)):
+                        ([tool("f%d" % i) for i in range(100)], 200),
+                        ([tool("f%d" % i) for i in range(4097)], 400)):
         body = json.dumps({"messages": MSGS, "max_tokens": 2, "tools": tools,
                            "tool_choice": "required"}).encode()
         r = exchange(port, http_raw("POST", "/v1/chat/completions", body), timeout)[0]

@@ -311,6 +311,45 @@ static void test_refused_schemas(void **state)
     }
 }
 
+/* An enum of 300 strings (more than a 64-bit mask held before), listed
+ * out of order, some prefixes of others: every value is taken whole, a
+ * prefix only where it is a value itself, nothing else; past 4096 values
+ * the schema is refused by name. */
+static void test_big_enum(void **state)
+{
+    (void)state;
+    enum { N = 300 };
+    char *schema = malloc(16 * N + 128), *t = malloc(64);
+    int len = sprintf(schema, "{\"type\":\"object\",\"properties\":{\"e\":{\"enum\":[");
+    for (int i = N - 1; i >= 0; i--) /* "v299", ..., "v0", and "v1x" after "v1" */
+        len += sprintf(schema + len, "\"v%d\",%s", i, i == 1 ? "\"v1x\"," : "");
+    len += sprintf(schema + len, "7]}},\"required\":[\"e\"]}");
+    lms_jschema *sc = compile_ok(schema);
+    for (int i = 0; i < N; i++) {
+        sprintf(t, "{\"e\":\"v%d\"}", i);
+        check_valid(sc, t);
+    }
+    check_valid(sc, "{\"e\":\"v1x\"}");
+    check_valid(sc, "{\"e\":7}");
+    check_refused(sc, "{\"e\":\"v300\"}", 9); /* no value begins with "v300" */
+    check_refused(sc, "{\"e\":\"v1y\"}", 8);
+    check_refused(sc, "{\"e\":\"w\"}", 6);
+    check_refused(sc, "{\"e\":\"v\"}", 7); /* "v" is no value: no closing quote */
+    check_refused(sc, "{\"e\":8}", 5);
+    free(sc);
+    char *big = malloc(16 * 5000 + 128);
+    len = sprintf(big, "{\"type\":\"object\",\"properties\":{\"e\":{\"enum\":[");
+    for (int i = 0; i < 5000; i++)
+        len += sprintf(big + len, "%s%d", i ? "," : "", i);
+    sprintf(big + len, "]}}}");
+    char err[256] = "";
+    assert_null(lms_jschema_compile(big, strlen(big), err, sizeof err));
+    assert_non_null(strstr(err, "1 to 4096 values"));
+    free(big);
+    free(schema);
+    free(t);
+}
+
 /* without a schema: any object, as lms_jsonfsm; a copy carries the state */
 static void test_plain_and_copy(void **state)
 {
@@ -344,6 +383,7 @@ int main(void)
         cmocka_unit_test(test_member_counts),
         cmocka_unit_test(test_refused_schemas),
         cmocka_unit_test(test_plain_and_copy),
+        cmocka_unit_test(test_big_enum),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
