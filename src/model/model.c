@@ -149,6 +149,12 @@ static int read_hparams(loader *L)
         (rc = hp_int(L, "attention.head_count_kv", hp->n_head, &hp->n_head_kv)) < 0 ||
         (rc = hp_int(L, "context_length", 2048, &hp->n_ctx_train)) < 0)
         return rc;
+    /* every layer has tensors of its own: a larger count is a bad file, and
+     * would size the layer table (hundreds of bytes a layer) from it */
+    if ((uint64_t)hp->n_layer > L->m->gguf->n_tensors)
+        return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT,
+                        "model: %s.block_count %d exceeds the %llu tensors in the file",
+                        L->arch->name, hp->n_layer, (unsigned long long)L->m->gguf->n_tensors);
     if (hp->n_embd % hp->n_head != 0 || hp->n_head % hp->n_head_kv != 0)
         return lms_errf(L->err, L->errsz, LMS_ERR_FORMAT,
                         "model: n_embd %d, n_head %d, n_head_kv %d do not divide evenly",

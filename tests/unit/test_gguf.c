@@ -323,6 +323,11 @@ static void test_make_resident(void **state)
 
 /* A model file with a tensor of the wrong shape or a missing tensor must
  * be refused at load with the tensor's name. */
+static bool skip_block_count(const char *key)
+{
+    return strcmp(key, "llama.block_count") == 0;
+}
+
 static void test_model_refusals(void **state)
 {
     gguf_file *src;
@@ -345,12 +350,28 @@ static void test_model_refusals(void **state)
         if (!strstr(err, drop[k]))
             fail_msg("error '%s' does not name '%s'", err, drop[k]);
     }
-    /* unknown architecture */
+    /* a block count far beyond the tensors (fuzz_gguf: it sized the layer
+     * table, gigabytes, before any layer's tensor was looked for) */
     gguf_writer *w = gguf_writer_create();
-    gguf_writer_set_str(w, "general.architecture", "mamba9");
+    gguf_writer_copy_kv(w, src, skip_block_count);
+    gguf_writer_set_u32(w, "llama.block_count", 100000);
+    for (uint64_t i = 0; i < src->n_tensors; i++) {
+        const gguf_tensor *t = &src->tensors[i];
+        gguf_writer_add_tensor(w, t->name.p, t->type, t->n_dims, t->ne, t->data, t->n_bytes, true);
+    }
     assert_int_equal(gguf_writer_write(w, tmp_path, err, sizeof err), 0);
     gguf_writer_destroy(w);
     lms_model *m = NULL;
+    assert_true(lms_model_load(tmp_path, &m, err, sizeof err) < 0);
+    assert_null(m);
+    if (!strstr(err, "block_count 100000"))
+        fail_msg("error '%s' does not name the block count", err);
+    /* unknown architecture */
+    w = gguf_writer_create();
+    gguf_writer_set_str(w, "general.architecture", "mamba9");
+    assert_int_equal(gguf_writer_write(w, tmp_path, err, sizeof err), 0);
+    gguf_writer_destroy(w);
+    m = NULL;
     assert_true(lms_model_load(tmp_path, &m, err, sizeof err) < 0);
     assert_non_null(strstr(err, "mamba9"));
     gguf_close(src);
