@@ -124,6 +124,11 @@ int reqparse_body(const char *p, size_t n, json_t **out, reqerr *e)
 {
     json_error_t je;
     json_t *j = json_loadb(p ? p : "", n, 0, &je);
+    /* jansson names its option for NUL in strings; say what is wrong instead
+     * (the server's strings end at NUL, so it takes none) */
+    if (!j && json_error_code(&je) == json_error_null_character)
+        return reqerr_set(e, 400, NULL, "invalid JSON at line %d, column %d: a string holds "
+                          "\\u0000 (NUL), which this server does not accept", je.line, je.column);
     if (!j)
         return reqerr_set(e, 400, NULL, "invalid JSON at line %d, column %d: %s", je.line,
                           je.column, je.text);

@@ -33,6 +33,10 @@ static void test_body_errors(void **state)
     assert_non_null(strstr(e.msg, "JSON object"));
     assert_int_equal(reqparse_body("", 0, &j, &e), -1);
     assert_int_equal(reqparse_body("{} trailing", 11, &j, &e), -1);
+    /* NUL in a string: named as such, not by the JSON library's option */
+    assert_int_equal(reqparse_body("{\"a\": \"x\\u0000y\"}", 17, &j, &e), -1);
+    assert_non_null(strstr(e.msg, "\\u0000 (NUL)"));
+    assert_null(strstr(e.msg, "JSON_ALLOW_NUL"));
     assert_null(j);
 }
 
