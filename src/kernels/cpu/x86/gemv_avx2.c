@@ -102,7 +102,9 @@ INLINE __m128 q8_block4(const lms_block_q8_0 *const b[4], const lms_block_q8_0 *
     const __m256i a = x86_load(x->qs);
     __m256i p[4];
     for (int r = 0; r < 4; r++) {
-        x86_prefetch_l1(b[r]->qs + Q8_PF_L1_BYTES);
+        /* the row's bytes ahead, past this block: byte arithmetic (not
+         * an index into qs[32], which C bounds to the array) */
+        x86_prefetch_l1((const char *)b[r] + offsetof(lms_block_q8_0, qs) + Q8_PF_L1_BYTES);
         p[r] = x86_dot_i8(_mm256_setzero_si256(), x86_load(b[r]->qs), a);
     }
     const __m128 d = halves4(b[0]->d, b[1]->d, b[2]->d, b[3]->d);
