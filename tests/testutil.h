@@ -38,7 +38,8 @@ float tu_rand_f32(uint64_t *state, float lo, float hi);
 /* The logits of every one of n tokens (n <= 64), positions 0..n-1 of one
  * sequence, through a fresh 2-thread context of m, with the LoRA set
  * `lora` (a const lms_lora_set *, or NULL) on every row; malloc'd
- * [n][n_vocab]. Fails the test on an error. */
+ * [n][n_vocab]. Fails the test on an error. (testutil_engine.c: not in the
+ * kernels-only build.) */
 struct lms_model;
 float *tu_logits_all(const struct lms_model *m, const void *lora, const int32_t *toks, int n);
 
