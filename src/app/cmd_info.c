@@ -67,14 +67,13 @@ static void print_tensors(const gguf_file *f)
 static void print_encoder(const lms_model *m)
 {
     const lms_hparams *hp = &m->hp;
-    static const char *const pool[] = {"?", "mean", "cls", "last"};
     char kind[96];
     if (hp->pooling == LMS_POOLING_RANK)
         snprintf(kind, sizeof kind, "a reranker: [CLS] through its classification head, %d "
                  "score%s", hp->n_cls_out, hp->n_cls_out == 1 ? "" : "s");
     else
         snprintf(kind, sizeof kind, "embedding model: bidirectional attention, %s pooling, "
-                 "L2-normalized", hp->pooling >= 1 && hp->pooling <= 3 ? pool[hp->pooling] : "?");
+                 "L2-normalized", lms_pooling_name(hp->pooling));
     printf("model: %s\n  arch %s (%s), n_vocab %d, n_embd %d, n_layer %d, n_head %d, head_dim %d, "
            "n_ff %d, at most %d tokens an input\n  positions %s, LayerNorm eps %g, no output head\n",
            m->name, hp->arch, kind,
@@ -102,12 +101,12 @@ static void print_model(const lms_model *m, int64_t n_ctx)
            hp->head_dim, hp->n_ff, hp->n_ctx_train, hp->rope_type == LMS_ROPE_NEOX ? "neox" : "norm",
            hp->rope_base, hp->n_rot, 1.0 / hp->rope_freq_scale, hp->rms_eps,
            m->output.data == m->tok_embd.data ? "tied to token_embd" : "separate");
-    static const char *const pool[] = {"", "mean", "first-token", "last-token"};
     if (hp->pooling == LMS_POOLING_RANK)
         printf("  a reranker (/v1/rerank): the last token's state through its classification "
                "head, %d score%s (softmax)\n", hp->n_cls_out, hp->n_cls_out == 1 ? "" : "s");
     else if (hp->pooling >= LMS_POOLING_MEAN && hp->pooling <= LMS_POOLING_LAST)
-        printf("  an embedding model: /v1/embeddings pools by default by %s\n", pool[hp->pooling]);
+        printf("  an embedding model: /v1/embeddings pools by %s by default\n",
+               lms_pooling_name(hp->pooling));
     size_t kv = lms_model_kv_bytes(hp, n_ctx);
     size_t act = (size_t)512 * ((size_t)hp->n_embd * 6 + (size_t)hp->n_ff * 2) * 4 +
                  (size_t)hp->n_vocab * 4;

@@ -180,6 +180,22 @@ static int read_hparams(loader *L)
     return read_rope_scaling(L, hp);
 }
 
+static const char *const pooling_names[] = {"none", "mean", "cls", "last", "rank"};
+
+const char *lms_pooling_name(int pooling)
+{
+    return pooling >= LMS_POOLING_MEAN && pooling <= LMS_POOLING_RANK ? pooling_names[pooling]
+                                                                       : pooling_names[0];
+}
+
+int lms_pooling_parse(const char *name)
+{
+    for (int i = LMS_POOLING_MEAN; name && i <= LMS_POOLING_RANK; i++)
+        if (!strcmp(name, pooling_names[i]))
+            return i;
+    return 0;
+}
+
 /* <arch>.pooling_type into hp.pooling, def where the file has none (0 for
  * a decoder: a plain language model); 1 mean, 2 cls, 3 last, 4 rank. An
  * encoder refuses other values; a decoder reads them as none (0: none, -1:

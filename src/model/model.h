@@ -109,6 +109,11 @@ enum lms_pooling_type {
                            * through the classification head */
 };
 
+/* A pooling_type's name ("mean", "cls", "last", "rank"; "none" for any
+ * other value), and the value of such a name (0 for any other). */
+const char *lms_pooling_name(int pooling);
+int lms_pooling_parse(const char *name);
+
 typedef struct lms_model {
     gguf_file *gguf;        /* owns the mapping the weights point into */
     lms_hparams hp;

@@ -394,6 +394,15 @@ static json_t *input_items(const json_t *body, const char *key, reqerr *e)
     return json_incref((json_t *)in);
 }
 
+/* How a decoder's request pools (enum lms_pooling) for a pooling_type:
+ * last and cls as named, anything else by the mean. */
+static int request_pooling(int pooling_type)
+{
+    return pooling_type == LMS_POOLING_LAST  ? LMS_POOL_LAST
+           : pooling_type == LMS_POOLING_CLS ? LMS_POOL_FIRST
+                                             : LMS_POOL_MEAN;
+}
+
 static int parse_format(const json_t *body, const lms_model *m, embd_job *j, int *pooling,
                         reqerr *e)
 {
@@ -405,19 +414,15 @@ static int parse_format(const json_t *body, const lms_model *m, embd_job *j, int
         return reqerr_set(e, 400, "encoding_format", "'encoding_format' must be \"float\" or "
                           "\"base64\"");
     j->base64 = fmt && !strcmp(fmt, "base64");
-    if (pool && strcmp(pool, "mean") && strcmp(pool, "last") && strcmp(pool, "cls"))
+    const int type = lms_pooling_parse(pool);
+    if (pool && (!type || type == LMS_POOLING_RANK))
         return reqerr_set(e, 400, "pooling", "'pooling' must be \"mean\", \"last\" or \"cls\"");
     if (pool && m->hp.is_encoder) /* trained with one pooling: the file's */
         return reqerr_set(e, 400, "pooling",
                           "'pooling' cannot be chosen for model '%s': an embedding model pools "
-                          "as its file says (%s)", m->name,
-                          m->hp.pooling == LMS_POOLING_CLS    ? "cls"
-                          : m->hp.pooling == LMS_POOLING_LAST ? "last"
-                                                              : "mean");
+                          "as its file says (%s)", m->name, lms_pooling_name(m->hp.pooling));
     if (pool)
-        *pooling = !strcmp(pool, "last")  ? LMS_POOL_LAST
-                   : !strcmp(pool, "cls") ? LMS_POOL_FIRST
-                                          : LMS_POOL_MEAN;
+        *pooling = request_pooling(type);
     int64_t dims = 0;
     if (reqparse_int(body, "dimensions", 1, m->hp.n_embd, &dims, e) < 0)
         return -1;
@@ -514,12 +519,9 @@ static int embed(conn *c, json_t *body, int shape, const char *key)
     embd_job *j = job_new((int)json_array_size(items), c->x->model->hp.n_embd);
     /* a decoder pools as --pooling, else its file says (Qwen3-Embedding:
      * last), else by the mean */
-    const int file_pool = c->srv->pooling && c->srv->pooling != LMS_POOLING_RANK
-                              ? c->srv->pooling
-                              : c->x->model->hp.pooling;
-    int pooling = file_pool == LMS_POOLING_LAST  ? LMS_POOL_LAST
-                  : file_pool == LMS_POOLING_CLS ? LMS_POOL_FIRST
-                                                 : LMS_POOL_MEAN;
+    int pooling = request_pooling(c->srv->pooling && c->srv->pooling != LMS_POOLING_RANK
+                                      ? c->srv->pooling
+                                      : c->x->model->hp.pooling);
     int rc = j ? 0 : reqerr_set(&e, 503, NULL, "out of memory");
     if (rc == 0) {
         j->shape = shape;

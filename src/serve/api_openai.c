@@ -680,7 +680,7 @@ int api_forced_call(const json_t *tools, const json_t *choice, lms_jschema **out
     } else if (!json_is_string(choice) || strcmp(json_string_value(choice), "required")) {
         return 0; /* "auto", "none" or absent: nothing forced */
     }
-    json_t *names = json_array();
+    json_t *names = json_array(), *seen = json_object(); /* seen: the names as keys */
     const json_t *params = NULL;
     size_t i;
     const json_t *t;
@@ -688,21 +688,14 @@ int api_forced_call(const json_t *tools, const json_t *choice, lms_jschema **out
     {
         const json_t *fn = json_object_get(t, "function");
         const char *name = json_string_value(json_object_get(fn, "name"));
-        if (!name || (want && strcmp(name, want)))
-            continue;
         /* a name listed twice is one choice (and its first parameters) */
-        size_t k;
-        const json_t *seen;
-        bool dup = false;
-        json_array_foreach(names, k, seen)
-        {
-            dup = dup || !strcmp(json_string_value(seen), name);
-        }
-        if (dup)
+        if (!name || (want && strcmp(name, want)) || json_object_get(seen, name))
             continue;
+        json_object_set_new(seen, name, json_true());
         json_array_append_new(names, json_string(name));
         params = json_object_get(fn, "parameters");
     }
+    json_decref(seen);
     if (json_array_size(names) == 0) {
         json_decref(names);
         return reqerr_set(e, 400, "tool_choice", "'tool_choice' names '%.100s', not one of the "

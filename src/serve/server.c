@@ -545,11 +545,7 @@ static int chat_defaults(lms_server *s, const lms_server_params *p, char *err, s
     if (s->rfmt < 0)
         return lms_errf(err, errsz, LMS_ERR_INVAL, "reasoning format '%.40s': use none, auto, "
                         "deepseek or deepseek-legacy", rf);
-    static const char *const pools[] = {"", "mean", "cls", "last", "rank"};
-    s->pooling = 0;
-    for (int i = 1; p->pooling && i < 5; i++)
-        if (!strcmp(p->pooling, pools[i]))
-            s->pooling = i;
+    s->pooling = lms_pooling_parse(p->pooling);
     if (p->pooling && !s->pooling)
         return lms_errf(err, errsz, LMS_ERR_UNSUPPORTED, "pooling '%.40s': use mean, cls, last "
                         "or rank (none, per-token vectors, is not served)", p->pooling);
