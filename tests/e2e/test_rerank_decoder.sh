@@ -58,6 +58,10 @@ req POST /api/embed -d '{"input":"Hello world, the cats!"}'
 check "ollama embed: the same vector" eq "$(py "$T/out" "${same/VEC/d[\"embeddings\"][0]}")" True
 req POST /embedding -d '{"content":"Hello world, the cats!"}'
 check "llama-server's /embedding: [{index, embedding: [vector]}]" eq "$(code) $(py "$T/out" "len(d) == 1 and d[0][\"index\"] == 0 and len(d[0][\"embedding\"]) == 1 and ${same/VEC/d[0][\"embedding\"][0]}")" "200 True"
+req POST /embedding -d '{"content":5}'
+check "/embedding with content not text: 400 naming it" eq "$(code) $(py "$T/out" 'd["error"]["param"]')" "400 content"
+req POST /embedding -d '{"pooling":"rank","input":"x"}'
+check "/embedding with pooling rank: 400 naming it" eq "$(code) $(py "$T/out" 'd["error"]["param"]')" "400 pooling"
 req POST /v1/embeddings -d '{"content":["Hello world, the cats!","dog"]}'
 check "\"content\" for \"input\": llama-server's form" eq "$(py "$T/out" "[x[\"index\"] for x in d] == [0, 1] and ${same/VEC/d[0][\"embedding\"][0]}")" True
 req POST /v1/embeddings -d '{"input":"Hello world, the cats!","pooling":"mean"}'
